@@ -1,0 +1,1 @@
+"""Provider adapters behind one contract (:mod:`airflow_batch_provider.adapters.base`)."""

@@ -1,0 +1,1 @@
+"""Pure Python building blocks: no Airflow, no provider SDK."""

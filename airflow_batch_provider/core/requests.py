@@ -1,0 +1,163 @@
+"""The canonical, provider-neutral request and the prompt template that renders it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jinja2
+import jinja2.sandbox
+
+from airflow_batch_provider.core.hashing import canonical_json, sha256_hex
+from airflow_batch_provider.exceptions import ConfigurationError, ItemError
+
+RequestKind = Literal["chat", "embedding"]
+
+_ENV = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+@dataclass(frozen=True)
+class CanonicalRequest:
+    """One item's request, before any provider formats it.
+
+    :param app_id: the application's own id for the item (any string)
+    :param prompt_version: version of the prompt that rendered it
+    :param model: model name as the provider knows it
+    :param kind: ``chat`` (messages) or ``embedding`` (``input`` text)
+    :param system: shared system prompt, placed first so that providers can cache it
+    :param messages: the conversation after the system prompt, as role/content dicts
+    :param params: generation parameters (``max_tokens``, ``temperature``, ``response_format`` ...)
+    """
+
+    app_id: str
+    prompt_version: str
+    model: str
+    kind: RequestKind = "chat"
+    system: str | None = None
+    messages: tuple[Mapping[str, Any], ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_hash(self) -> str:
+        """SHA-256 over everything that decides the output (not the application id)."""
+        return sha256_hex(
+            canonical_json(
+                {
+                    "kind": self.kind,
+                    "model": self.model,
+                    "prompt_version": self.prompt_version,
+                    "system": self.system,
+                    "messages": [dict(m) for m in self.messages],
+                    "params": dict(self.params),
+                }
+            )
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-serialisable form (stored in the ledger for resubmission and fallback)."""
+        return {
+            "app_id": self.app_id,
+            "prompt_version": self.prompt_version,
+            "model": self.model,
+            "kind": self.kind,
+            "system": self.system,
+            "messages": [dict(m) for m in self.messages],
+            "params": dict(self.params),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CanonicalRequest:
+        """Rebuild a request from :meth:`to_dict` output.
+
+        :param data: the stored dict
+        """
+        return cls(
+            app_id=str(data["app_id"]),
+            prompt_version=str(data["prompt_version"]),
+            model=str(data["model"]),
+            kind=data.get("kind", "chat"),
+            system=data.get("system"),
+            messages=tuple(data.get("messages") or ()),
+            params=dict(data.get("params") or {}),
+        )
+
+    @property
+    def text(self) -> str:
+        """All prompt text, for token estimates and embeddings."""
+        parts = [self.system or ""] + [str(m.get("content", "")) for m in self.messages]
+        return "\n".join(p for p in parts if p)
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A versioned prompt: a shared system prompt and a per-record user template.
+
+    Templates use Jinja2 with strict undefined variables, so a record that lacks a field the
+    template names is rejected with the field's name instead of sending an empty prompt.
+
+    :param version: prompt version; part of the input hash and of the ledger key
+    :param model: model name
+    :param user: Jinja2 template of the user message, rendered with the record's fields
+    :param system: shared prefix (rubric, instructions, few-shot examples); not templated so
+        that it is byte-identical across items and cacheable
+    :param params: generation parameters passed through to the provider
+    :param kind: ``chat`` or ``embedding`` (for embeddings ``user`` renders the input text)
+    :param id_field: the record field that holds the application id
+    """
+
+    version: str
+    model: str
+    user: str
+    system: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind: RequestKind = "chat"
+    id_field: str = "id"
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            raise ConfigurationError("PromptTemplate.version is empty: give every prompt a version string.")
+        try:
+            _ENV.parse(self.user)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigurationError(
+                f"PromptTemplate {self.version!r}: user template does not parse at line {exc.lineno}: "
+                f"{exc.message}. Fix the template."
+            ) from exc
+
+    def render(self, record: Mapping[str, Any], position: int | None = None) -> CanonicalRequest:
+        """Render one record into a request.
+
+        :param record: the input record
+        :param position: the record's position in the input, for error messages
+        :raises ItemError: the id is missing or a template variable is missing
+        """
+        raw_id = record.get(self.id_field)
+        if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+            raise ItemError(
+                None,
+                "missing_id",
+                f"has no {self.id_field!r} field; every record needs a non-empty application id "
+                f"in {self.id_field!r} (or set PromptTemplate.id_field).",
+                position,
+            )
+        app_id = str(raw_id)
+        try:
+            text = _ENV.from_string(self.user).render(**record)
+        except jinja2.UndefinedError as exc:
+            raise ItemError(
+                app_id,
+                "template_variable_missing",
+                f"prompt {self.version!r} needs a field the record lacks ({exc.message}); "
+                "add the field to the record or change the template.",
+                position,
+            ) from exc
+        return CanonicalRequest(
+            app_id=app_id,
+            prompt_version=self.version,
+            model=self.model,
+            kind=self.kind,
+            system=self.system,
+            messages=({"role": "user", "content": text},),
+            params=dict(self.params),
+        )

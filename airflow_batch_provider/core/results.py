@@ -1,0 +1,97 @@
+"""Provider-neutral results: what one result line says about one item."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
+
+Outcome = Literal[
+    "succeeded",
+    "failed_retryable",
+    "failed_permanent",
+    "expired",
+    "cancelled",
+    "invalid_output",
+    "missing",
+]
+OUTCOMES: Final[tuple[str, ...]] = get_args(Outcome)
+
+#: HTTP status codes in a per-item error that are worth another attempt.
+RETRYABLE_HTTP: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token usage of one request.
+
+    :param input_tokens: prompt tokens billed at the normal input rate (cache reads excluded)
+    :param output_tokens: completion tokens
+    :param cached_input_tokens: prompt tokens read from the provider's prompt cache
+    :param cache_write_tokens: prompt tokens written to the prompt cache
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        """All tokens, however billed."""
+        return self.input_tokens + self.output_tokens + self.cached_input_tokens + self.cache_write_tokens
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One item's outcome in one job.
+
+    :param custom_id: the id the line carried
+    :param outcome: the neutral outcome
+    :param output: the parsed output (message text or JSON object, embedding vector), if any
+    :param usage: tokens billed for this line
+    :param error_code: provider error code or HTTP status, when it failed
+    :param error_message: provider error message, when it failed
+    :param raw: provider-specific extras worth keeping (finish reason, request id)
+    """
+
+    custom_id: str
+    outcome: Outcome
+    output: Any = None
+    usage: Usage = field(default_factory=Usage)
+    error_code: str | None = None
+    error_message: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def classify_http_error(status: int | None, code: str | None = None) -> Outcome:
+    """Map an HTTP status and error code to retryable or permanent.
+
+    :param status: HTTP status code of the item's response, if any
+    :param code: provider error code, if any
+    """
+    retryable_codes = {
+        "rate_limit_exceeded",
+        "server_error",
+        "overloaded_error",
+        "api_error",
+        "rate_limit_error",
+        "timeout",
+        "internal_error",
+    }
+    if code == "batch_expired":
+        return "expired"
+    if code == "batch_cancelled":
+        return "cancelled"
+    if code in retryable_codes:
+        return "failed_retryable"
+    if status is not None and status in RETRYABLE_HTTP:
+        return "failed_retryable"
+    return "failed_permanent"

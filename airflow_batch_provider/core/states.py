@@ -1,0 +1,82 @@
+"""Item states and the transitions between them (DESIGN.md, "Item states")."""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+ItemState = Literal[
+    "pending",
+    "staged",
+    "submitted",
+    "succeeded",
+    "failed_retryable",
+    "failed_permanent",
+    "expired",
+    "cancelled",
+    "review",
+    "fallback",
+    "skipped",
+    "unchanged",
+]
+ITEM_STATES: Final[tuple[str, ...]] = get_args(ItemState)
+
+#: States an item may be in when a run is over: nothing more will happen to it in this run.
+FINAL_STATES: Final[frozenset[str]] = frozenset(
+    {"succeeded", "unchanged", "review", "skipped", "pending", "cancelled"}
+)
+#: States whose item may be sent again in a new job while attempts remain.
+RETRYABLE_STATES: Final[frozenset[str]] = frozenset({"failed_retryable", "expired"})
+#: States that hold a usable result.
+USABLE_STATES: Final[frozenset[str]] = frozenset({"succeeded", "unchanged"})
+#: States with work in flight at a provider or in staging.
+OPEN_STATES: Final[frozenset[str]] = frozenset({"pending", "staged", "submitted", "fallback"})
+
+_ALL: Final[frozenset[str]] = frozenset(ITEM_STATES)
+
+# Allowed moves. Every state may also stay where it is (idempotent reruns) and every state may
+# go back to ``pending`` when a new run brings a changed input for the item.
+_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+    "pending": frozenset({"staged", "unchanged", "skipped", "review", "fallback"}),
+    "staged": frozenset({"submitted", "skipped", "fallback", "review"}),
+    "submitted": frozenset(
+        {
+            "succeeded",
+            "failed_retryable",
+            "failed_permanent",
+            "expired",
+            "cancelled",
+            "fallback",
+            "skipped",
+        }
+    ),
+    "failed_retryable": frozenset({"staged", "review", "fallback", "skipped", "succeeded"}),
+    "expired": frozenset({"staged", "review", "fallback", "skipped", "succeeded"}),
+    "cancelled": frozenset({"staged", "review", "fallback", "skipped", "succeeded"}),
+    "failed_permanent": frozenset({"review"}),
+    "fallback": frozenset({"succeeded", "failed_permanent", "review", "failed_retryable"}),
+    "succeeded": frozenset(),
+    "unchanged": frozenset(),
+    "review": frozenset(),
+    "skipped": frozenset(),
+}
+
+
+def can_transition(current: str, target: str) -> bool:
+    """Say whether an item may move from ``current`` to ``target``.
+
+    :param current: the state the ledger holds
+    :param target: the state asked for
+    """
+    if current not in _ALL or target not in _ALL:
+        return False
+    if current == target or target == "pending":
+        return True
+    return target in _TRANSITIONS[current]
+
+
+def sources_of(target: str) -> frozenset[str]:
+    """Return every state from which ``target`` may be reached (for guarded bulk updates).
+
+    :param target: the state asked for
+    """
+    return frozenset(s for s in ITEM_STATES if can_transition(s, target))

@@ -1,0 +1,77 @@
+"""Exceptions by phase of a batch run.
+
+Every message states what was found, the limit it broke and what to do about it, so that the
+line in the task log is enough to act on without reading code.
+"""
+
+from __future__ import annotations
+
+
+class BatchProviderError(Exception):
+    """Base class of every error raised by this package."""
+
+
+class ConfigurationError(BatchProviderError):
+    """A DAG, connection or operator argument is wrong; fix the DAG or the connection."""
+
+
+class ItemError(BatchProviderError):
+    """One input record cannot be sent; the other records go on.
+
+    :param app_id: the application id of the record, or ``None`` where it has none
+    :param code: a short machine-readable reason, e.g. ``template_variable_missing``
+    :param message: the reason, the limit and the fix, in words
+    :param position: the record's position in the input (0-based), when known
+    """
+
+    def __init__(self, app_id: str | None, code: str, message: str, position: int | None = None) -> None:
+        self.app_id = app_id
+        self.code = code
+        self.position = position
+        where = f"record {position}" if position is not None else "record"
+        who = f"{where} (id {app_id!r})" if app_id is not None else where
+        super().__init__(f"{who}: {message}")
+
+
+class ChunkingError(BatchProviderError):
+    """Records cannot be split into files within the adapter's limits."""
+
+
+class StagingError(BatchProviderError):
+    """A staged file is missing or does not match the checksum the ledger recorded."""
+
+
+class SubmitError(BatchProviderError):
+    """The provider refused a batch, or a submit could not be made idempotent."""
+
+
+class PollError(BatchProviderError):
+    """Status polling gave up: too many consecutive errors, or the timeout passed."""
+
+
+class BatchFailedError(BatchProviderError):
+    """The provider ended a batch as failed before any item ran (e.g. validation failed)."""
+
+
+class DownloadError(BatchProviderError):
+    """An output or error file could not be read back."""
+
+
+class ReconcileError(BatchProviderError):
+    """Result lines cannot be matched to the ledger."""
+
+
+class LedgerError(BatchProviderError):
+    """The ledger refused a write: schema mismatch or a forbidden state transition."""
+
+
+class InvalidTransitionError(LedgerError):
+    """An item was asked to move between two states that DESIGN.md does not connect."""
+
+
+class PricingError(BatchProviderError):
+    """A model has no price, or a pricing file is malformed."""
+
+
+class BudgetExceededError(BatchProviderError):
+    """The cost estimate of what is about to be submitted exceeds the run's budget."""
