@@ -12,10 +12,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar, Final, Literal, get_args
 
-from airflow_batch_provider.core.requests import CanonicalRequest
-from airflow_batch_provider.core.results import ItemResult
+from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.results import ItemResult, MalformedLine
 
-BatchState = Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"]
+BatchState = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
 BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
 TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
 
@@ -191,12 +193,15 @@ class BatchAdapter(ABC):
         """
 
     @abstractmethod
-    def submit(self, input_ref: InputRef, key: str, metadata: Mapping[str, str]) -> BatchRef:
+    def submit(
+        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+    ) -> BatchRef:
         """Create the job; idempotent on ``key`` as far as the provider allows.
 
         :param input_ref: where the input is
         :param key: the idempotency key
         :param metadata: small labels to attach (workload, run, chunk)
+        :param kind: the request kind of every line (decides the endpoint)
         """
 
     @abstractmethod
@@ -227,11 +232,11 @@ class BatchAdapter(ABC):
         """
 
     @abstractmethod
-    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult]:
+    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
         """Parse a downloaded output or error file, streaming, into neutral results.
 
-        A line that cannot be parsed yields nothing and is logged by the caller's counter; it never
-        stops the stream.
+        A line that cannot be parsed yields a :class:`MalformedLine` (counted and logged by the
+        caller); it never stops the stream, and its item ends up ``missing``, hence retried.
 
         :param lines: readable binary stream of JSONL
         """
@@ -243,7 +248,7 @@ class BatchAdapter(ABC):
         :param ref: the job
         """
 
-    def iter_results(self, ref: BatchRef) -> Iterator[ItemResult]:
+    def iter_results(self, ref: BatchRef) -> Iterator[ItemResult | MalformedLine]:
         """Stream every result of a job straight from the provider (output and error files).
 
         :param ref: the job

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
@@ -89,6 +91,11 @@ class CanonicalRequest:
         return "\n".join(p for p in parts if p)
 
 
+@lru_cache(maxsize=64)
+def _compiled(source: str) -> jinja2.Template:
+    return _ENV.from_string(source)
+
+
 @dataclass(frozen=True)
 class PromptTemplate:
     """A versioned prompt: a shared system prompt and a per-record user template.
@@ -104,6 +111,9 @@ class PromptTemplate:
     :param params: generation parameters passed through to the provider
     :param kind: ``chat`` or ``embedding`` (for embeddings ``user`` renders the input text)
     :param id_field: the record field that holds the application id
+    :param output_format: what a result must be: ``text``, ``json`` or ``vector`` (embeddings)
+    :param output_schema: JSON Schema a ``json`` output must satisfy (else ``invalid_output``)
+    :param name: a human name for logs
     """
 
     version: str
@@ -113,6 +123,37 @@ class PromptTemplate:
     params: Mapping[str, Any] = field(default_factory=dict)
     kind: RequestKind = "chat"
     id_field: str = "id"
+    output_format: Literal["text", "json", "vector"] = "text"
+    output_schema: Mapping[str, Any] | None = None
+    name: str = ""
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PromptTemplate:
+        """Load a prompt file.
+
+        Keys: ``name``, ``version``, ``model``, ``system``, ``user``, ``params``, ``kind``,
+        ``id_field``, ``output_format``, ``output_schema``.
+
+        :param path: the YAML file
+        """
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ConfigurationError(f"prompt file {path} must hold a mapping; see include/prompts/.")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"prompt file {path}: unknown keys {unknown}; known keys are {sorted(known)}."
+            )
+        missing = [k for k in ("version", "model", "user") if not data.get(k)]
+        if missing:
+            raise ConfigurationError(
+                f"prompt file {path}: missing {missing}; every prompt needs version, model, user."
+            )
+        data["version"] = str(data["version"])
+        return cls(**data)
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -143,7 +184,7 @@ class PromptTemplate:
             )
         app_id = str(raw_id)
         try:
-            text = _ENV.from_string(self.user).render(**record)
+            text = _compiled(self.user).render(**record)
         except jinja2.UndefinedError as exc:
             raise ItemError(
                 app_id,

@@ -95,3 +95,19 @@ def classify_http_error(status: int | None, code: str | None = None) -> Outcome:
     if status is not None and status in RETRYABLE_HTTP:
         return "failed_retryable"
     return "failed_permanent"
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """A result line that could not be parsed; counted and logged, never fatal.
+
+    :param line_number: 1-based line number in the downloaded file
+    :param reason: why it was rejected
+    :param excerpt: the first characters of the line
+    :param custom_id: the custom id, when it could still be read from the line
+    """
+
+    line_number: int
+    reason: str
+    excerpt: str
+    custom_id: str | None = None

@@ -47,6 +47,7 @@ _TRANSITIONS: Final[dict[str, frozenset[str]]] = {
             "cancelled",
             "fallback",
             "skipped",
+            "review",
         }
     ),
     "failed_retryable": frozenset({"staged", "review", "fallback", "skipped", "succeeded"}),

@@ -1,0 +1,278 @@
+"""OpenAI Batch API (``/v1/batches``) through the official ``openai`` SDK.
+
+Works against api.openai.com, Azure OpenAI (``extra.api_type = "azure"``) and any
+OpenAI-compatible base URL (the bundled emulator, a vLLM or LiteLLM server) set on the
+connection. The SDK is imported inside methods only, so importing this module is free.
+
+Idempotency: OpenAI's batch create takes no idempotency key, so the key goes into the batch's
+``metadata`` and :meth:`find` scans recent batches for it before any create. Uploads are named
+after the key and reused when a file of the same name and size exists, so a retried task never
+uploads or pays twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
+
+from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncStatusClient,
+    BatchAdapter,
+    BatchRef,
+    BatchStatus,
+    InputRef,
+    Limits,
+)
+from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+
+if TYPE_CHECKING:
+    import openai
+
+METADATA_KEY = "abp_idempotency_key"
+_STATES = {
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+}
+
+
+def _client_kwargs(settings: AdapterSettings) -> dict[str, Any]:
+    extra = settings.extra
+    kwargs: dict[str, Any] = {
+        "api_key": settings.api_key,
+        "max_retries": int(extra.get("max_retries", 3)),
+        "timeout": float(extra.get("timeout", 120.0)),
+    }
+    if extra.get("api_type") == "azure":
+        kwargs["api_version"] = extra.get("api_version", "2024-10-21")
+        kwargs["azure_endpoint"] = settings.base_url
+    else:
+        if settings.base_url:
+            kwargs["base_url"] = settings.base_url
+        for name in ("organization", "project"):
+            if extra.get(name):
+                kwargs[name] = extra[name]
+    return kwargs
+
+
+def _usage(body: Mapping[str, Any]) -> Usage:
+    usage = body.get("usage") or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        cached_input_tokens=cached,
+    )
+
+
+def _status(batch: Any) -> BatchStatus:
+    counts = batch.request_counts
+    raw = str(batch.status)
+    reason = None
+    errors = getattr(batch, "errors", None)
+    if errors is not None and getattr(errors, "data", None):
+        reason = "; ".join(
+            f"{e.code}: {e.message}" + (f" (line {e.line})" if e.line else "") for e in errors.data[:5]
+        )
+    return BatchStatus(
+        state=raw if raw in _STATES else "in_progress",  # type: ignore[arg-type]
+        total=int(counts.total) if counts else 0,
+        completed=int(counts.completed) if counts else 0,
+        failed=int(counts.failed) if counts else 0,
+        reason=reason,
+        raw_state=raw,
+    )
+
+
+class _AsyncOpenAIStatus(AsyncStatusClient):
+    def __init__(self, settings: AdapterSettings) -> None:
+        import openai
+
+        kwargs = _client_kwargs(settings)
+        kwargs["max_retries"] = 0  # the trigger's poll policy owns retries
+        self._client: openai.AsyncOpenAI = (
+            openai.AsyncAzureOpenAI(**kwargs) if "azure_endpoint" in kwargs else openai.AsyncOpenAI(**kwargs)
+        )
+
+    async def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(await self._client.batches.retrieve(ref.batch_id))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class OpenAIBatchAdapter(BatchAdapter):
+    """OpenAI and OpenAI-compatible batch endpoints.
+
+    Connection extras: ``api_type`` (``openai`` or ``azure``), ``api_version`` (Azure),
+    ``organization``, ``project``, ``max_retries``, ``timeout``, ``find_scan_limit`` (how many
+    recent batches :meth:`find` inspects, default 1000).
+    """
+
+    name: ClassVar[str] = "openai"
+    conn_type: ClassVar[str] = "openai_batch"
+    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024)
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        super().__init__(settings)
+        self._client_obj: openai.OpenAI | None = None
+
+    @property
+    def client(self) -> openai.OpenAI:
+        """The blocking SDK client, built on first use."""
+        if self._client_obj is None:
+            import openai
+
+            kwargs = _client_kwargs(self.settings)
+            self._client_obj = (
+                openai.AzureOpenAI(**kwargs) if "azure_endpoint" in kwargs else openai.OpenAI(**kwargs)
+            )
+        return self._client_obj
+
+    @property
+    def _azure(self) -> bool:
+        return self.settings.extra.get("api_type") == "azure"
+
+    def endpoint(self, kind: str) -> str:
+        """Return the batch endpoint for a request kind.
+
+        :param kind: ``chat`` or ``embedding``
+        """
+        path = "/embeddings" if kind == "embedding" else "/chat/completions"
+        return path if self._azure else "/v1" + path
+
+    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+        if request.kind == "embedding":
+            body: dict[str, Any] = {"model": request.model, "input": request.text, **request.params}
+        else:
+            messages: list[Mapping[str, Any]] = []
+            if request.system:
+                # The shared prefix goes first: OpenAI caches identical prompt prefixes automatically.
+                messages.append({"role": "system", "content": request.system})
+            messages.extend(request.messages)
+            body = {"model": request.model, "messages": messages, **request.params}
+        line = {"custom_id": custom_id, "method": "POST", "url": self.endpoint(request.kind), "body": body}
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+        for i, existing in enumerate(self.client.files.list(purpose="batch")):
+            if i >= scan:
+                break
+            if existing.filename == name and int(existing.bytes or 0) == size:
+                return InputRef("file", existing.id)
+        uploaded = self.client.files.create(file=(name, chunk, "application/jsonl"), purpose="batch")
+        return InputRef("file", uploaded.id)
+
+    def submit(
+        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+    ) -> BatchRef:
+        found = self.find(key)
+        if found is not None:
+            return found
+        meta = {k[:64]: str(v)[:512] for k, v in list(metadata.items())[:15]}
+        meta[METADATA_KEY] = key
+        batch = self.client.batches.create(
+            input_file_id=input_ref.value,
+            endpoint=self.endpoint(kind),  # type: ignore[arg-type]
+            completion_window="24h",
+            metadata=meta,
+        )
+        return BatchRef(self.name, batch.id, key)
+
+    def find(self, key: str) -> BatchRef | None:
+        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+        for i, batch in enumerate(self.client.batches.list(limit=100)):
+            if i >= scan:
+                break
+            if (batch.metadata or {}).get(METADATA_KEY) == key:
+                return BatchRef(self.name, batch.id, key)
+        return None
+
+    def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(self.client.batches.retrieve(ref.batch_id))
+
+    def async_client(self) -> AsyncStatusClient:
+        return _AsyncOpenAIStatus(self.settings)
+
+    def download(self, ref: BatchRef, kind: Literal["output", "errors"], sink: IO[bytes]) -> int:
+        batch = self.client.batches.retrieve(ref.batch_id)
+        file_id = batch.output_file_id if kind == "output" else batch.error_file_id
+        if not file_id:
+            return 0
+        written = 0
+        with self.client.files.with_streaming_response.content(file_id) as response:
+            for piece in response.iter_bytes(chunk_size=1 << 20):
+                sink.write(piece)
+                written += len(piece)
+        return written
+
+    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
+        for number, raw in enumerate(lines, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                line = json.loads(text)
+                custom_id = line["custom_id"]
+                if not isinstance(custom_id, str):
+                    raise TypeError("custom_id is not a string")
+            except (ValueError, KeyError, TypeError) as exc:
+                yield MalformedLine(
+                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace")
+                )
+                continue
+            yield self._result(custom_id, line)
+
+    @staticmethod
+    def _result(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
+        error = line.get("error")
+        response = line.get("response") or {}
+        if error:
+            code = str(error.get("code") or "error")
+            return ItemResult(
+                custom_id,
+                classify_http_error(None, code),
+                error_code=code,
+                error_message=error.get("message"),
+            )
+        status = int(response.get("status_code") or 0)
+        body = response.get("body") or {}
+        if status != 200:
+            err = body.get("error") or {}
+            code = str(err.get("code") or err.get("type") or status)
+            return ItemResult(
+                custom_id,
+                classify_http_error(status, code),
+                usage=_usage(body),
+                error_code=code,
+                error_message=err.get("message"),
+                raw={"status_code": status, "request_id": response.get("request_id")},
+            )
+        if body.get("object") == "list":  # embeddings
+            output: Any = [d.get("embedding") for d in body.get("data") or []]
+            output = output[0] if len(output) == 1 else output
+            finish = None
+        else:
+            choice = (body.get("choices") or [{}])[0]
+            output = (choice.get("message") or {}).get("content")
+            finish = choice.get("finish_reason")
+        return ItemResult(
+            custom_id,
+            "succeeded",
+            output=output,
+            usage=_usage(body),
+            raw={"finish_reason": finish, "request_id": response.get("request_id")},
+        )
+
+    def cancel(self, ref: BatchRef) -> None:
+        self.client.batches.cancel(ref.batch_id)

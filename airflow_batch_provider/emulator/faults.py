@@ -1,0 +1,355 @@
+"""Fault injection, provider-neutral and deterministic.
+
+Every decision is a pure function of the seed and a stable key, never of wall-clock time or a
+random generator's state:
+
+- per-item faults roll on ``(seed, custom_id)``, so the same item in a rerun of the same test
+  fails the same way, while a resubmitted item (whose ``custom_id`` carries a new attempt
+  number) rolls again;
+- batch-level faults (expiry) roll on ``(seed, creation index)``;
+- request-level faults (transient 5xx on retrieve, 429/500 on the synchronous endpoints) roll on
+  ``(seed, request counter)``.
+
+When faults apply: item and batch faults are taken from the configuration **at the moment a batch
+is created** and kept with the batch, so a change through ``PUT /_emulator/config`` affects only
+batches created after it. Request-level faults and the rate limiter read the configuration at the
+moment of each request, so they apply at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final, Literal
+
+ItemFault = Literal["none", "server_error", "rate_limited", "invalid_request", "context_length", "missing"]
+
+#: Item faults that end as an error line (and count as ``failed``).
+FAILING_FAULTS: Final[frozenset[str]] = frozenset(
+    {"server_error", "rate_limited", "invalid_request", "context_length"}
+)
+
+_RATE_FIELDS: Final = (
+    "rate_500",
+    "rate_429",
+    "rate_400",
+    "rate_context_length",
+    "rate_missing",
+    "rate_duplicate",
+    "rate_malformed",
+    "expire_rate",
+    "expire_after_fraction",
+    "retrieve_5xx_rate",
+    "sync_429_rate",
+    "sync_500_rate",
+)
+
+
+def roll(seed: int, *parts: object) -> float:
+    """Return a deterministic number in ``[0, 1)`` for a seed and key parts.
+
+    :param seed: the emulator seed
+    :param parts: the key (e.g. a fault name and a ``custom_id``)
+    """
+    text = "\x1f".join([str(seed), *(str(p) for p in parts)])
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """What goes wrong, and how often. All rates are probabilities in ``[0, 1]``.
+
+    Per-item faults (exclusive, rolled once per ``custom_id``; their sum must not exceed 1):
+
+    :param rate_500: item fails with HTTP 500 ``server_error`` (error file)
+    :param rate_429: item fails with HTTP 429 ``rate_limit_exceeded`` (error file)
+    :param rate_400: item fails with HTTP 400 ``invalid_request_error`` (error file)
+    :param rate_context_length: item fails with HTTP 400 ``context_length_exceeded`` (error file)
+    :param rate_missing: item is in neither file, though it counts as completed
+
+    Per-item output damage (independent rolls, successful items only):
+
+    :param rate_duplicate: the item's output line is written twice
+    :param rate_malformed: the item's output line is truncated into invalid JSON
+
+    Batch faults:
+
+    :param expire_batches: 0-based creation indices (since start or reset) of batches that expire
+    :param expire_rate: chance that any other batch expires (rolled on its creation index)
+    :param expire_after_fraction: share of the items an expiring batch finishes first; the rest
+        get ``batch_expired`` lines in the error file
+    :param fail_validation: the next this-many batches fail validation; counts down as they are
+        created
+
+    Request faults (apply to each request at once):
+
+    :param retrieve_5xx_rate: chance that a batch retrieve answers a transient HTTP 500
+    :param sync_429_rate: chance that a synchronous request answers HTTP 429 with ``Retry-After``
+    :param sync_500_rate: chance that a synchronous request answers HTTP 500
+    :param sync_retry_after_s: the ``Retry-After`` of an injected 429, in real seconds
+    :param rpm_limit: requests per rate window on the synchronous endpoints (``None``: unlimited)
+    :param tpm_limit: tokens per rate window on the synchronous endpoints (``None``: unlimited)
+    """
+
+    rate_500: float = 0.0
+    rate_429: float = 0.0
+    rate_400: float = 0.0
+    rate_context_length: float = 0.0
+    rate_missing: float = 0.0
+    rate_duplicate: float = 0.0
+    rate_malformed: float = 0.0
+    expire_batches: tuple[int, ...] = ()
+    expire_rate: float = 0.0
+    expire_after_fraction: float = 0.5
+    fail_validation: int = 0
+    retrieve_5xx_rate: float = 0.0
+    sync_429_rate: float = 0.0
+    sync_500_rate: float = 0.0
+    sync_retry_after_s: float = 1.0
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in _RATE_FIELDS:
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"fault {name}={value} is outside [0, 1]; give a probability.")
+        exclusive = (
+            self.rate_500 + self.rate_429 + self.rate_400 + self.rate_context_length + self.rate_missing
+        )
+        if exclusive > 1.0 + 1e-9:
+            raise ValueError(
+                f"rate_500 + rate_429 + rate_400 + rate_context_length + rate_missing = {exclusive:.3f} "
+                "exceeds 1; each item gets at most one of these faults."
+            )
+        if self.fail_validation < 0:
+            raise ValueError("fail_validation must be 0 or more (the number of next batches to fail).")
+        if self.sync_retry_after_s < 0:
+            raise ValueError("sync_retry_after_s must be 0 or more seconds.")
+        for name in ("rpm_limit", "tpm_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: give a positive limit, or null for unlimited.")
+        if any(i < 0 for i in self.expire_batches):
+            raise ValueError("expire_batches holds 0-based creation indices; negative values are invalid.")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> FaultConfig:
+        """Build from a JSON object (missing keys keep their defaults).
+
+        :param data: the fault settings
+        :raises ValueError: unknown keys or invalid values
+        """
+        return cls().merged(data)
+
+    def merged(self, patch: Mapping[str, Any]) -> FaultConfig:
+        """Return a copy with some settings changed.
+
+        :param patch: the settings to change
+        :raises ValueError: unknown keys or invalid values
+        """
+        types = {f.name: f.type for f in fields(self)}
+        unknown = sorted(set(patch) - set(types))
+        if unknown:
+            raise ValueError(f"unknown fault settings {unknown}; known settings are {sorted(types)}.")
+        changes: dict[str, Any] = {}
+        for name, value in patch.items():
+            changes[name] = _coerce(name, value)
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["expire_batches"] = list(self.expire_batches)
+        return out
+
+    def decide_item(self, seed: int, custom_id: str) -> ItemDecision:
+        """Decide what happens to one item, from the seed and its ``custom_id`` only.
+
+        :param seed: the emulator seed
+        :param custom_id: the item's id in the batch
+        """
+        u = roll(seed, "item", custom_id)
+        fault: ItemFault = "none"
+        edge = 0.0
+        for name, candidate in (
+            ("rate_500", "server_error"),
+            ("rate_429", "rate_limited"),
+            ("rate_400", "invalid_request"),
+            ("rate_context_length", "context_length"),
+            ("rate_missing", "missing"),
+        ):
+            edge += getattr(self, name)
+            if u < edge:
+                fault = candidate  # type: ignore[assignment]
+                break
+        ok = fault == "none"
+        return ItemDecision(
+            fault=fault,
+            duplicate=ok and roll(seed, "duplicate", custom_id) < self.rate_duplicate,
+            malformed=ok and roll(seed, "malformed", custom_id) < self.rate_malformed,
+        )
+
+    def batch_expires(self, seed: int, creation_index: int) -> bool:
+        """Decide whether a batch expires before finishing.
+
+        :param seed: the emulator seed
+        :param creation_index: 0-based index of the batch among those created since start or reset
+        """
+        if creation_index in self.expire_batches:
+            return True
+        return roll(seed, "expire", creation_index) < self.expire_rate
+
+    def request_fails(self, seed: int, kind: str, counter: int, rate: float) -> bool:
+        """Decide whether one request gets an injected error.
+
+        :param seed: the emulator seed
+        :param kind: what the counter counts (``retrieve``, ``sync429`` ...)
+        :param counter: 0-based number of the request among those of its kind
+        :param rate: the probability
+        """
+        return rate > 0 and roll(seed, kind, counter) < rate
+
+
+@dataclass(frozen=True)
+class ItemDecision:
+    """The fault decided for one item.
+
+    :param fault: which error (``none`` for success)
+    :param duplicate: write the output line twice
+    :param malformed: write the output line as broken JSON
+    """
+
+    fault: ItemFault = "none"
+    duplicate: bool = False
+    malformed: bool = False
+
+    @property
+    def failing(self) -> bool:
+        """True when the item ends as an error line."""
+        return self.fault in FAILING_FAULTS
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name == "expire_batches":
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError("expire_batches must be a list of 0-based batch creation indices.")
+        return tuple(int(v) for v in value)
+    if name in ("rpm_limit", "tpm_limit"):
+        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
+            return None
+        return int(value)
+    if name == "fail_validation":
+        return int(value)
+    if isinstance(value, bool):
+        raise ValueError(f"fault {name} takes a number, not a boolean.")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    """The limiter's answer to one request.
+
+    :param allowed: the request may proceed
+    :param retry_after_s: when refused, seconds until it would be accepted
+    :param limit_requests: the request limit (``None``: unlimited)
+    :param remaining_requests: requests left in the window
+    :param reset_requests_s: seconds until a request slot frees
+    :param limit_tokens: the token limit (``None``: unlimited)
+    :param remaining_tokens: tokens left in the window
+    :param reset_tokens_s: seconds until the oldest tokens leave the window
+    """
+
+    allowed: bool
+    retry_after_s: float = 0.0
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float = 0.0
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float = 0.0
+
+
+class SlidingWindowLimiter:
+    """Requests-per-window and tokens-per-window limiter with an injected clock value.
+
+    Not thread-safe by itself: callers hold the emulator lock.
+    """
+
+    def __init__(self) -> None:
+        self._events: deque[tuple[float, int]] = deque()
+
+    def reset(self) -> None:
+        """Forget every recorded request."""
+        self._events.clear()
+
+    def check(
+        self, now: float, tokens: int, rpm_limit: int | None, tpm_limit: int | None, window_s: float
+    ) -> RateDecision:
+        """Admit or refuse one request, recording it when admitted.
+
+        :param now: the current time in seconds
+        :param tokens: tokens the request is charged
+        :param rpm_limit: most requests per window (``None``: unlimited)
+        :param tpm_limit: most tokens per window (``None``: unlimited)
+        :param window_s: window length in seconds
+        """
+        while self._events and self._events[0][0] <= now - window_s:
+            self._events.popleft()
+        used_requests = len(self._events)
+        used_tokens = sum(t for _, t in self._events)
+        oldest = self._events[0][0] if self._events else now
+        reset_s = max(0.0, oldest + window_s - now)
+        refuse_requests = rpm_limit is not None and used_requests + 1 > rpm_limit
+        refuse_tokens = tpm_limit is not None and used_tokens + tokens > tpm_limit and used_tokens > 0
+        if refuse_requests or refuse_tokens:
+            wait = self._wait_for(now, window_s, rpm_limit, tpm_limit, tokens)
+            return RateDecision(
+                allowed=False,
+                retry_after_s=wait,
+                limit_requests=rpm_limit,
+                remaining_requests=max(0, (rpm_limit or 0) - used_requests) if rpm_limit else None,
+                reset_requests_s=reset_s,
+                limit_tokens=tpm_limit,
+                remaining_tokens=max(0, (tpm_limit or 0) - used_tokens) if tpm_limit else None,
+                reset_tokens_s=reset_s,
+            )
+        self._events.append((now, tokens))
+        return RateDecision(
+            allowed=True,
+            limit_requests=rpm_limit,
+            remaining_requests=rpm_limit - used_requests - 1 if rpm_limit else None,
+            reset_requests_s=reset_s if self._events[0][0] != now else window_s,
+            limit_tokens=tpm_limit,
+            remaining_tokens=max(0, tpm_limit - used_tokens - tokens) if tpm_limit else None,
+            reset_tokens_s=reset_s if self._events[0][0] != now else window_s,
+        )
+
+    def _wait_for(
+        self, now: float, window_s: float, rpm_limit: int | None, tpm_limit: int | None, tokens: int
+    ) -> float:
+        """Seconds until enough old requests leave the window for this one to fit."""
+        requests = len(self._events)
+        used = sum(t for _, t in self._events)
+        for at, spent in self._events:
+            requests -= 1
+            used -= spent
+            fits_r = rpm_limit is None or requests + 1 <= rpm_limit
+            fits_t = tpm_limit is None or used + tokens <= tpm_limit or used == 0
+            if fits_r and fits_t:
+                return max(0.0, at + window_s - now)
+        return window_s
+
+
+def retry_after_header(seconds: float) -> str:
+    """Format seconds as an HTTP ``Retry-After`` value (whole seconds, at least 1).
+
+    :param seconds: the wait
+    """
+    return str(max(1, math.ceil(seconds)))

@@ -1,0 +1,290 @@
+"""Provider-neutral batch lifecycle, computed lazily from elapsed time (no background threads).
+
+A job's whole future is fixed when it is created: phase boundaries come from the timings times
+the time scale, each item's fault comes from :meth:`FaultConfig.decide_item`, and the processing
+order is a seeded shuffle. Asking for the job's state at a time ``now`` only does arithmetic:
+
+``validating [t0, t1)`` -> ``in_progress [t1, t2)`` -> ``finalizing [t2, t3)`` -> ``completed``
+
+- a job with validation issues is ``failed`` at ``t1``;
+- an expiring job stops at ``t1 + expire_after_fraction * (t2 - t1)`` and is ``expired`` there;
+- a cancel at ``tc`` (before the natural end) stops the work at ``tc``; the job is ``cancelling``
+  until ``tc + cancelling delay`` and ``cancelled`` after.
+
+Items finish evenly spread over ``in_progress`` in processing order (the ``k``-th item at
+``t1 + k / n * (t2 - t1)``), so request counts grow with time. Status names are OpenAI's, which are
+also the package's neutral :data:`~airflow_batch_provider.adapters.base.BATCH_STATES`; other
+providers' routers map them to their own words.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.faults import FaultConfig, ItemDecision
+
+JobStatus = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+TERMINAL: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
+ItemEnd = Literal["processed", "expired", "cancelled"]
+
+
+@dataclass(frozen=True)
+class ValidationIssue:
+    """Why a job's input was refused.
+
+    :param code: machine-readable code
+    :param message: what is wrong and how to fix it
+    :param line: 1-based input line, where it applies
+    :param param: the offending field, where it applies
+    """
+
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass(frozen=True)
+class JobItem:
+    """One request of a job.
+
+    :param custom_id: the caller's id of the item
+    :param line: 1-based input line
+    :param body: the provider's request payload, kept for rendering the answer
+    :param decision: the injected fault
+    :param natural_error: an error the request itself causes (bad body, too long), as a dict with
+        ``status``, ``type``, ``code``, ``message``, ``param``; it wins over injected faults
+    """
+
+    custom_id: str
+    line: int
+    body: Mapping[str, Any]
+    decision: ItemDecision = field(default_factory=ItemDecision)
+    natural_error: Mapping[str, Any] | None = None
+
+    @property
+    def failing(self) -> bool:
+        """True when the item ends as an error line."""
+        return self.natural_error is not None or self.decision.failing
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's state at one moment.
+
+    :param status: the status
+    :param times: unix seconds of the phases reached so far (``in_progress_at`` ...), int
+    :param total: items counted (0 while validating and when validation failed)
+    :param completed: finished items that succeeded (``missing`` items count here)
+    :param failed: finished items that ended as errors
+    """
+
+    status: JobStatus
+    times: Mapping[str, int]
+    total: int
+    completed: int
+    failed: int
+
+    @property
+    def terminal(self) -> bool:
+        """True when nothing more will change."""
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """How one item ended, for rendering result files.
+
+    :param item: the item
+    :param end: ``processed`` (answer or error line), ``expired`` or ``cancelled``
+    :param position: 0-based position in processing order (processed items only, else -1)
+    """
+
+    item: JobItem
+    end: ItemEnd
+    position: int
+
+
+class Job:
+    """One batch job and its precomputed schedule.
+
+    :param job_id: the provider's id
+    :param provider: the router that owns it (``openai`` ...)
+    :param creation_index: 0-based index among the provider's jobs since start or reset
+    :param created: creation time (emulator clock, seconds)
+    :param items: the parsed requests, in input order
+    :param issues: validation issues; non-empty makes the job fail validation
+    :param config: the emulator configuration at creation (its faults, timings and scale stick)
+    :param attrs: provider-specific fields kept with the job (endpoint, metadata, file ids ...)
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        provider: str,
+        creation_index: int,
+        created: float,
+        items: Sequence[JobItem],
+        issues: Sequence[ValidationIssue],
+        config: EmulatorConfig,
+        attrs: dict[str, Any] | None = None,
+    ) -> None:
+        self.id = job_id
+        self.provider = provider
+        self.creation_index = creation_index
+        self.created = created
+        self.items = tuple(items)
+        self.issues = tuple(issues)
+        self.config = config
+        self.faults: FaultConfig = config.faults
+        self.attrs: dict[str, Any] = attrs or {}
+        self.cancel_requested_at: float | None = None
+        #: provider-owned results (file ids, usage) once written; ``None`` until then
+        self.results: dict[str, Any] | None = None
+
+        scale = config.time_scale
+        t = config.timings
+        self.t_in_progress = created + t.validating_s * scale
+        self.t_finalizing = self.t_in_progress + t.in_progress_s * scale
+        self.t_completed = self.t_finalizing + t.finalizing_s * scale
+        self.cancel_delay = t.cancelling_s * scale
+        self.expires = not self.issues and self.faults.batch_expires(config.seed, creation_index)
+        self.t_expired = self.t_in_progress + self.faults.expire_after_fraction * (
+            self.t_finalizing - self.t_in_progress
+        )
+        order = list(range(len(self.items)))
+        random.Random(f"{config.seed}:{provider}:{creation_index}:order").shuffle(order)
+        #: item indices (input order) in processing order
+        self.order: tuple[int, ...] = tuple(order)
+        failed_prefix = [0]
+        for idx in self.order:
+            failed_prefix.append(failed_prefix[-1] + (1 if self.items[idx].failing else 0))
+        self._failed_prefix = failed_prefix
+
+    # -- schedule ------------------------------------------------------------------------
+
+    @property
+    def natural_end(self) -> tuple[JobStatus, float]:
+        """The terminal status and time without a cancel."""
+        if self.issues:
+            return "failed", self.t_in_progress
+        if self.expires:
+            return "expired", self.t_expired
+        return "completed", self.t_completed
+
+    @property
+    def work_end(self) -> float:
+        """The time after which no more items finish."""
+        status = self.natural_end[0]
+        if status == "failed":
+            return self.t_in_progress
+        stop = self.t_expired if status == "expired" else self.t_finalizing
+        if self.cancel_effective:
+            assert self.cancel_requested_at is not None
+            stop = min(stop, self.cancel_requested_at)
+        return stop
+
+    @property
+    def cancel_effective(self) -> bool:
+        """True when a cancel came before the natural end."""
+        return self.cancel_requested_at is not None and self.cancel_requested_at < self.natural_end[1]
+
+    def request_cancel(self, now: float) -> bool:
+        """Record a cancel request; return False when the job had already ended.
+
+        :param now: the current time
+        """
+        if self.cancel_requested_at is not None:
+            return True
+        if now >= self.natural_end[1]:
+            return False
+        self.cancel_requested_at = now
+        return True
+
+    def done_count(self, now: float) -> int:
+        """Return how many items (in processing order) have finished by ``now``.
+
+        :param now: the current time
+        """
+        n = len(self.items)
+        cut = min(now, self.work_end)
+        if self.issues or n == 0 or cut < self.t_in_progress:
+            return 0
+        span = self.t_finalizing - self.t_in_progress
+        if span <= 0:
+            return n
+        return max(0, min(n, math.floor((cut - self.t_in_progress) / span * n + 1e-9)))
+
+    def view(self, now: float) -> JobView:
+        """Return the state at ``now``.
+
+        :param now: the current time
+        """
+        times: dict[str, int] = {}
+        status: JobStatus
+        if self.cancel_effective:
+            tc = self.cancel_requested_at
+            assert tc is not None
+            if tc >= self.t_in_progress:
+                times["in_progress_at"] = int(self.t_in_progress)
+            if tc >= self.t_finalizing and not self.expires:
+                times["finalizing_at"] = int(self.t_finalizing)
+            times["cancelling_at"] = int(tc)
+            if now >= tc + self.cancel_delay:
+                status = "cancelled"
+                times["cancelled_at"] = int(tc + self.cancel_delay)
+            else:
+                status = "cancelling"
+        else:
+            end_status, end = self.natural_end
+            if now < self.t_in_progress:
+                status = "validating"
+            elif end_status == "failed":
+                status = "failed"
+                times["failed_at"] = int(end)
+            else:
+                times["in_progress_at"] = int(self.t_in_progress)
+                if end_status == "expired" and now >= end:
+                    status = "expired"
+                    times["expired_at"] = int(end)
+                elif now < self.t_finalizing or end_status == "expired":
+                    status = "in_progress"
+                elif now < self.t_completed:
+                    status = "finalizing"
+                    times["finalizing_at"] = int(self.t_finalizing)
+                else:
+                    status = "completed"
+                    times["finalizing_at"] = int(self.t_finalizing)
+                    times["completed_at"] = int(self.t_completed)
+        validated = not self.issues and (now >= self.t_in_progress or "in_progress_at" in times)
+        total = len(self.items) if validated else 0
+        done = self.done_count(now)
+        failed = self._failed_prefix[done]
+        return JobView(status=status, times=times, total=total, completed=done - failed, failed=failed)
+
+    def outcomes(self, now: float) -> list[ItemOutcome]:
+        """Return every item's end, processed items first in processing order.
+
+        Meant for a terminal job: items not processed by then are ``expired`` or ``cancelled``.
+
+        :param now: the current time
+        """
+        if self.issues:
+            return []
+        done = self.done_count(now)
+        end: ItemEnd = "cancelled" if self.cancel_effective else "expired"
+        out = [ItemOutcome(self.items[idx], "processed", pos) for pos, idx in enumerate(self.order[:done])]
+        out.extend(ItemOutcome(self.items[idx], end, -1) for idx in self.order[done:])
+        return out

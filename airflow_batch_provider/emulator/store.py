@@ -1,0 +1,366 @@
+"""In-memory (optionally disk-backed) files and jobs, the clock and the counters: the shared state.
+
+Everything here is provider-neutral and thread-safe: one re-entrant lock guards the whole state,
+which is plenty for an emulator. File bytes live in memory, or under ``data_dir`` when one is
+given, so that large inputs do not sit in RAM; content is always read back in chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Final
+
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.faults import SlidingWindowLimiter
+from airflow_batch_provider.emulator.lifecycle import Job
+
+CHUNK: Final = 64 * 1024
+
+
+class Clock:
+    """Wall-clock time plus an offset that tests may advance (time travel, no sleeping).
+
+    :param source: the underlying time source, seconds since the epoch
+    """
+
+    def __init__(self, source: Callable[[], float] = time.time) -> None:
+        self._source = source
+        self._offset = 0.0
+
+    def now(self) -> float:
+        """Return the emulator's current time."""
+        return self._source() + self._offset
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock forward and return the new time.
+
+        :param seconds: how far, 0 or more
+        """
+        if seconds < 0:
+            raise ValueError("the clock only moves forward; give 0 or more seconds.")
+        self._offset += seconds
+        return self.now()
+
+
+@dataclass
+class StoredFile:
+    """One stored file's metadata; the bytes live in the :class:`FileStore`.
+
+    :param id: file id
+    :param filename: the name given at upload
+    :param purpose: the purpose (``batch``, ``batch_output`` ...)
+    :param bytes: size in bytes
+    :param created_at: unix seconds
+    :param sha256: hex digest of the content
+    :param expires_at: unix seconds when it expires, if it does
+    :param provider: the router that created it
+    """
+
+    id: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    sha256: str
+    expires_at: int | None = None
+    provider: str = "openai"
+
+
+class FileTooLargeError(ValueError):
+    """An upload is larger than the configured limit."""
+
+
+class FileStore:
+    """Files by id, content in memory or in ``data_dir``.
+
+    :param data_dir: directory for file bytes (``None``: keep them in memory)
+    :param lock: the state lock
+    """
+
+    def __init__(self, data_dir: Path | None, lock: threading.RLock) -> None:
+        self._dir = data_dir
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock
+        self._meta: dict[str, StoredFile] = {}
+        self._mem: dict[str, bytes] = {}
+
+    def put(self, meta: StoredFile, source: IO[bytes] | bytes, max_bytes: int | None = None) -> StoredFile:
+        """Store content and return its metadata (with ``bytes`` and ``sha256`` filled in).
+
+        :param meta: metadata; ``bytes`` and ``sha256`` are overwritten
+        :param source: the content, or a binary stream read in chunks
+        :param max_bytes: refuse content larger than this
+        :raises FileTooLargeError: the content is over ``max_bytes``
+        """
+        stream: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes) else source
+        digest = hashlib.sha256()
+        size = 0
+        sink: IO[bytes]
+        tmp_path: Path | None = None
+        if self._dir is not None:
+            fd, name = tempfile.mkstemp(dir=self._dir, prefix=".upload-")
+            tmp_path = Path(name)
+            sink = open(fd, "wb")  # noqa: SIM115 - closed below
+        else:
+            sink = io.BytesIO()
+        try:
+            while block := stream.read(CHUNK):
+                size += len(block)
+                if max_bytes is not None and size > max_bytes:
+                    raise FileTooLargeError(f"file is larger than {max_bytes} bytes")
+                digest.update(block)
+                sink.write(block)
+            if isinstance(sink, io.BytesIO):
+                content: bytes | None = sink.getvalue()
+            else:
+                content = None
+        except BaseException:
+            sink.close()
+            if tmp_path is not None:
+                tmp_path.unlink(missing_ok=True)
+            raise
+        sink.close()
+        meta.bytes = size
+        meta.sha256 = digest.hexdigest()
+        with self._lock:
+            if tmp_path is not None:
+                shutil.move(str(tmp_path), str(self._path(meta.id)))
+            else:
+                assert content is not None
+                self._mem[meta.id] = content
+            self._meta[meta.id] = meta
+        return meta
+
+    def _path(self, file_id: str) -> Path:
+        assert self._dir is not None
+        return self._dir / file_id
+
+    def get(self, file_id: str) -> StoredFile | None:
+        """Return a file's metadata, or ``None``.
+
+        :param file_id: the id
+        """
+        with self._lock:
+            return self._meta.get(file_id)
+
+    def list(self, provider: str | None = None) -> list[StoredFile]:
+        """Return every file, oldest first.
+
+        :param provider: only this router's files
+        """
+        with self._lock:
+            return [m for m in self._meta.values() if provider is None or m.provider == provider]
+
+    def delete(self, file_id: str) -> bool:
+        """Delete a file; return False when it did not exist.
+
+        :param file_id: the id
+        """
+        with self._lock:
+            if self._meta.pop(file_id, None) is None:
+                return False
+            self._mem.pop(file_id, None)
+            if self._dir is not None:
+                self._path(file_id).unlink(missing_ok=True)
+            return True
+
+    def iter_bytes(self, file_id: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        """Yield a file's content in chunks.
+
+        :param file_id: the id
+        :param chunk_size: bytes per chunk
+        :raises KeyError: no such file
+        """
+        with self._lock:
+            if file_id not in self._meta:
+                raise KeyError(file_id)
+            content = self._mem.get(file_id)
+        if content is not None:
+            for start in range(0, len(content), chunk_size):
+                yield content[start : start + chunk_size]
+            return
+        with open(self._path(file_id), "rb") as fh:
+            while block := fh.read(chunk_size):
+                yield block
+
+    def iter_lines(self, file_id: str) -> Iterator[bytes]:
+        """Yield a file's lines (with their line endings), without loading it whole.
+
+        :param file_id: the id
+        :raises KeyError: no such file
+        """
+        rest = b""
+        for block in self.iter_bytes(file_id):
+            rest += block
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
+
+    def clear(self) -> None:
+        """Delete every file."""
+        with self._lock:
+            for file_id in list(self._meta):
+                self.delete(file_id)
+
+
+class JobStore:
+    """Jobs by id, in creation order, for every provider.
+
+    :param lock: the state lock
+    """
+
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+        self._jobs: dict[str, Job] = {}
+        self._created: Counter[str] = Counter()
+
+    def next_index(self, provider: str) -> int:
+        """Reserve and return the next 0-based creation index of a provider's jobs.
+
+        :param provider: the router name
+        """
+        with self._lock:
+            index = self._created[provider]
+            self._created[provider] += 1
+            return index
+
+    def add(self, job: Job) -> None:
+        """Store a job.
+
+        :param job: the job
+        """
+        with self._lock:
+            self._jobs[job.id] = job
+
+    def get(self, job_id: str, provider: str | None = None) -> Job | None:
+        """Return a job, or ``None``.
+
+        :param job_id: the id
+        :param provider: only when it belongs to this router
+        """
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or (provider is not None and job.provider != provider):
+                return None
+            return job
+
+    def list(self, provider: str | None = None) -> list[Job]:
+        """Return jobs newest first.
+
+        :param provider: only this router's jobs
+        """
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if provider is None or j.provider == provider]
+        return jobs[::-1]
+
+    def clear(self) -> None:
+        """Forget every job and reset the creation indices."""
+        with self._lock:
+            self._jobs.clear()
+            self._created.clear()
+
+
+class EmulatorState:
+    """Everything a router needs: configuration, clock, files, jobs, counters, ids.
+
+    :param config: the configuration at start
+    :param clock: the clock (tests may pass one with a fixed source)
+    """
+
+    def __init__(self, config: EmulatorConfig, clock: Clock | None = None) -> None:
+        self.initial_config = config
+        self.config = config
+        self.clock = clock or Clock()
+        self.lock = threading.RLock()
+        self.files = FileStore(config.data_dir, self.lock)
+        self.jobs = JobStore(self.lock)
+        self.counters: Counter[str] = Counter()
+        self.limiter = SlidingWindowLimiter()
+        #: prompt prefixes seen by the synchronous endpoints (for cached_tokens)
+        self.seen_prefixes: set[str] = set()
+        self._ids: Counter[str] = Counter()
+        self._generation = 0
+
+    def now(self) -> float:
+        """Return the emulator's current time."""
+        return self.clock.now()
+
+    def new_id(self, prefix: str, length: int = 24) -> str:
+        """Return a fresh id, deterministic in the seed and the number of ids made so far.
+
+        :param prefix: e.g. ``file-`` or ``batch_``
+        :param length: hex characters after the prefix
+        """
+        with self.lock:
+            n = self._ids[prefix]
+            self._ids[prefix] += 1
+            key = f"{self.config.seed}:{self._generation}:{prefix}:{n}"
+        return prefix + hashlib.sha256(key.encode()).hexdigest()[:length]
+
+    def count(self, name: str, by: int = 1) -> int:
+        """Add to a named counter and return the value before adding.
+
+        :param name: the counter (``batches_created``, ``openai.retrieve`` ...)
+        :param by: the increment
+        """
+        with self.lock:
+            before = self.counters[name]
+            self.counters[name] += by
+            return before
+
+    def bump(self, provider: str, name: str) -> int:
+        """Count an event both in total (``name``) and per provider (``provider.name``).
+
+        :param provider: the router name
+        :param name: the event (``batches_created``, ``files_uploaded``, ``sync_requests`` ...)
+        :return: the provider's count before this event (a 0-based request counter)
+        """
+        with self.lock:
+            self.counters[name] += 1
+            return self.count(f"{provider}.{name}")
+
+    def update_config(self, patch: dict[str, Any]) -> EmulatorConfig:
+        """Apply a partial configuration update and return the new configuration.
+
+        :param patch: the ``PUT /_emulator/config`` body
+        :raises ValueError: invalid keys or values
+        """
+        with self.lock:
+            new = self.config.updated(patch)
+            if "faults" in patch or "seed" in patch:
+                self.limiter.reset()
+            self.config = new
+            return new
+
+    def consume_validation_failure(self) -> bool:
+        """Return True (and count one down) when the next batch must fail validation."""
+        with self.lock:
+            remaining = self.config.faults.fail_validation
+            if remaining <= 0:
+                return False
+            self.config = self.config.updated({"faults": {"fail_validation": remaining - 1}})
+            return True
+
+    def reset(self) -> None:
+        """Forget every file, job and counter, and restore the start configuration."""
+        with self.lock:
+            self.files.clear()
+            self.jobs.clear()
+            self.counters.clear()
+            self.limiter.reset()
+            self.seen_prefixes.clear()
+            self._ids.clear()
+            self._generation += 1
+            self.config = self.initial_config

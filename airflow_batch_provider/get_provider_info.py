@@ -1,0 +1,100 @@
+"""Provider metadata read by Airflow's providers manager (``airflow providers list``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_batch_provider import __version__
+
+
+def _option(
+    description: str, default: str | None, example: str | None = None, type_: str = "string"
+) -> dict[str, Any]:
+    return {
+        "description": description,
+        "version_added": "0.1.0",
+        "type": type_,
+        "example": example,
+        "default": default,
+    }
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Return the provider's metadata."""
+    return {
+        "package-name": "airflow-batch-provider",
+        "name": "LLM Batch",
+        "description": "Asynchronous LLM batch inference (OpenAI, Anthropic, Gemini, Bedrock, vLLM) with a per-item "
+        "ledger, idempotent submit, deferrable polling and cost per usable result.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "LLM Batch",
+                "external-doc-url": "https://platform.openai.com/docs/guides/batch",
+                "tags": ["ai"],
+            }
+        ],
+        "operators": [
+            {"integration-name": "LLM Batch", "python-modules": ["airflow_batch_provider.operators.batch"]}
+        ],
+        "sensors": [
+            {"integration-name": "LLM Batch", "python-modules": ["airflow_batch_provider.sensors.batch"]}
+        ],
+        "triggers": [
+            {"integration-name": "LLM Batch", "python-modules": ["airflow_batch_provider.triggers.batch"]}
+        ],
+        "hooks": [
+            {
+                "integration-name": "LLM Batch",
+                "python-modules": [
+                    "airflow_batch_provider.hooks.batch",
+                    "airflow_batch_provider.hooks.ledger",
+                ],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.batch.OpenAIBatchHook",
+                "connection-type": "openai_batch",
+            },
+        ],
+        "config": {
+            "batch_provider": {
+                "description": "Settings of the LLM batch provider.",
+                "options": {
+                    "ledger_url": _option(
+                        "SQLAlchemy URL of the embedded ledger, used when a task names no ledger connection. "
+                        "Default: SQLite in $AIRFLOW_HOME.",
+                        "",
+                        "postgresql+psycopg2://airflow@db/ledger",
+                    ),
+                    "staging_root": _option(
+                        "Where chunks, downloads and reports are staged (ObjectStoragePath URL). "
+                        "Default: $AIRFLOW_HOME/batch_staging.",
+                        "",
+                        "s3://my-bucket/llm-batch",
+                    ),
+                    "pricing_override": _option(
+                        "A JSON file (or JSON text) merged over the shipped price table.",
+                        "",
+                        "/opt/airflow/prices.json",
+                    ),
+                    "poll_initial_interval": _option(
+                        "Seconds before the second status poll.", "30", type_="float"
+                    ),
+                    "poll_factor": _option(
+                        "Growth of the poll interval after each poll.", "1.5", type_="float"
+                    ),
+                    "poll_max_interval": _option("Cap on the poll interval, seconds.", "600", type_="float"),
+                    "poll_max_consecutive_errors": _option(
+                        "Transient status errors tolerated in a row before the sensor fails.",
+                        "5",
+                        type_="integer",
+                    ),
+                    "poll_timeout": _option(
+                        "Seconds after submission after which waiting gives up.", "93600", type_="float"
+                    ),
+                },
+            }
+        },
+    }

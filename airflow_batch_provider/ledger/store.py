@@ -1,0 +1,898 @@
+"""The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
+
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. State changes are
+checked against :mod:`airflow_batch_provider.core.states`, and a refused change raises
+:class:`~airflow_batch_provider.exceptions.InvalidTransitionError` instead of corrupting the run.
+Every operation is safe to repeat: a cleared task that runs again converges to the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, and_, create_engine, event, func, select, tuple_
+from sqlalchemy.engine import Connection, RowMapping
+
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.core.states import (
+    RETRYABLE_STATES,
+    USABLE_STATES,
+    can_transition,
+)
+from airflow_batch_provider.exceptions import InvalidTransitionError, LedgerError
+from airflow_batch_provider.ledger import schema as s
+
+BATCH = 1000
+NANO = Decimal(1_000_000_000)
+
+
+def utcnow() -> datetime:
+    """Return the current UTC time (timezone-aware)."""
+    return datetime.now(timezone.utc)
+
+
+def to_nusd(amount: Decimal) -> int:
+    """Convert dollars to integer nano-dollars (rounded half-up).
+
+    :param amount: dollars
+    """
+    return int((amount * NANO).to_integral_value(rounding="ROUND_HALF_UP"))
+
+
+def from_nusd(nusd: int) -> Decimal:
+    """Convert integer nano-dollars to dollars.
+
+    :param nusd: nano-dollars
+    """
+    return Decimal(nusd) / NANO
+
+
+@dataclass(frozen=True)
+class PreparedItem:
+    """An item ready for the ledger.
+
+    :param key: item key (charset-safe)
+    :param request: the canonical request
+    """
+
+    key: str
+    request: CanonicalRequest
+
+
+@dataclass(frozen=True)
+class UpsertStats:
+    """What :meth:`Ledger.upsert_items` did.
+
+    :param new: items seen for the first time
+    :param changed: items whose input changed (or that had not succeeded) and go out again
+    :param unchanged: items whose input matches an earlier success; not sent again
+    :param already_in_run: items this run had recorded before (a rerun of the task)
+    """
+
+    new: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    already_in_run: int = 0
+
+
+@dataclass
+class ReconcileStats:
+    """What one reconcile pass did.
+
+    :param applied: results that changed an item's state
+    :param late: results for an attempt that is no longer the item's current one (kept as cost)
+    :param duplicates: result lines seen twice in this pass
+    :param unknown: result lines whose custom id this job never sent
+    :param outcomes: results by outcome
+    """
+
+    applied: int = 0
+    late: int = 0
+    duplicates: int = 0
+    unknown: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+# The item state each neutral outcome leads to.
+_OUTCOME_STATE: dict[str, str] = {
+    "succeeded": "succeeded",
+    "failed_retryable": "failed_retryable",
+    "failed_permanent": "failed_permanent",
+    "expired": "expired",
+    "cancelled": "cancelled",
+    "invalid_output": "failed_retryable",
+    "missing": "failed_retryable",
+}
+
+
+def _chunks(rows: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
+    buf: list[Any] = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+class Ledger:
+    """The per-item store.
+
+    :param engine: a SQLAlchemy engine (SQLite or PostgreSQL)
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_url(cls, url: str, **engine_kwargs: Any) -> Ledger:
+        """Open a ledger from a SQLAlchemy URL; SQLite gets WAL mode and a busy timeout.
+
+        :param url: e.g. ``sqlite:////data/ledger.sqlite`` or ``postgresql+psycopg2://...``
+        :param engine_kwargs: passed to :func:`sqlalchemy.create_engine`
+        """
+        if url.startswith("sqlite"):
+            engine_kwargs.setdefault("connect_args", {"timeout": 30})
+        engine = create_engine(url, future=True, **engine_kwargs)
+        if engine.dialect.name == "sqlite":
+
+            @event.listens_for(engine, "connect")
+            def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.close()
+
+        ledger = cls(engine)
+        ledger.ensure_schema()
+        return ledger
+
+    # ------------------------------------------------------------------ schema
+    def ensure_schema(self) -> None:
+        """Create missing tables and check the schema version.
+
+        :raises LedgerError: the database holds a newer schema than this package knows
+        """
+        s.metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version")).scalar()
+            if found is None:
+                conn.execute(s.meta.insert().values(key="schema_version", value=str(s.SCHEMA_VERSION)))
+            elif int(found) > s.SCHEMA_VERSION:
+                raise LedgerError(
+                    f"ledger schema version {found} is newer than this package's {s.SCHEMA_VERSION}; "
+                    "upgrade airflow-batch-provider on every worker."
+                )
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version recorded in the database."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version")).scalar_one()
+            )
+
+    # ------------------------------------------------------------------ runs
+    def start_run(self, workload: str, run_id: str, provider: str, model: str) -> None:
+        """Record that a run started (idempotent).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param provider: adapter name
+        :param model: model name
+        """
+        with self.engine.begin() as conn:
+            found = conn.execute(
+                select(s.runs.c.run_id).where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+            ).first()
+            if found is None:
+                conn.execute(
+                    s.runs.insert().values(
+                        workload=workload, run_id=run_id, provider=provider, model=model, started_at=utcnow()
+                    )
+                )
+
+    def finish_run(self, workload: str, run_id: str, report: Mapping[str, Any]) -> None:
+        """Store the run's report.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param report: JSON-safe report
+        """
+        with self.engine.begin() as conn:
+            conn.execute(
+                s.runs.update()
+                .where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+                .values(finished_at=utcnow(), report_json=json.dumps(report, default=str))
+            )
+
+    def runs(self, workload: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Return the latest runs, newest first.
+
+        :param workload: only this workload
+        :param limit: how many
+        """
+        q = select(s.runs).order_by(s.runs.c.started_at.desc()).limit(limit)
+        if workload:
+            q = q.where(s.runs.c.workload == workload)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    # ------------------------------------------------------------------ items
+    def upsert_items(self, workload: str, run_id: str, items: Iterable[PreparedItem]) -> UpsertStats:
+        """Bring this run's items into the ledger.
+
+        A new item, or one whose input changed or that never succeeded, becomes ``pending``. An item
+        whose input hash matches its last success becomes ``unchanged`` and keeps its output. An
+        item this run already recorded is left alone, so rerunning the task changes nothing.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param items: the prepared items (streamed)
+        :raises LedgerError: two application ids map to the same key
+        """
+        stats = Counter[str]()
+        now = utcnow()
+        for batch in _chunks(items):
+            with self.engine.begin() as conn:
+                keys = [(it.key, it.request.prompt_version) for it in batch]
+                existing = {
+                    (r["item_key"], r["prompt_version"]): r
+                    for r in conn.execute(
+                        select(
+                            s.items.c.item_key,
+                            s.items.c.prompt_version,
+                            s.items.c.app_id,
+                            s.items.c.run_id,
+                            s.items.c.state,
+                            s.items.c.input_hash,
+                            s.items.c.succeeded_hash,
+                        ).where(
+                            s.items.c.workload == workload,
+                            tuple_(s.items.c.item_key, s.items.c.prompt_version).in_(keys),
+                        )
+                    ).mappings()
+                }
+                inserts: list[dict[str, Any]] = []
+                for it in batch:
+                    req = it.request
+                    row = existing.get((it.key, req.prompt_version))
+                    if row is not None and row["app_id"] != req.app_id:
+                        raise LedgerError(
+                            f"application ids {row['app_id']!r} and {req.app_id!r} map to the same item key "
+                            f"{it.key!r}; rename one of them."
+                        )
+                    values = {
+                        "app_id": req.app_id,
+                        "model": req.model,
+                        "input_hash": req.input_hash,
+                        "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
+                        "run_id": run_id,
+                        "updated_at": now,
+                    }
+                    if row is None:
+                        inserts.append(
+                            {
+                                **values,
+                                "workload": workload,
+                                "item_key": it.key,
+                                "prompt_version": req.prompt_version,
+                                "state": "pending",
+                                "attempts": 0,
+                                "created_at": now,
+                            }
+                        )
+                        stats["new"] += 1
+                        continue
+                    if row["run_id"] == run_id:
+                        stats["already_in_run"] += 1
+                        continue
+                    where = and_(
+                        s.items.c.workload == workload,
+                        s.items.c.item_key == it.key,
+                        s.items.c.prompt_version == req.prompt_version,
+                    )
+                    if row["succeeded_hash"] == req.input_hash and row["state"] in USABLE_STATES:
+                        conn.execute(
+                            s.items.update()
+                            .where(where)
+                            .values(run_id=run_id, state="unchanged", route="unchanged", updated_at=now)
+                        )
+                        stats["unchanged"] += 1
+                    else:
+                        conn.execute(
+                            s.items.update()
+                            .where(where)
+                            .values(
+                                **values,
+                                state="pending",
+                                attempts=0,
+                                job_id=None,
+                                custom_id=None,
+                                route=None,
+                                output_json=None,
+                                error_code=None,
+                                error_message=None,
+                            )
+                        )
+                        stats["changed"] += 1
+                if inserts:
+                    conn.execute(s.items.insert(), inserts)
+        return UpsertStats(**stats)
+
+    def reject_items(
+        self, workload: str, run_id: str, rejected: Iterable[tuple[PreparedItem | None, str, str, str]]
+    ) -> int:
+        """Record items that cannot be sent, in ``review`` with the reason; others go on.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param rejected: (item or ``None`` when it could not be rendered, app id, code, message)
+        """
+        now = utcnow()
+        count = 0
+        with self.engine.begin() as conn:
+            for prepared, app_id, code, message in rejected:
+                from airflow_batch_provider.core.custom_ids import item_key
+
+                key = prepared.key if prepared else item_key(app_id)
+                version = prepared.request.prompt_version if prepared else "-"
+                where = and_(
+                    s.items.c.workload == workload,
+                    s.items.c.item_key == key,
+                    s.items.c.prompt_version == version,
+                )
+                found = conn.execute(select(s.items.c.item_key).where(where)).first()
+                values = {
+                    "state": "review",
+                    "run_id": run_id,
+                    "error_code": code,
+                    "error_message": message,
+                    "updated_at": now,
+                    "route": None,
+                }
+                if found:
+                    conn.execute(s.items.update().where(where).values(**values))
+                else:
+                    req = prepared.request if prepared else None
+                    conn.execute(
+                        s.items.insert().values(
+                            workload=workload,
+                            item_key=key,
+                            prompt_version=version,
+                            app_id=app_id,
+                            model=req.model if req else "-",
+                            input_hash=req.input_hash if req else "-",
+                            request_json=json.dumps(req.to_dict()) if req else "{}",
+                            attempts=0,
+                            created_at=now,
+                            **values,
+                        )
+                    )
+                count += 1
+        return count
+
+    def iter_items(
+        self,
+        workload: str,
+        run_id: str,
+        states: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        page: int = BATCH,
+    ) -> Iterator[RowMapping]:
+        """Stream this run's items in key order, a page per short read (keyset pagination).
+
+        No cursor stays open between pages, so the caller may write to the ledger while iterating.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param states: only these states
+        :param columns: only these columns (the key columns are always included)
+        :param page: rows per read
+        """
+        c = s.items.c
+        wanted = list(
+            dict.fromkeys(["item_key", "prompt_version", *(columns or [col.name for col in s.items.c])])
+        )
+        last: tuple[str, str] | None = None
+        while True:
+            q = select(*[c[name] for name in wanted]).where(c.workload == workload, c.run_id == run_id)
+            if states is not None:
+                q = q.where(c.state.in_(list(states)))
+            if last is not None:
+                q = q.where(tuple_(c.item_key, c.prompt_version) > tuple_(*last))
+            q = q.order_by(c.item_key, c.prompt_version).limit(page)
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(q).mappings())
+            yield from rows
+            if len(rows) < page:
+                return
+            last = (rows[-1]["item_key"], rows[-1]["prompt_version"])
+
+    def count_states(self, workload: str, run_id: str) -> dict[str, int]:
+        """Return this run's items by state.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        q = (
+            select(s.items.c.state, func.count())
+            .where(s.items.c.workload == workload, s.items.c.run_id == run_id)
+            .group_by(s.items.c.state)
+        )
+        with self.engine.connect() as conn:
+            return {state: int(n) for state, n in conn.execute(q)}
+
+    def transition(
+        self,
+        workload: str,
+        run_id: str,
+        target: str,
+        from_states: Sequence[str],
+        keys: Sequence[tuple[str, str]] | None = None,
+        **values: Any,
+    ) -> int:
+        """Move this run's items in ``from_states`` (optionally only ``keys``) to ``target``.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param target: the new state
+        :param from_states: states to move from; each must connect to ``target``
+        :param keys: (item key, prompt version) pairs to restrict to
+        :param values: extra columns to set
+        :raises InvalidTransitionError: a source state does not connect to ``target``
+        """
+        bad = [st for st in from_states if not can_transition(st, target)]
+        if bad:
+            raise InvalidTransitionError(
+                f"items cannot move from {bad} to {target!r} (see DESIGN.md item states)."
+            )
+        total = 0
+        base = and_(
+            s.items.c.workload == workload, s.items.c.run_id == run_id, s.items.c.state.in_(list(from_states))
+        )
+        with self.engine.begin() as conn:
+            if keys is None:
+                res = conn.execute(
+                    s.items.update().where(base).values(state=target, updated_at=utcnow(), **values)
+                )
+                return int(res.rowcount or 0)
+            for batch in _chunks(keys):
+                res = conn.execute(
+                    s.items.update()
+                    .where(base, tuple_(s.items.c.item_key, s.items.c.prompt_version).in_(batch))
+                    .values(state=target, updated_at=utcnow(), **values)
+                )
+                total += int(res.rowcount or 0)
+        return total
+
+    # ------------------------------------------------------------------ jobs
+    def record_job(
+        self,
+        job: Mapping[str, Any],
+        placements: Iterable[tuple[str, str, str, int]],
+    ) -> None:
+        """Record a staged job and move its items to ``staged`` in one transaction (idempotent).
+
+        :param job: the job row (``job_id``, ``workload``, ``run_id``, ``round``, ``chunk_index``,
+            ``provider``, ``model``, ``idempotency_key``, ``staged_path``, ``input_sha256``, ``lines``,
+            ``size_bytes``)
+        :param placements: (item key, prompt version, custom id, attempt) per line of the chunk
+        """
+        now = utcnow()
+        with self.engine.begin() as conn:
+            found = conn.execute(select(s.jobs.c.job_id).where(s.jobs.c.job_id == job["job_id"])).first()
+            if found is not None:
+                return
+            conn.execute(s.jobs.insert().values(**job, state="staged", created_at=now))
+            for batch in _chunks(placements):
+                conn.execute(
+                    s.attempts.insert(),
+                    [
+                        {
+                            "job_id": job["job_id"],
+                            "custom_id": cid,
+                            "workload": job["workload"],
+                            "item_key": key,
+                            "prompt_version": version,
+                            "run_id": job["run_id"],
+                            "attempt": attempt,
+                            "mode": "batch",
+                            "created_at": now,
+                            "updated_at": now,
+                        }
+                        for key, version, cid, attempt in batch
+                    ],
+                )
+                for key, version, cid, attempt in batch:
+                    conn.execute(
+                        s.items.update()
+                        .where(
+                            s.items.c.workload == job["workload"],
+                            s.items.c.item_key == key,
+                            s.items.c.prompt_version == version,
+                        )
+                        .values(
+                            state="staged",
+                            job_id=job["job_id"],
+                            custom_id=cid,
+                            attempts=attempt,
+                            updated_at=now,
+                        )
+                    )
+
+    def jobs_for(self, workload: str, run_id: str, round_: int | None = None) -> list[dict[str, Any]]:
+        """Return this run's jobs (optionally one round's), by round and chunk.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param round_: only this round
+        """
+        q = select(s.jobs).where(s.jobs.c.workload == workload, s.jobs.c.run_id == run_id)
+        if round_ is not None:
+            q = q.where(s.jobs.c.round == round_)
+        q = q.order_by(s.jobs.c.round, s.jobs.c.chunk_index)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """Return one job.
+
+        :param job_id: the job id
+        :raises LedgerError: no such job
+        """
+        with self.engine.connect() as conn:
+            row = conn.execute(select(s.jobs).where(s.jobs.c.job_id == job_id)).mappings().first()
+        if row is None:
+            raise LedgerError(
+                f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+            )
+        return dict(row)
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        """Set columns of one job.
+
+        :param job_id: the job id
+        :param values: columns to set
+        """
+        with self.engine.begin() as conn:
+            conn.execute(s.jobs.update().where(s.jobs.c.job_id == job_id).values(**values))
+
+    def mark_submitted(self, job_id: str, batch_id: str, input_ref: str) -> None:
+        """Record the provider's batch id and move the job's items to ``submitted``.
+
+        :param job_id: the job id
+        :param batch_id: the provider's batch id
+        :param input_ref: where the input was staged at the provider
+        """
+        now = utcnow()
+        with self.engine.begin() as conn:
+            conn.execute(
+                s.jobs.update()
+                .where(s.jobs.c.job_id == job_id)
+                .values(state="submitted", batch_id=batch_id, input_ref=input_ref, submitted_at=now)
+            )
+            conn.execute(
+                s.items.update()
+                .where(s.items.c.job_id == job_id, s.items.c.state == "staged")
+                .values(state="submitted", updated_at=now)
+            )
+
+    # ------------------------------------------------------------------ results
+    def apply_results(
+        self,
+        job_id: str,
+        results: Iterable[ItemResult],
+        cost_of: Callable[[Usage], Decimal],
+    ) -> ReconcileStats:
+        """Upsert result lines of one job by custom id, and move items accordingly.
+
+        A result for the item's current attempt sets its state; a result for an older attempt is
+        kept in the attempts table (its cost is real) and counted as ``late``. A line seen twice
+        in one pass is counted as a duplicate and applied once. Repeating the pass changes nothing.
+
+        :param job_id: the job whose files these are
+        :param results: parsed results (streamed)
+        :param cost_of: prices one line's usage
+        """
+        stats = ReconcileStats()
+        seen: set[str] = set()
+        job = self.job(job_id)
+        workload = job["workload"]
+        for batch in _chunks(results):
+            now = utcnow()
+            with self.engine.begin() as conn:
+                cids = list({r.custom_id for r in batch})
+                known = {
+                    r["custom_id"]: r
+                    for r in conn.execute(
+                        select(s.attempts).where(
+                            s.attempts.c.job_id == job_id, s.attempts.c.custom_id.in_(cids)
+                        )
+                    ).mappings()
+                }
+                for res in batch:
+                    if res.custom_id in seen:
+                        stats.duplicates += 1
+                        continue
+                    seen.add(res.custom_id)
+                    att = known.get(res.custom_id)
+                    if att is None:
+                        stats.unknown += 1
+                        continue
+                    stats.outcomes[res.outcome] += 1
+                    cost = to_nusd(cost_of(res.usage))
+                    conn.execute(
+                        s.attempts.update()
+                        .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == res.custom_id)
+                        .values(
+                            outcome=res.outcome,
+                            discarded=res.outcome == "invalid_output",
+                            error_code=res.error_code,
+                            error_message=res.error_message,
+                            input_tokens=res.usage.input_tokens,
+                            output_tokens=res.usage.output_tokens,
+                            cached_input_tokens=res.usage.cached_input_tokens,
+                            cache_write_tokens=res.usage.cache_write_tokens,
+                            cost_nusd=cost,
+                            updated_at=now,
+                        )
+                    )
+                    if self._apply_to_item(conn, workload, att, res, now):
+                        stats.applied += 1
+                    else:
+                        stats.late += 1
+        return stats
+
+    def _apply_to_item(
+        self, conn: Connection, workload: str, att: RowMapping, res: ItemResult, now: datetime
+    ) -> bool:
+        where = and_(
+            s.items.c.workload == workload,
+            s.items.c.item_key == att["item_key"],
+            s.items.c.prompt_version == att["prompt_version"],
+        )
+        item = conn.execute(
+            select(s.items.c.state, s.items.c.custom_id, s.items.c.input_hash).where(where)
+        ).first()
+        if item is None:
+            return False
+        target = _OUTCOME_STATE[res.outcome]
+        current = item.state
+        if item.custom_id != res.custom_id:
+            # An older attempt answered late. A success is still taken while the item has no usable
+            # result; anything else is kept only as cost (discarded).
+            late_success = res.outcome == "succeeded" and current not in USABLE_STATES
+            if not (late_success and can_transition(current, "succeeded")):
+                self._mark_discarded(conn, att, now)
+                return False
+        if current == target:
+            return True
+        if not can_transition(current, target):
+            return False
+        values: dict[str, Any] = {"state": target, "updated_at": now, "error_code": res.error_code}
+        values["error_message"] = res.error_message
+        if target == "succeeded":
+            values["output_json"] = json.dumps(res.output, ensure_ascii=False)
+            values["succeeded_hash"] = item.input_hash
+            values["route"] = "batch" if int(att["attempt"]) <= 1 else "resubmitted"
+            values["custom_id"] = res.custom_id
+            values["job_id"] = att["job_id"]
+        conn.execute(s.items.update().where(where).values(**values))
+        return True
+
+    @staticmethod
+    def _mark_discarded(conn: Connection, att: RowMapping, now: datetime) -> None:
+        conn.execute(
+            s.attempts.update()
+            .where(s.attempts.c.job_id == att["job_id"], s.attempts.c.custom_id == att["custom_id"])
+            .values(discarded=True, updated_at=now)
+        )
+
+    def mark_missing(self, job_id: str) -> int:
+        """Mark every line of a finished job that no result file mentioned as ``missing``.
+
+        Their items become ``failed_retryable`` (error code ``missing``) when the missing line is
+        their current attempt.
+
+        :param job_id: the job id
+        """
+        now = utcnow()
+        job = self.job(job_id)
+        with self.engine.begin() as conn:
+            rows = list(
+                conn.execute(
+                    select(s.attempts).where(s.attempts.c.job_id == job_id, s.attempts.c.outcome.is_(None))
+                ).mappings()
+            )
+            for att in rows:
+                conn.execute(
+                    s.attempts.update()
+                    .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == att["custom_id"])
+                    .values(outcome="missing", error_code="missing", updated_at=now)
+                )
+                conn.execute(
+                    s.items.update()
+                    .where(
+                        s.items.c.workload == job["workload"],
+                        s.items.c.item_key == att["item_key"],
+                        s.items.c.prompt_version == att["prompt_version"],
+                        s.items.c.custom_id == att["custom_id"],
+                        s.items.c.state.in_(["submitted", "staged"]),
+                    )
+                    .values(
+                        state="failed_retryable",
+                        error_code="missing",
+                        error_message="absent from every result file of the batch",
+                        updated_at=now,
+                    )
+                )
+        return len(rows)
+
+    # ------------------------------------------------------------------ rounds
+    def retry_candidates(self, workload: str, run_id: str, max_attempts: int) -> tuple[int, int]:
+        """Send exhausted and permanent failures to ``review``; count what may go out again.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param max_attempts: attempts cap per item
+        :return: (items that may be resubmitted, items sent to review now)
+        """
+        with self.engine.begin() as conn:
+            base = and_(s.items.c.workload == workload, s.items.c.run_id == run_id)
+            to_review = conn.execute(
+                s.items.update()
+                .where(
+                    base,
+                    (s.items.c.state == "failed_permanent")
+                    | (s.items.c.state.in_(list(RETRYABLE_STATES)) & (s.items.c.attempts >= max_attempts)),
+                )
+                .values(state="review", updated_at=utcnow())
+            ).rowcount
+            retry = conn.execute(
+                select(func.count()).where(
+                    base, s.items.c.state.in_(list(RETRYABLE_STATES)), s.items.c.attempts < max_attempts
+                )
+            ).scalar_one()
+        return int(retry), int(to_review or 0)
+
+    # ------------------------------------------------------------------ reporting
+    def attempt_totals(self, workload: str, run_id: str) -> list[dict[str, Any]]:
+        """Return usage and cost of this run's attempts, grouped by mode, outcome and discard.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        a = s.attempts.c
+        q = (
+            select(
+                a.mode,
+                a.outcome,
+                a.discarded,
+                func.count().label("lines"),
+                func.coalesce(func.sum(a.input_tokens), 0).label("input_tokens"),
+                func.coalesce(func.sum(a.output_tokens), 0).label("output_tokens"),
+                func.coalesce(func.sum(a.cached_input_tokens), 0).label("cached_input_tokens"),
+                func.coalesce(func.sum(a.cache_write_tokens), 0).label("cache_write_tokens"),
+                func.coalesce(func.sum(a.cost_nusd), 0).label("cost_nusd"),
+            )
+            .where(a.workload == workload, a.run_id == run_id)
+            .group_by(a.mode, a.outcome, a.discarded)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def count_routes(self, workload: str, run_id: str) -> dict[tuple[str, str], int]:
+        """Return this run's items by (state, route).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        q = (
+            select(s.items.c.state, s.items.c.route, func.count())
+            .where(s.items.c.workload == workload, s.items.c.run_id == run_id)
+            .group_by(s.items.c.state, s.items.c.route)
+        )
+        with self.engine.connect() as conn:
+            return {(st, rt or "-"): int(n) for st, rt, n in conn.execute(q)}
+
+    def publish(self, workload: str, run_id: str) -> int:
+        """Copy this run's final items into the results table (upsert by item).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        now = utcnow()
+        count = 0
+        cols = ["item_key", "prompt_version", "app_id", "state", "output_json"]
+        for batch in _chunks(self.iter_items(workload, run_id, columns=cols)):
+            with self.engine.begin() as conn:
+                keys = [(r["item_key"], r["prompt_version"]) for r in batch]
+                p = s.published.c
+                conn.execute(
+                    s.published.delete().where(
+                        p.workload == workload, tuple_(p.item_key, p.prompt_version).in_(keys)
+                    )
+                )
+                conn.execute(
+                    s.published.insert(),
+                    [{**dict(r), "workload": workload, "run_id": run_id, "published_at": now} for r in batch],
+                )
+                count += len(batch)
+        return count
+
+    def iter_cost_rows(self, workload: str, run_id: str) -> Iterator[dict[str, Any]]:
+        """Yield one dict per item of the run with its attempts' usage, for the cost report.
+
+        Keys: ``app_id``, ``state``, ``route``, ``model``, ``attempts`` (list of dicts with
+        ``usage``, ``mode``, ``discarded``, ``outcome``, ``error_code``) and, for unchanged items,
+        ``last_usage`` (the usage of the earlier success they reuse, or ``None``).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        a = s.attempts.c
+        cols = ["app_id", "state", "route", "model", "attempts", "job_id", "custom_id"]
+        for page in _chunks(self.iter_items(workload, run_id, columns=cols)):
+            keys = [(r["item_key"], r["prompt_version"]) for r in page]
+            by_item: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(s.attempts)
+                    .where(
+                        a.workload == workload,
+                        a.run_id == run_id,
+                        tuple_(a.item_key, a.prompt_version).in_(keys),
+                    )
+                    .order_by(a.created_at, a.attempt)
+                ).mappings()
+                for att in rows:
+                    if att["outcome"] is None:
+                        continue
+                    by_item.setdefault((att["item_key"], att["prompt_version"]), []).append(
+                        {
+                            "usage": _usage_of(att),
+                            "mode": att["mode"],
+                            "discarded": bool(att["discarded"]),
+                            "outcome": att["outcome"],
+                            "error_code": att["error_code"],
+                        }
+                    )
+                earlier = [
+                    (r["job_id"], r["custom_id"]) for r in page if r["state"] == "unchanged" and r["job_id"]
+                ]
+                last: dict[tuple[str, str], Usage] = {}
+                if earlier:
+                    for att in conn.execute(
+                        select(s.attempts).where(tuple_(a.job_id, a.custom_id).in_(earlier))
+                    ).mappings():
+                        last[(att["job_id"], att["custom_id"])] = _usage_of(att)
+            for r in page:
+                yield {
+                    "app_id": r["app_id"],
+                    "state": r["state"],
+                    "route": r["route"],
+                    "model": r["model"],
+                    "attempts": by_item.get((r["item_key"], r["prompt_version"]), []),
+                    "last_usage": last.get((r["job_id"], r["custom_id"]))
+                    if r["state"] == "unchanged"
+                    else None,
+                }
+
+
+def _usage_of(row: RowMapping) -> Usage:
+    return Usage(
+        input_tokens=int(row["input_tokens"] or 0),
+        output_tokens=int(row["output_tokens"] or 0),
+        cached_input_tokens=int(row["cached_input_tokens"] or 0),
+        cache_write_tokens=int(row["cache_write_tokens"] or 0),
+    )

@@ -1,0 +1,36 @@
+"""Provider-wide settings from the ``[batch_provider]`` Airflow config section.
+
+Each value can also come from the environment as ``AIRFLOW__BATCH_PROVIDER__<KEY>``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def get_setting(key: str, default: str) -> str:
+    """Return a ``[batch_provider]`` config value.
+
+    :param key: option name
+    :param default: value when unset
+    """
+    from airflow.sdk.configuration import conf
+
+    value = conf.get("batch_provider", key, fallback=None)
+    return str(value) if value not in (None, "") else default
+
+
+def airflow_home() -> Path:
+    """Return ``$AIRFLOW_HOME`` (default ``~/airflow``)."""
+    return Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+
+
+def default_ledger_url() -> str:
+    """The embedded ledger: ``ledger_url`` from config, else SQLite in ``$AIRFLOW_HOME``."""
+    return get_setting("ledger_url", f"sqlite:///{airflow_home() / 'batch_ledger.sqlite'}")
+
+
+def default_staging_root() -> str:
+    """Where chunks and downloads are staged: ``staging_root`` from config, else a local folder."""
+    return get_setting("staging_root", f"file://{airflow_home() / 'batch_staging'}")

@@ -1,0 +1,120 @@
+"""The status trigger: polls one provider batch on the triggerer's event loop.
+
+It serialises primitives only (connection id, batch id, policy numbers), never a secret; it
+reads the connection in the triggerer with the async connection API and polls with the SDK's
+native async client, so the event loop is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_batch_provider.adapters.base import BatchRef, BatchStatus
+from airflow_batch_provider.core.policy import PollPolicy, decide, start
+
+
+class BatchStatusTrigger(BaseTrigger):
+    """Poll a batch until it is terminal, the deadline comes, or polling gives up.
+
+    The event's payload: ``status`` (``done``, ``deadline``, ``timeout``, ``give_up``),
+    ``batch`` (the last normalised status or ``None``), ``reason``, ``polls``, ``job_id``,
+    ``batch_id``.
+
+    :param batch_conn_id: the provider connection id
+    :param job_id: the ledger job id
+    :param batch_id: the provider's batch id
+    :param provider: adapter name
+    :param idempotency_key: the job's idempotency key
+    :param submitted_at: epoch seconds of the submission (the timeout counts from here)
+    :param policy: :meth:`PollPolicy.to_dict` output
+    """
+
+    def __init__(
+        self,
+        batch_conn_id: str,
+        job_id: str,
+        batch_id: str,
+        provider: str,
+        idempotency_key: str,
+        submitted_at: float,
+        policy: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.batch_conn_id = batch_conn_id
+        self.job_id = job_id
+        self.batch_id = batch_id
+        self.provider = provider
+        self.idempotency_key = idempotency_key
+        self.submitted_at = submitted_at
+        self.policy = policy
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "batch_conn_id": self.batch_conn_id,
+                "job_id": self.job_id,
+                "batch_id": self.batch_id,
+                "provider": self.provider,
+                "idempotency_key": self.idempotency_key,
+                "submitted_at": self.submitted_at,
+                "policy": self.policy,
+            },
+        )
+
+    def _event(self, status: str, batch: BatchStatus | None, reason: str, polls: int) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "status": status,
+                "batch": batch.to_dict() if batch else None,
+                "reason": reason,
+                "polls": polls,
+                "job_id": self.job_id,
+                "batch_id": self.batch_id,
+            }
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_batch_provider.hooks.batch import BatchHook
+
+        policy = PollPolicy.from_dict(self.policy)
+        state = start(policy, self.submitted_at)
+        ref = BatchRef(self.provider, self.batch_id, self.idempotency_key)
+        adapter = await BatchHook.aget_adapter(self.batch_conn_id)
+        client = adapter.async_client()
+        last: BatchStatus | None = None
+        try:
+            while True:
+                status: BatchStatus | None = None
+                error: str | None = None
+                try:
+                    status = await client.status(ref)
+                    last = status
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    self.log.warning("batch %s: status poll failed: %s", self.batch_id, error)
+                decision = decide(policy, state, time.time(), status=status, error=error)
+                state = decision.state
+                if status is not None:
+                    self.log.info(
+                        "batch %s: %s, %d/%d done, %d failed (poll %d)",
+                        self.batch_id,
+                        status.raw_state or status.state,
+                        status.completed,
+                        status.total,
+                        status.failed,
+                        state.polls,
+                    )
+                if decision.action != "wait":
+                    yield self._event(decision.action, last, decision.reason, state.polls)
+                    return
+                await asyncio.sleep(decision.delay)
+        finally:
+            await client.close()

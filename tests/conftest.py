@@ -1,0 +1,150 @@
+"""Session-wide fixtures: a real PostgreSQL server, an S3-compatible endpoint, an Airflow home.
+
+Kept light on purpose: importing this module imports neither Airflow nor a provider SDK, and sets
+no environment variable, so the pure ``core`` and ``ledger`` tests stay fast and isolated. The heavy
+pieces are imported inside the fixtures that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # so that ``tests.support`` imports under any --import-mode
+    sys.path.insert(0, str(REPO_ROOT))
+
+if TYPE_CHECKING:
+    from tests.support.postgres import PostgresServer
+    from tests.support.s3 import S3Server
+
+POSTGRES_FIXTURES = frozenset({"postgres_server", "postgres_url"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the PostgreSQL server ``postgres``, so ``-m "not postgres"`` works."""
+    for item in items:
+        if POSTGRES_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    """A PostgreSQL server running for the whole session, stopped at the end even on failure.
+
+    Set ``ABP_TESTS_SKIP_POSTGRES=1`` to skip (rather than fail) its tests where no server binaries
+    are installed; by default a missing server is an error, so CI never passes by skipping.
+    """
+    from tests.support.postgres import PostgresUnavailable, start_postgres
+
+    try:
+        server = start_postgres(tmp_path_factory.mktemp("postgres"))
+    except PostgresUnavailable as exc:
+        if os.environ.get("ABP_TESTS_SKIP_POSTGRES") == "1":
+            pytest.skip(f"PostgreSQL unavailable: {exc}")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """SQLAlchemy URL of the session database: ``postgresql+psycopg2://postgres@127.0.0.1:PORT/abp_test``."""
+    return postgres_server.url
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+    ]
+)
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty ledger database URL, once on SQLite and once on PostgreSQL.
+
+    SQLite: a new file under ``tmp_path``. PostgreSQL: a new database on the session server, dropped
+    (open connections closed) after the test.
+    """
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create_database(f"ledger_{uuid.uuid4().hex[:16]}")
+    try:
+        yield server.url_for(name)
+    finally:
+        server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A moto S3-compatible server on 127.0.0.1, with dummy AWS credentials in the environment.
+
+    The previous values of the AWS variables are restored at the end of the session.
+    """
+    from tests.support.s3 import dummy_aws_env, start_s3
+
+    with dummy_aws_env(), start_s3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server: S3Server) -> str:
+    """The S3 endpoint URL, e.g. ``http://127.0.0.1:PORT``; pass it as ``endpoint_url``."""
+    return s3_server.endpoint_url
+
+
+def _airflow_command() -> list[str]:
+    """The ``airflow`` CLI of the interpreter that runs the tests (its venv's ``bin``)."""
+    candidate = Path(sys.executable).parent / "airflow"
+    if candidate.exists():
+        return [str(candidate)]
+    return [sys.executable, "-m", "airflow"]
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A migrated, throw-away Airflow home; yields the environment for ``subprocess`` calls.
+
+    The environment is a copy of ``os.environ`` plus ``AIRFLOW_HOME``, a SQLite metadata database
+    in it, ``dags_folder`` = ``<repo>/dags`` and no example DAGs. ``os.environ`` itself is left
+    untouched. ``unit_test_mode`` is deliberately not set: it swaps in Airflow's own test config,
+    and these runs should behave like a user's.
+    """
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
+        }
+    )
+    result = subprocess.run(
+        [*_airflow_command(), "db", "migrate"],
+        env=env,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"`airflow db migrate` failed ({result.returncode}):\n"
+            f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
+    return env
