@@ -36,8 +36,10 @@ from airflow_batch_provider.settings import get_setting
 
 
 def default_poll_policy() -> PollPolicy:
-    """The poll policy from ``[batch_provider] poll_initial_interval``, ``poll_factor``,
-    ``poll_max_interval``, ``poll_max_consecutive_errors`` and ``poll_timeout``.
+    """The poll policy from the ``[batch_provider]`` config.
+
+    Options: ``poll_initial_interval``, ``poll_factor``, ``poll_max_interval``,
+    ``poll_max_consecutive_errors`` and ``poll_timeout``.
     """
     return PollPolicy(
         initial_interval=float(get_setting("poll_initial_interval", "30")),

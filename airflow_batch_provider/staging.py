@@ -1,5 +1,7 @@
-"""Staging through Airflow's ``ObjectStoragePath``: ``file://`` by default, ``s3://`` and
-``gs://`` the same way (with the connection that the object store needs).
+"""Staging through Airflow's ``ObjectStoragePath``.
+
+``file://`` by default; ``s3://`` and ``gs://`` work the same way, with the connection that the
+object store needs.
 
 Layout: ``<root>/<workload>/<run key>/round-<k>/{chunk,output,errors}-<i>.jsonl``.
 """
