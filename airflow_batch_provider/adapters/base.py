@@ -162,6 +162,35 @@ class AsyncStatusClient(ABC):
         """Release connections."""
 
 
+@dataclass(frozen=True)
+class RealtimeReply:
+    """One synchronous (real-time API) answer, for the deadline fallback.
+
+    :param result: the neutral result (usage priced at standard rates by the caller)
+    :param retry_after: seconds the provider asked to wait before the next call (429/503)
+    :param rate_limit: the provider's rate-limit headers, lower-cased (``x-ratelimit-*``)
+    """
+
+    result: ItemResult
+    retry_after: float | None = None
+    rate_limit: Mapping[str, str] = field(default_factory=dict)
+
+
+class AsyncRealtimeClient(ABC):
+    """The provider's real-time API, async, for the synchronous fallback at full price."""
+
+    @abstractmethod
+    async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
+        """Send one request now; never raise for a per-item failure, report it in the result.
+
+        :param request: the canonical request
+        :param custom_id: the id to put on the result
+        """
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
 class BatchAdapter(ABC):
     """One provider's batch API behind the shared contract.
 
@@ -247,6 +276,18 @@ class BatchAdapter(ABC):
 
         :param ref: the job
         """
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        """Return the async real-time client used by the synchronous fallback.
+
+        :raises ConfigurationError: the provider has no real-time path in this adapter
+        """
+        from airflow_batch_provider.exceptions import ConfigurationError
+
+        raise ConfigurationError(
+            f"the {self.name!r} adapter has no real-time API; choose the 'publish_pending' or 'skip' "
+            "deadline policy for this workload."
+        )
 
     def iter_results(self, ref: BatchRef) -> Iterator[ItemResult | MalformedLine]:
         """Stream every result of a job straight from the provider (output and error files).
