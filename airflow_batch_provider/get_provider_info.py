@@ -57,6 +57,18 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_batch_provider.hooks.batch.OpenAIBatchHook",
                 "connection-type": "openai_batch",
             },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.anthropic.AnthropicBatchHook",
+                "connection-type": "anthropic_batch",
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.bedrock.BedrockBatchHook",
+                "connection-type": "bedrock_batch",
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.gemini.GeminiBatchHook",
+                "connection-type": "gemini_batch",
+            },
         ],
         "config": {
             "batch_provider": {

@@ -7,6 +7,16 @@
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
 
+With a deadline (and its policy, which has no default), a ``deadline`` task resolves the run's
+deadline first; each sensor stops at it, a ``harvest`` task after each sensor cancels a batch the
+deadline cut short and waits for its partial results; no new round starts after it; and a
+``deadline_branch`` routes the end of the run::
+
+    ... reconcile[] -> deadline_branch -> publish                     (all done, or deadline ahead)
+                                       -> sync_fallback   -> publish  (policy sync_fallback)
+                                       -> keep_pending    -> publish  (policy publish_pending)
+                                       -> skip_unfinished -> publish  (policy skip)
+
 Rounds with nothing to resubmit map over an empty list and are skipped; later tasks run with
 ``none_failed``. Every task can be cleared and rerun: the ledger makes it converge.
 """
@@ -14,11 +24,12 @@ Rounds with nothing to resubmit map over an empty list and are skipped; later ta
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import TaskGroup
 
+from airflow_batch_provider.core.deadline import DeadlineSpec, check_policy
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -31,6 +42,13 @@ from airflow_batch_provider.operators.batch import (
     BatchSubmitOperator,
     RecordSource,
 )
+from airflow_batch_provider.operators.deadline import (
+    BatchDeadlineBranchOperator,
+    BatchDeadlineHarvestOperator,
+    BatchDeadlineOperator,
+    BatchDeadlineSettleOperator,
+)
+from airflow_batch_provider.operators.fallback import SyncFallbackOperator
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 from airflow_batch_provider.settings import get_setting
 
@@ -61,10 +79,17 @@ def batch_inference_group(
     staging_conn_id: str | None = None,
     max_attempts: int = 3,
     max_requests_per_chunk: int | None = None,
+    max_bytes_per_chunk: int | None = None,
     max_reject_ratio: float = 0.1,
     poll: PollPolicy | None = None,
-    deadline: datetime | str | None = None,
+    deadline: datetime | str | timedelta | DeadlineSpec | None = None,
+    deadline_policy: str | None = None,
     deadline_margin: float = 0.0,
+    harvest_timeout: float = 300.0,
+    fallback_rpm: int | None = None,
+    fallback_tpm: int | None = None,
+    fallback_concurrency: int | None = None,
+    budget_usd: float | str | None = None,
     unfinished: str = "review",
     pricing_override: str | Mapping[str, Any] | None = None,
     deferrable: bool = True,
@@ -85,10 +110,22 @@ def batch_inference_group(
     :param staging_conn_id: object store connection for ``staging_root``
     :param max_attempts: attempts per item, the first included; one round per attempt
     :param max_requests_per_chunk: a tighter per-job request limit than the provider's
+    :param max_bytes_per_chunk: a tighter per-file byte limit than the provider's
     :param max_reject_ratio: largest tolerated share of bad input records
     :param poll: poll policy (default from the ``[batch_provider]`` config)
-    :param deadline: when waiting stops and the deadline policy takes over (templated)
+    :param deadline: when waiting stops and the deadline policy takes over: a time of day with
+        its timezone (``"06:30 Europe/Berlin"``), an offset from the run's start (``"PT4H"``, a
+        timedelta), a :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`, or an absolute
+        (templated) datetime
+    :param deadline_policy: what happens to items not done by the deadline: ``sync_fallback``,
+        ``publish_pending`` or ``skip``; required with a deadline, refused without one
     :param deadline_margin: seconds before the deadline to stop waiting
+    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to be cancelled
+    :param fallback_rpm: requests per minute of the synchronous fallback (default from config)
+    :param fallback_tpm: tokens per minute of the synchronous fallback (default from config)
+    :param fallback_concurrency: requests in flight in the synchronous fallback
+    :param budget_usd: the run's budget; prepare stops before any submit when the cost estimate
+        exceeds it
     :param unfinished: where items still open at the end go: ``review``, ``pending``, ``skipped``
     :param pricing_override: prices merged over the shipped table (file path or dict)
     :param deferrable: wait in the triggerer (default) rather than in a worker
@@ -98,6 +135,14 @@ def batch_inference_group(
     if max_attempts < 1:
         raise ConfigurationError(f"max_attempts={max_attempts}; use 1 or more (1 means no resubmission).")
     policy = poll or default_poll_policy()
+    spec: DeadlineSpec | None = None
+    deadline_value: Any = deadline
+    absolute = isinstance(deadline, datetime) or (
+        isinstance(deadline, str) and ("{{" in deadline or _is_iso_datetime(deadline))
+    )
+    deadline_policy = check_policy(deadline_policy, deadline is not None)
+    if deadline is not None and not absolute:
+        spec = DeadlineSpec.parse(deadline, deadline_policy, margin_s=deadline_margin)  # type: ignore[arg-type]
     common: dict[str, Any] = {
         "workload": workload,
         "batch_conn_id": batch_conn_id,
@@ -111,9 +156,16 @@ def batch_inference_group(
             records=records,
             prompt=prompt,
             max_requests_per_chunk=max_requests_per_chunk,
+            max_bytes_per_chunk=max_bytes_per_chunk,
             max_reject_ratio=max_reject_ratio,
+            budget_usd=budget_usd,
+            pricing_override=pricing_override,
             **common,
         )
+        if spec is not None:
+            resolve = BatchDeadlineOperator(task_id="deadline", spec=spec, doc_md=spec.describe())
+            deadline_value = "{{ ti.xcom_pull(task_ids='" + resolve.task_id + "')['deadline'] }}"
+            resolve >> prepare
         manifests: Any = prepare.output
         last: Any = prepare
         for round_number in range(1, max_attempts + 1):
@@ -124,6 +176,9 @@ def batch_inference_group(
                     round_number=round_number,
                     max_attempts=max_attempts,
                     max_requests_per_chunk=max_requests_per_chunk,
+                    max_bytes_per_chunk=max_bytes_per_chunk,
+                    deadline=deadline_value,
+                    deadline_margin=deadline_margin,
                     trigger_rule="none_failed",
                     **common,
                 )
@@ -135,12 +190,18 @@ def batch_inference_group(
                 batch_conn_id=batch_conn_id,
                 ledger_conn_id=ledger_conn_id,
                 poll=policy,
-                deadline=deadline,
+                deadline=deadline_value,
                 deadline_margin=deadline_margin,
                 deferrable=deferrable,
             ).expand(batch=submit.output)
+            waited: Any = wait.output
+            if deadline_policy is not None:
+                harvest = BatchDeadlineHarvestOperator.partial(
+                    task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, **common
+                ).expand(batch=wait.output)
+                waited = harvest.output
             download = BatchDownloadOperator.partial(task_id=f"download{suffix}", **common).expand(
-                batch=wait.output
+                batch=waited
             )
             last = BatchReconcileOperator.partial(
                 task_id=f"reconcile{suffix}", prompt=prompt, pricing_override=pricing_override, **common
@@ -154,5 +215,47 @@ def batch_inference_group(
             outlets=list(outlets),
             **common,
         )
-        last >> publish
+        if deadline_policy is None:
+            last >> publish
+            return group
+        policy_task: Any
+        if deadline_policy == "sync_fallback":
+            policy_task = SyncFallbackOperator(
+                task_id="sync_fallback",
+                prompt=prompt,
+                rpm=fallback_rpm,
+                tpm=fallback_tpm,
+                concurrency=fallback_concurrency,
+                pricing_override=pricing_override,
+                **common,
+            )
+        else:
+            pending = deadline_policy == "publish_pending"
+            policy_task = BatchDeadlineSettleOperator(
+                task_id="keep_pending" if pending else "skip_unfinished",
+                state="pending" if pending else "skipped",
+                max_attempts=max_attempts,
+                **common,
+            )
+        branch = BatchDeadlineBranchOperator(
+            task_id="deadline_branch",
+            workload=workload,
+            ledger_conn_id=ledger_conn_id,
+            deadline=deadline_value,
+            deadline_margin=deadline_margin,
+            policy=deadline_policy,
+            publish_task_id=publish.task_id,
+            policy_task_id=policy_task.task_id,
+            trigger_rule="none_failed",
+        )
+        last >> branch >> [policy_task, publish]
+        policy_task >> publish
     return group
+
+
+def _is_iso_datetime(value: str) -> bool:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True

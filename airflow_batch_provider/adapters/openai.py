@@ -18,12 +18,14 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 from airflow_batch_provider.adapters.base import (
     AdapterSettings,
+    AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
     BatchStatus,
     InputRef,
     Limits,
+    RealtimeReply,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
@@ -108,6 +110,86 @@ class _AsyncOpenAIStatus(AsyncStatusClient):
 
     async def close(self) -> None:
         await self._client.close()
+
+
+class _AsyncOpenAIRealtime(AsyncRealtimeClient):
+    """Chat completions and embeddings on the real-time API, async, for the deadline fallback.
+
+    The SDK's own retries are off: the fallback's limiter and retry policy own them, and read
+    ``Retry-After`` and ``x-ratelimit-*`` from the raw response of every call.
+    """
+
+    def __init__(self, adapter: OpenAIBatchAdapter) -> None:
+        import openai
+
+        self._adapter = adapter
+        kwargs = _client_kwargs(adapter.settings)
+        kwargs["max_retries"] = 0
+        kwargs["timeout"] = float(adapter.settings.extra.get("realtime_timeout", kwargs["timeout"]))
+        self._client: openai.AsyncOpenAI = (
+            openai.AsyncAzureOpenAI(**kwargs) if "azure_endpoint" in kwargs else openai.AsyncOpenAI(**kwargs)
+        )
+
+    async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
+        import openai
+
+        # The same body as the batch line, so a fallback answer is the batch answer at full price.
+        body = dict(json.loads(self._adapter.format_line(request, custom_id))["body"])
+        model = body.pop("model")
+        try:
+            if request.kind == "embedding":
+                raw: Any = await self._client.embeddings.with_raw_response.create(
+                    model=model, input=body.pop("input"), extra_body=body or None
+                )
+            else:
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    model=model, messages=body.pop("messages"), extra_body=body or None
+                )
+        except openai.APIStatusError as exc:
+            return self._error_reply(custom_id, exc)
+        except openai.APIConnectionError as exc:  # includes timeouts
+            code = "timeout" if isinstance(exc, openai.APITimeoutError) else "connection_error"
+            return RealtimeReply(
+                ItemResult(custom_id, "failed_retryable", error_code=code, error_message=str(exc)[:500])
+            )
+        headers = _rate_headers(raw.headers)
+        parsed = raw.parse().model_dump(mode="json")
+        line = {
+            "response": {"status_code": 200, "body": parsed, "request_id": raw.headers.get("x-request-id")}
+        }
+        return RealtimeReply(OpenAIBatchAdapter._result(custom_id, line), rate_limit=headers)
+
+    @staticmethod
+    def _error_reply(custom_id: str, exc: Any) -> RealtimeReply:
+        from airflow_batch_provider.core.ratelimit import parse_retry_after
+
+        status = int(exc.status_code)
+        body: Mapping[str, Any] = exc.body if isinstance(exc.body, Mapping) else {}
+        inner = body.get("error")
+        err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
+        code = str(err.get("code") or err.get("type") or status)
+        outcome = classify_http_error(status, code)
+        headers = exc.response.headers
+        retry_after = parse_retry_after(headers) if outcome == "failed_retryable" else None
+        message = err.get("message") or str(exc)
+        return RealtimeReply(
+            ItemResult(
+                custom_id,
+                outcome,
+                error_code=code,
+                error_message=str(message)[:1000],
+                raw={"status_code": status, "request_id": headers.get("x-request-id")},
+            ),
+            retry_after=retry_after,
+            rate_limit=_rate_headers(headers),
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def _rate_headers(headers: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith(("x-ratelimit-", "retry-after"))}
 
 
 class OpenAIBatchAdapter(BatchAdapter):
@@ -276,3 +358,10 @@ class OpenAIBatchAdapter(BatchAdapter):
 
     def cancel(self, ref: BatchRef) -> None:
         self.client.batches.cancel(ref.batch_id)
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        """Return the async real-time client (chat completions, embeddings) for the fallback.
+
+        Connection extra ``realtime_timeout``: seconds per real-time call (default ``timeout``).
+        """
+        return _AsyncOpenAIRealtime(self)

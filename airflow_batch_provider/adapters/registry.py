@@ -21,6 +21,9 @@ BUILTIN: Final[dict[str, tuple[str, str]]] = {
     "openai_batch": ("airflow_batch_provider.adapters.openai", "OpenAIBatchAdapter"),
     # The OpenAI provider's own connection type works too, so existing connections can be reused.
     "openai": ("airflow_batch_provider.adapters.openai", "OpenAIBatchAdapter"),
+    "anthropic_batch": ("airflow_batch_provider.adapters.anthropic", "AnthropicBatchAdapter"),
+    "bedrock_batch": ("airflow_batch_provider.adapters.bedrock", "BedrockBatchAdapter"),
+    "gemini_batch": ("airflow_batch_provider.adapters.gemini", "GeminiBatchAdapter"),
 }
 
 

@@ -76,6 +76,7 @@ class Chunker:
         chunk opens (record the job there, so that a crash loses at most one chunk's work)
     :param prefix: chunk file name prefix
     :param max_requests: optional tighter request limit (e.g. to spread work over more jobs)
+    :param max_bytes: optional tighter byte limit per file (smaller uploads, faster retries)
     :param first_index: index of the first chunk (to continue a round that was interrupted)
     """
 
@@ -86,10 +87,11 @@ class Chunker:
         on_close: Callable[[ChunkInfo, list[Placed]], None] | None = None,
         prefix: str = "chunk",
         max_requests: int | None = None,
+        max_bytes: int | None = None,
         first_index: int = 0,
     ) -> None:
         self._max_lines = min(limits.max_requests, max_requests or limits.max_requests)
-        self._max_bytes = limits.usable_bytes
+        self._max_bytes = min(limits.usable_bytes, max_bytes or limits.usable_bytes)
         self._open_sink = open_sink
         self._on_close = on_close
         self._placed: list[Placed] = []
@@ -157,11 +159,13 @@ class Chunker:
             or self._lines >= self._max_lines
             or self._bytes + len(line) + 1 > self._max_bytes
         ):
-            self._open_next()
-            if self._index != index:
-                custom_id = make_custom_id(key, attempt, self._index)
+            # The next chunk's custom id may be a byte longer: check the line before opening the
+            # chunk, so that a refused item never leaves an empty chunk (an empty job) behind.
+            if self._index + 1 != index and self._index + 1 <= MAX_CHUNK:
+                custom_id = make_custom_id(key, attempt, self._index + 1)
                 line = line_for(custom_id)
                 self._check_size(app_id, len(line) + 1)
+            self._open_next()
         assert self._sink is not None
         size = len(line) + 1
         data = line + b"\n"

@@ -47,7 +47,7 @@ def item_key(app_id: str) -> str:
 
     :param app_id: the application's id
     """
-    if _KEY_OK.match(app_id) and not app_id.startswith("x-"):
+    if _KEY_OK.fullmatch(app_id) and not app_id.startswith("x-"):
         return app_id
     return "x-" + sha256_hex(app_id)[:40]
 
@@ -63,7 +63,7 @@ def make_custom_id(key: str, attempt: int, chunk: int) -> str:
         raise ValueError(f"attempt {attempt} is outside 1..{MAX_ATTEMPT}; lower max_attempts.")
     if not 0 <= chunk <= MAX_CHUNK:
         raise ValueError(f"chunk {chunk} is outside 0..{MAX_CHUNK}; raise the chunk size.")
-    if not _KEY_OK.match(key):
+    if not _KEY_OK.fullmatch(key):
         raise ValueError(f"item key {key!r} is not [A-Za-z0-9_-]{{1,48}}; build it with item_key().")
     return f"{key}__a{attempt}c{chunk}"
 
@@ -74,7 +74,7 @@ def parse_custom_id(custom_id: str) -> ParsedCustomId:
     :param custom_id: a value made by :func:`make_custom_id`
     :raises ValueError: the value was not made by this module
     """
-    match = _PARSE.match(custom_id)
+    match = _PARSE.fullmatch(custom_id)
     if match is None:
         raise ValueError(
             f"custom_id {custom_id!r} is not of the form <key>__a<attempt>c<chunk>; "

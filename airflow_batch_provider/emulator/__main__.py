@@ -40,6 +40,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", type=Path, help="keep file bytes in this directory instead of memory")
     parser.add_argument("--api-key", help="require this bearer token (default: accept any)")
+    parser.add_argument("--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     return parser.parse_args(argv)
 
@@ -81,6 +82,7 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         faults=FaultConfig.from_mapping(settings),
         data_dir=args.data_dir,
         api_key=args.api_key,
+        s3_endpoint=args.s3_endpoint,
     )
 
 
@@ -89,17 +91,18 @@ async def _serve(config: EmulatorConfig, log_level: str) -> None:
 
     from airflow_batch_provider.emulator.app import create_app
 
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    bind_host = config.host.strip("[]")
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    sock.bind((bind_host, config.port))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=log_level, lifespan="off"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
     if server.started:
-        host = f"[{config.host}]" if ":" in config.host else config.host
+        host = f"[{bind_host}]" if ":" in bind_host else bind_host
         print(f"emulator listening on http://{host}:{port}", flush=True)
     await task
 

@@ -34,7 +34,12 @@ from airflow_batch_provider.emulator.store import Clock, EmulatorState
 RouterFactory = Callable[[EmulatorState], APIRouter]
 
 #: Modules mounted by :func:`create_app` by default; each has ``build_router(state)``.
-PROVIDER_ROUTERS: Final[tuple[str, ...]] = ("airflow_batch_provider.emulator.openai_api",)
+PROVIDER_ROUTERS: Final[tuple[str, ...]] = (
+    "airflow_batch_provider.emulator.openai_api",
+    "airflow_batch_provider.emulator.anthropic_api",
+    "airflow_batch_provider.emulator.gemini_api",
+    "airflow_batch_provider.emulator.bedrock_api",
+)
 
 
 class ApiError(Exception):

@@ -72,6 +72,8 @@ class EmulatorConfig:
     :param cache_min_tokens: shortest shared prefix that prompt caching applies to (OpenAI: 1024)
     :param cache_increment_tokens: cached tokens are rounded down to a multiple of this (OpenAI: 128)
     :param api_key: when set, requests must carry ``Authorization: Bearer <api_key>``
+    :param s3_endpoint: S3-compatible endpoint URL the Bedrock routes read inputs from and write outputs
+        to (``None``: boto3's default, i.e. AWS)
     """
 
     host: str = "127.0.0.1"
@@ -88,6 +90,7 @@ class EmulatorConfig:
     cache_min_tokens: int = 1024
     cache_increment_tokens: int = 128
     api_key: str | None = field(default=None, repr=False)
+    s3_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not is_loopback(self.host):

@@ -88,7 +88,9 @@ class FaultConfig:
     Request faults (apply to each request at once):
 
     :param retrieve_5xx_rate: chance that a batch retrieve answers a transient HTTP 500
-    :param sync_429_rate: chance that a synchronous request answers HTTP 429 with ``Retry-After``
+    :param sync_429_rate: chance that a synchronous request answers HTTP 429 with ``Retry-After``,
+        ``retry-after-ms`` and ``x-ratelimit-remaining-requests: 0`` (the limit header only when
+        ``rpm_limit`` is set)
     :param sync_500_rate: chance that a synchronous request answers HTTP 500
     :param sync_retry_after_s: the ``Retry-After`` of an injected 429, in real seconds
     :param rpm_limit: requests per rate window on the synchronous endpoints (``None``: unlimited)

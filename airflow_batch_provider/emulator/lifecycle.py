@@ -268,8 +268,7 @@ class Job:
                     status = "completed"
                     times["finalizing_at"] = int(self.t_finalizing)
                     times["completed_at"] = int(self.t_completed)
-        validated = not self.issues and (now >= self.t_in_progress or "in_progress_at" in times)
-        total = len(self.items) if validated else 0
+        total = len(self.items) if "in_progress_at" in times else 0
         done = self.done_count(now)
         failed = self._failed_prefix[done]
         return JobView(status=status, times=times, total=total, completed=done - failed, failed=failed)

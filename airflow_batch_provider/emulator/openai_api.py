@@ -913,7 +913,13 @@ class OpenAIEmulator:
                 f"Rate limit reached (emulated). Please try again in {wait:.3f}s.",
                 "requests",
                 code="rate_limit_exceeded",
-                headers={**headers, **_retry_headers(wait)},
+                headers={
+                    **headers,
+                    **_retry_headers(wait),
+                    **({"x-ratelimit-limit-requests": str(faults.rpm_limit)} if faults.rpm_limit else {}),
+                    "x-ratelimit-remaining-requests": "0",
+                    "x-ratelimit-reset-requests": _duration(wait),
+                },
             )
         if faults.request_fails(config.seed, "sync500", counter, faults.sync_500_rate):
             state.bump(PROVIDER, "sync_500")

@@ -34,10 +34,11 @@ def run_emulator(
     from airflow_batch_provider.emulator.app import create_app
 
     config = config or EmulatorConfig()
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    bind_host = config.host.strip("[]")
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, 0))
+    sock.bind((bind_host, 0))
     port = sock.getsockname()[1]
     config = replace(config, port=port)
     app = create_app(config, **app_kwargs)
@@ -55,7 +56,7 @@ def run_emulator(
                 f"the emulator did not start on {config.host}:{port} within {startup_timeout_s}s"
             )
         time.sleep(0.01)
-    host = f"[{config.host}]" if ":" in config.host else config.host
+    host = f"[{bind_host}]" if ":" in bind_host else bind_host
     try:
         yield f"http://{host}:{port}"
     finally:

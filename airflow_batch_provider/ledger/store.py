@@ -263,12 +263,18 @@ class Ledger:
                     ).mappings()
                 }
                 inserts: list[dict[str, Any]] = []
+                first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
                     req = it.request
                     row = existing.get((it.key, req.prompt_version))
-                    if row is not None and row["app_id"] != req.app_id:
+                    # Also across this slice: two ids inserted together would otherwise surface as a
+                    # bare unique-constraint error.
+                    first_id = first_ids.setdefault(
+                        (it.key, req.prompt_version), row["app_id"] if row is not None else req.app_id
+                    )
+                    if first_id != req.app_id:
                         raise LedgerError(
-                            f"application ids {row['app_id']!r} and {req.app_id!r} map to the same item key "
+                            f"application ids {first_id!r} and {req.app_id!r} map to the same item key "
                             f"{it.key!r}; rename one of them."
                         )
                     values = {
@@ -631,6 +637,14 @@ class Ledger:
                         continue
                     stats.outcomes[res.outcome] += 1
                     cost = to_nusd(cost_of(res.usage))
+                    if att["outcome"] == res.outcome and att["cost_nusd"] == cost:
+                        # Already applied by an earlier pass: apply to the item only (a no-op when
+                        # nothing changed), so that a rerun writes nothing.
+                        if self._apply_to_item(conn, workload, att, res, now):
+                            stats.applied += 1
+                        else:
+                            stats.late += 1
+                        continue
                     conn.execute(
                         s.attempts.update()
                         .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == res.custom_id)
@@ -673,11 +687,16 @@ class Ledger:
             # result; anything else is kept only as cost (discarded).
             late_success = res.outcome == "succeeded" and current not in USABLE_STATES
             if not (late_success and can_transition(current, "succeeded")):
-                self._mark_discarded(conn, att, now)
+                if res.outcome == "succeeded":
+                    # A paid-for output that is not used: counted as discarded cost.
+                    self._mark_discarded(conn, att, now)
                 return False
         if current == target:
             return True
         if not can_transition(current, target):
+            if res.outcome == "succeeded":
+                # The item settled otherwise meanwhile (skipped, review): a paid-for, unused output.
+                self._mark_discarded(conn, att, now)
             return False
         values: dict[str, Any] = {"state": target, "updated_at": now, "error_code": res.error_code}
         values["error_message"] = res.error_message
@@ -692,6 +711,8 @@ class Ledger:
 
     @staticmethod
     def _mark_discarded(conn: Connection, att: RowMapping, now: datetime) -> None:
+        if att["discarded"]:
+            return
         conn.execute(
             s.attempts.update()
             .where(s.attempts.c.job_id == att["job_id"], s.attempts.c.custom_id == att["custom_id"])
@@ -702,7 +723,8 @@ class Ledger:
         """Mark every line of a finished job that no result file mentioned as ``missing``.
 
         Their items become ``failed_retryable`` (error code ``missing``) when the missing line is
-        their current attempt.
+        their current attempt. Returns how many lines of the job are missing in all (so a rerun
+        reports the same figure).
 
         :param job_id: the job id
         """
@@ -736,7 +758,10 @@ class Ledger:
                         updated_at=now,
                     )
                 )
-        return len(rows)
+            total = conn.execute(
+                select(func.count()).where(s.attempts.c.job_id == job_id, s.attempts.c.outcome == "missing")
+            ).scalar_one()
+        return int(total)
 
     # ------------------------------------------------------------------ rounds
     def retry_candidates(self, workload: str, run_id: str, max_attempts: int) -> tuple[int, int]:
@@ -887,6 +912,159 @@ class Ledger:
                     if r["state"] == "unchanged"
                     else None,
                 }
+
+    # ------------------------------------------------------------------ synchronous fallback
+    def begin_sync_attempt(
+        self, workload: str, run_id: str, item_key: str, prompt_version: str, from_states: Sequence[str]
+    ) -> str | None:
+        """Move one open item to ``fallback`` and record its synchronous attempt (mode ``sync``).
+
+        Returns the attempt's custom id (``<item key>__s<attempt>``), or ``None`` when the item is
+        no longer in ``from_states`` (e.g. a late batch result gave it a usable result): it is not
+        sent again. An item already in ``fallback`` for this run (a fallback task that was
+        interrupted mid-call) gets its recorded attempt back, so a rerun sends it once more
+        without a second attempt row.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param item_key: the item key
+        :param prompt_version: the prompt version
+        :param from_states: states the item may be sent from
+        """
+        job_id = sync_job_id(workload, run_id)
+        now = utcnow()
+        where = and_(
+            s.items.c.workload == workload,
+            s.items.c.item_key == item_key,
+            s.items.c.prompt_version == prompt_version,
+            s.items.c.run_id == run_id,
+        )
+        with self.engine.begin() as conn:
+            cols = (s.items.c.state, s.items.c.attempts, s.items.c.custom_id, s.items.c.job_id)
+            item = conn.execute(select(*cols).where(where)).first()
+            if item is None:
+                return None
+            if item.state == "fallback" and item.job_id == job_id and item.custom_id:
+                return str(item.custom_id)
+            if item.state not in from_states or not can_transition(item.state, "fallback"):
+                return None
+            attempt = int(item.attempts or 0) + 1
+            custom_id = f"{item_key}__s{attempt}"
+            conn.execute(
+                s.attempts.insert().values(
+                    job_id=job_id,
+                    custom_id=custom_id,
+                    workload=workload,
+                    item_key=item_key,
+                    prompt_version=prompt_version,
+                    run_id=run_id,
+                    attempt=attempt,
+                    mode="sync",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+            conn.execute(
+                s.items.update()
+                .where(where)
+                .values(
+                    state="fallback",
+                    route="fallback",
+                    job_id=job_id,
+                    custom_id=custom_id,
+                    attempts=attempt,
+                    updated_at=now,
+                )
+            )
+        return custom_id
+
+    def record_sync_result(self, workload: str, run_id: str, result: ItemResult, cost_nusd: int) -> str:
+        """Record a synchronous attempt's final answer and settle its item; return the item's state.
+
+        The attempt row keeps the usage and cost (priced by the caller at standard rates). A
+        success makes the item ``succeeded`` (route ``fallback``); any failure sends it to
+        ``review`` with the provider's error. When the item got a usable result elsewhere in the
+        meantime (a late batch line), the answer is kept only as discarded cost, never a second row.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param result: the final result of the attempt (custom id from :meth:`begin_sync_attempt`)
+        :param cost_nusd: its cost in nano-dollars
+        """
+        job_id = sync_job_id(workload, run_id)
+        now = utcnow()
+        with self.engine.begin() as conn:
+            att = (
+                conn.execute(
+                    select(s.attempts).where(
+                        s.attempts.c.job_id == job_id, s.attempts.c.custom_id == result.custom_id
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if att is None:
+                raise LedgerError(
+                    f"no synchronous attempt {result.custom_id!r} in run {run_id!r}; "
+                    "call begin_sync_attempt before sending the item."
+                )
+            usage = result.usage
+            conn.execute(
+                s.attempts.update()
+                .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == result.custom_id)
+                .values(
+                    outcome=result.outcome,
+                    discarded=result.outcome == "invalid_output",
+                    error_code=result.error_code,
+                    error_message=result.error_message,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    cached_input_tokens=usage.cached_input_tokens,
+                    cache_write_tokens=usage.cache_write_tokens,
+                    cost_nusd=cost_nusd,
+                    updated_at=now,
+                )
+            )
+            where = and_(
+                s.items.c.workload == workload,
+                s.items.c.item_key == att["item_key"],
+                s.items.c.prompt_version == att["prompt_version"],
+            )
+            item = conn.execute(
+                select(s.items.c.state, s.items.c.custom_id, s.items.c.input_hash).where(where)
+            ).first()
+            if item is None:
+                return "missing"
+            if item.custom_id != result.custom_id or item.state != "fallback":
+                if result.outcome == "succeeded":
+                    self._mark_discarded(conn, att, now)
+                return str(item.state)
+            values: dict[str, Any] = {"updated_at": now, "route": "fallback"}
+            if result.outcome == "succeeded":
+                values.update(
+                    state="succeeded",
+                    output_json=json.dumps(result.output, ensure_ascii=False),
+                    succeeded_hash=item.input_hash,
+                    error_code=None,
+                    error_message=None,
+                )
+            else:
+                values.update(
+                    state="review",
+                    error_code=result.error_code or result.outcome,
+                    error_message=result.error_message or f"synchronous fallback ended {result.outcome}",
+                )
+            conn.execute(s.items.update().where(where).values(**values))
+            return str(values["state"])
+
+
+def sync_job_id(workload: str, run_id: str) -> str:
+    """The job id under which a run's synchronous fallback attempts are recorded.
+
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    """
+    return f"{workload}:{run_id}:sync"
 
 
 def _usage_of(row: RowMapping) -> Usage:

@@ -13,9 +13,10 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from decimal import Decimal
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
@@ -100,7 +101,12 @@ class BatchBaseOperator(BaseOperator):
         }
 
     def stage_round(
-        self, context: Context, round_: int, items: Iterable[RowMapping], max_requests: int | None
+        self,
+        context: Context,
+        round_: int,
+        items: Iterable[RowMapping],
+        max_requests: int | None,
+        max_bytes: int | None = None,
     ) -> list[dict[str, Any]]:
         """Write ``items`` (ledger rows) into this round's chunks and record one job per chunk.
 
@@ -112,6 +118,7 @@ class BatchBaseOperator(BaseOperator):
         :param items: ledger rows with ``item_key``, ``prompt_version``, ``app_id``, ``attempts``,
             ``request_json``
         :param max_requests: a tighter per-chunk request limit
+        :param max_bytes: a tighter per-chunk byte limit
         """
         run_id = context["run_id"]
         existing = self.ledger.jobs_for(self.workload, run_id, round_)
@@ -158,6 +165,7 @@ class BatchBaseOperator(BaseOperator):
             lambda name: self.staging.writer(folder / name),
             on_close=on_close,
             max_requests=max_requests,
+            max_bytes=max_bytes,
             first_index=first,
         ) as chunker:
             for row in items:
@@ -193,8 +201,12 @@ class BatchPrepareOperator(BatchBaseOperator):
         callable taking the task context and returning an iterable of dicts
     :param prompt: the prompt (or a path to its YAML file)
     :param max_requests_per_chunk: a tighter limit than the provider's, to spread work over jobs
+    :param max_bytes_per_chunk: a tighter byte limit per file than the provider's
     :param max_reject_ratio: largest tolerated share of bad records (0..1)
     :param records_conn_id: connection of the object store holding ``records``
+    :param budget_usd: the run's budget in USD; when the cost estimate of the staged items (batch
+        prices, every item at its output ceiling) exceeds it, the task fails before any submit
+    :param pricing_override: a pricing file path or dict merged over the shipped prices
     """
 
     # ``records`` is rendered by hand when it is a string: Airflow would call a callable template
@@ -206,14 +218,20 @@ class BatchPrepareOperator(BatchBaseOperator):
         records: RecordSource,
         prompt: PromptTemplate | str,
         max_requests_per_chunk: int | None = None,
+        max_bytes_per_chunk: int | None = None,
         max_reject_ratio: float = 0.1,
         records_conn_id: str | None = None,
+        budget_usd: float | str | None = None,
+        pricing_override: str | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.budget_usd = budget_usd
+        self.pricing_override = pricing_override
         self.records = records
         self.prompt = prompt
         self.max_requests_per_chunk = max_requests_per_chunk
+        self.max_bytes_per_chunk = max_bytes_per_chunk
         self.max_reject_ratio = max_reject_ratio
         self.records_conn_id = records_conn_id
 
@@ -282,12 +300,57 @@ class BatchPrepareOperator(BatchBaseOperator):
                     continue
                 yield pos, value
 
+    def estimate_and_check_budget(self, run_id: str) -> None:
+        """Log the cost estimate of the items staged and not yet submitted; stop over the budget.
+
+        :param run_id: the Airflow run id
+        :raises BudgetExceededError: the estimate exceeds ``budget_usd`` (nothing was submitted)
+        """
+        from airflow_batch_provider.core.cost import check_budget, estimate_cost
+        from airflow_batch_provider.core.pricing import PriceTable
+        from airflow_batch_provider.exceptions import PricingError
+
+        rows = self.ledger.iter_items(self.workload, run_id, states=["staged"], columns=["request_json"])
+        requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+        try:
+            estimate = estimate_cost(
+                requests, PriceTable.load(self.pricing_override), "batch", provider=self.adapter.name
+            )
+        except PricingError as exc:
+            if self.budget_usd is not None:
+                raise
+            self.log.warning("no cost estimate: %s", exc)
+            return
+        budget = "none" if self.budget_usd is None else f"${self.budget_usd}"
+        self.log.info(
+            "cost estimate before submit: $%s for %d items (%d input tokens, up to %d output tokens, "
+            "batch prices as of %s); budget %s",
+            estimate.cost.quantize(Decimal("0.000001")),
+            estimate.items,
+            estimate.tokens.input,
+            estimate.tokens.max_output,
+            estimate.prices_as_of,
+            budget,
+        )
+        if self.budget_usd is not None:
+            check_budget(estimate, Decimal(str(self.budget_usd)))
+
     def execute(self, context: Context) -> list[dict[str, Any]]:
         run_id = context["run_id"]
         template = self.template
         ledger = self.ledger
         ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
         seen: dict[str, int] = {}
+        rejects_path = self.staging.run_dir(self.workload, run_id) / "rejects.jsonl"
+        files = ExitStack()
+        opened: list[IO[bytes]] = []
+
+        def rejects_sink() -> IO[bytes]:
+            # Every rejected record is kept whole, with its reason, so that nothing is lost.
+            if not opened:
+                opened.append(files.enter_context(self.staging.writer(rejects_path)))
+            return opened[0]
+
         rejected: list[tuple[PreparedItem | None, str, str, str]] = []
         counts = Counter[str]()
 
@@ -310,12 +373,26 @@ class BatchPrepareOperator(BatchBaseOperator):
                 except ItemError as exc:
                     self.log.error("rejected %s", exc)
                     counts["rejected"] += 1
+                    raw = (
+                        None
+                        if isinstance(rec, ItemError)
+                        else json.dumps(rec, default=str, ensure_ascii=False)
+                    )
+                    entry = {
+                        "position": pos,
+                        "id": exc.app_id,
+                        "code": exc.code,
+                        "message": str(exc),
+                        "record": raw,
+                    }
+                    rejects_sink().write(json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n")
                     if exc.app_id is not None and exc.code != "duplicate_id":
                         rejected.append((None, exc.app_id, exc.code, str(exc)))
                     continue
                 yield PreparedItem(item_key(request.app_id), request)
 
-        stats = ledger.upsert_items(self.workload, run_id, prepared())
+        with files:
+            stats = ledger.upsert_items(self.workload, run_id, prepared())
         if rejected:
             # Recorded under the prompt's version so that a fixed record replaces the rejected row.
             fixed = [
@@ -330,6 +407,10 @@ class BatchPrepareOperator(BatchBaseOperator):
                 for _, app_id, code, msg in rejected
             ]
             ledger.reject_items(self.workload, run_id, fixed)
+        if opened:
+            self.log.warning(
+                "%d rejected records, with their reasons, are in %s", counts["rejected"], rejects_path
+            )
         self.log.info(
             "records: %d read, %d rejected; ledger: %d new, %d changed, %d unchanged (skipped), %d already in this run",
             counts["records"],
@@ -345,7 +426,10 @@ class BatchPrepareOperator(BatchBaseOperator):
             states=["pending"],
             columns=["app_id", "attempts", "request_json"],
         )
-        manifests = self.stage_round(context, 1, pending, self.max_requests_per_chunk)
+        manifests = self.stage_round(
+            context, 1, pending, self.max_requests_per_chunk, self.max_bytes_per_chunk
+        )
+        self.estimate_and_check_budget(run_id)
         total = counts["records"]
         if total and counts["rejected"] / total > self.max_reject_ratio:
             raise ConfigurationError(
@@ -426,16 +510,20 @@ class BatchDownloadOperator(BatchBaseOperator):
         ref = BatchRef(self.adapter.name, job["batch_id"], job["idempotency_key"])
         folder = self.staging.run_dir(self.workload, context["run_id"]) / f"round-{job['round']}"
         paths: dict[str, str | None] = {}
+        fetched = False
         for kind, column in (("output", "output_path"), ("errors", "error_path")):
             target = folder / f"{kind}-{job['chunk_index']:05d}.jsonl"
             if job[column] and target.exists():
+                self.log.info("%s file of batch %s already downloaded to %s", kind, ref.batch_id, target)
                 paths[column] = job[column]
                 continue
             with self.staging.writer(target) as sink:
                 size = self.adapter.download(ref, kind, sink)  # type: ignore[arg-type]
             self.log.info("downloaded %s file of batch %s: %d bytes", kind, ref.batch_id, size)
             paths[column] = str(target)
-        self.ledger.update_job(job["job_id"], state="downloaded", **paths)
+            fetched = True
+        if fetched:
+            self.ledger.update_job(job["job_id"], state="downloaded", finished_at=_now(), **paths)
         return {**dict(self.batch), **paths}
 
 
@@ -497,7 +585,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             duplicate_lines=stats.duplicates,
             unknown_lines=stats.unknown,
             missing=missing,
-            reconciled_at=_now(),
+            reconciled_at=job["reconciled_at"] or _now(),
         )
         summary = {
             "job_id": job["job_id"],
@@ -521,7 +609,13 @@ class BatchResubmitOperator(BatchBaseOperator):
     :param round_number: the round this task stages (2 for the first resubmission)
     :param max_attempts: attempts cap per item (the first submission counts as 1)
     :param max_requests_per_chunk: a tighter per-chunk request limit
+    :param max_bytes_per_chunk: a tighter per-chunk byte limit
+    :param deadline: this run's deadline (ISO string or datetime, templated); once it has passed
+        (minus ``deadline_margin``) no new round starts and the items are left to the deadline policy
+    :param deadline_margin: seconds before ``deadline`` at which waiting stops
     """
+
+    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "deadline")
 
     def __init__(
         self,
@@ -529,6 +623,9 @@ class BatchResubmitOperator(BatchBaseOperator):
         round_number: int,
         max_attempts: int,
         max_requests_per_chunk: int | None = None,
+        max_bytes_per_chunk: int | None = None,
+        deadline: Any = None,
+        deadline_margin: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -539,9 +636,21 @@ class BatchResubmitOperator(BatchBaseOperator):
         self.round_number = round_number
         self.max_attempts = max_attempts
         self.max_requests_per_chunk = max_requests_per_chunk
+        self.max_bytes_per_chunk = max_bytes_per_chunk
+        self.deadline = deadline
+        self.deadline_margin = deadline_margin
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         run_id = context["run_id"]
+        from airflow_batch_provider.core.deadline import deadline_passed
+
+        if deadline_passed(self.deadline or None, self.deadline_margin, _now()):
+            self.log.info(
+                "round %d not started: the deadline %s has passed; open items go to the deadline policy",
+                self.round_number,
+                self.deadline,
+            )
+            return []
         retry, to_review = self.ledger.retry_candidates(self.workload, run_id, self.max_attempts)
         self.log.info(
             "round %d: %d items to resubmit, %d sent to review", self.round_number, retry, to_review
@@ -553,7 +662,9 @@ class BatchResubmitOperator(BatchBaseOperator):
             columns=["app_id", "attempts", "request_json"],
         )
         eligible = (r for r in items if int(r["attempts"]) < self.max_attempts)
-        return self.stage_round(context, self.round_number, eligible, self.max_requests_per_chunk)
+        return self.stage_round(
+            context, self.round_number, eligible, self.max_requests_per_chunk, self.max_bytes_per_chunk
+        )
 
 
 def batch_pricer(

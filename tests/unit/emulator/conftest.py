@@ -57,9 +57,14 @@ class SpecChecker:
 
         validator = self._validators.get(schema)
         if validator is None:
-            validator = OAS31Validator({"$ref": f"#/components/schemas/{schema}", "components": self._components})
+            validator = OAS31Validator(
+                {"$ref": f"#/components/schemas/{schema}", "components": self._components}
+            )
             self._validators[schema] = validator
-        return [f"{schema}: {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(instance)]
+        return [
+            f"{schema}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(instance)
+        ]
 
     def validate(self, schema: str, instance: Any) -> None:
         problems = self.errors(schema, instance)
@@ -73,7 +78,7 @@ def spec() -> SpecChecker:
         pytest.fail(f"OpenAI OpenAPI description not found at {path}; set OPENAI_OPENAPI_SPEC to its path.")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with path.open("rb") as fh:
-        document = yaml.load(fh, Loader=loader)  # noqa: S506 - a safe loader
+        document = yaml.load(fh, Loader=loader)
     return SpecChecker(document["components"])
 
 
@@ -117,7 +122,9 @@ class Emulator:
         text = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n"
         return self.client.files.create(file=(name, text.encode()), purpose="batch")
 
-    def create_batch(self, lines: list[dict[str, Any]] | list[str], endpoint: str = "/v1/chat/completions", **kw: Any) -> Any:  # noqa: E501
+    def create_batch(
+        self, lines: list[dict[str, Any]] | list[str], endpoint: str = "/v1/chat/completions", **kw: Any
+    ) -> Any:
         upload = self.upload_jsonl(lines)
         return self.client.batches.create(
             input_file_id=upload.id, endpoint=endpoint, completion_window="24h", **kw
@@ -194,7 +201,9 @@ def emulator_factory(spec: SpecChecker) -> Iterator[EmulatorFactory]:
         ref: list[Emulator] = []
         with run_emulator(EmulatorConfig(**config), clock=clock) as url:
             http_client = openai.DefaultHttpxClient(event_hooks={"response": [_response_hook(spec, ref)]})
-            client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", http_client=http_client, max_retries=0)
+            client = openai.OpenAI(
+                base_url=url + "/v1", api_key="sk-test", http_client=http_client, max_retries=0
+            )
             with httpx.Client(base_url=url, timeout=10) as http:
                 emu = Emulator(url=url, client=client, http=http)
                 ref.append(emu)
@@ -202,7 +211,9 @@ def emulator_factory(spec: SpecChecker) -> Iterator[EmulatorFactory]:
                     yield emu
                 finally:
                     client.close()
-        assert not emu.problems, "responses that do not match the OpenAPI description:\n" + "\n".join(emu.problems)
+        assert not emu.problems, "responses that do not match the OpenAPI description:\n" + "\n".join(
+            emu.problems
+        )
 
     yield start
 

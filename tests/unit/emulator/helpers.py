@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def chat_line(custom_id: str, user: str = "hello", system: str | None = None, model: str = "gpt-4o-mini", **body: Any) -> dict[str, Any]:  # noqa: E501
+def chat_line(
+    custom_id: str, user: str = "hello", system: str | None = None, model: str = "gpt-4o-mini", **body: Any
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     if system is not None:
         messages.append({"role": "system", "content": system})
@@ -19,4 +21,7 @@ def chat_line(custom_id: str, user: str = "hello", system: str | None = None, mo
 
 
 def chat_lines(n: int, attempt: int = 1, **kw: Any) -> list[dict[str, Any]]:
-    return [chat_line(f"item{i:04d}__a{attempt}c0", user=f"Review {i}: the delivery was late", **kw) for i in range(n)]
+    return [
+        chat_line(f"item{i:04d}__a{attempt}c0", user=f"Review {i}: the delivery was late", **kw)
+        for i in range(n)
+    ]

@@ -19,7 +19,9 @@ def test_rolls_are_deterministic_and_spread_evenly() -> None:
 
 
 def test_item_faults_follow_their_rates_over_many_items() -> None:
-    faults = FaultConfig(rate_500=0.1, rate_429=0.1, rate_400=0.05, rate_context_length=0.05, rate_missing=0.1)
+    faults = FaultConfig(
+        rate_500=0.1, rate_429=0.1, rate_400=0.05, rate_context_length=0.05, rate_missing=0.1
+    )
     decisions = [faults.decide_item(0, f"k{i}__a1c0").fault for i in range(10_000)]
     share = {f: decisions.count(f) / len(decisions) for f in set(decisions)}
     assert share["server_error"] == pytest.approx(0.1, abs=0.015)

@@ -19,7 +19,9 @@ from airflow_batch_provider.emulator import model
         ("I bought it on Tuesday", "neutral", "other"),
     ],
 )
-def test_classification_reads_sentiment_and_topic_from_keywords(text: str, sentiment: str, topic: str) -> None:
+def test_classification_reads_sentiment_and_topic_from_keywords(
+    text: str, sentiment: str, topic: str
+) -> None:
     result = model.classify(text)
     assert (result["sentiment"], result["topic"]) == (sentiment, topic)
     assert 0.5 <= result["confidence"] <= 0.99

@@ -6,12 +6,12 @@ Every response the SDK receives is validated against the official OpenAPI descri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from typing import Any
 
-import openai
 import pytest
 
 from airflow_batch_provider.emulator import FaultConfig
@@ -19,6 +19,8 @@ from airflow_batch_provider.emulator.model import cached_tokens, message_tokens
 
 from .conftest import Emulator, EmulatorFactory, SpecChecker
 from .helpers import chat_line, chat_lines
+
+openai = pytest.importorskip("openai")
 
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 LONG_SYSTEM = "Classify the sentiment and topic of the review and answer as JSON. " * 80  # ~5,400 bytes
@@ -143,7 +145,9 @@ def test_an_embeddings_batch_answers_embedding_lists(emu: Emulator, spec: SpecCh
 # -- per-item faults -------------------------------------------------------------------------
 
 
-def test_failed_items_go_to_the_error_file_with_their_status_and_error_body(emulator_factory: EmulatorFactory) -> None:
+def test_failed_items_go_to_the_error_file_with_their_status_and_error_body(
+    emulator_factory: EmulatorFactory,
+) -> None:
     faults = FaultConfig(rate_500=0.15, rate_429=0.15, rate_400=0.15, rate_context_length=0.15)
     lines = chat_lines(60)
     expected = expected_decisions(lines, faults)
@@ -183,7 +187,9 @@ def test_missing_items_are_in_neither_file_but_count_as_completed(emulator_facto
     assert batch.request_counts.completed == 40
 
 
-def test_duplicated_lines_are_written_twice_and_malformed_lines_do_not_parse(emulator_factory: EmulatorFactory) -> None:
+def test_duplicated_lines_are_written_twice_and_malformed_lines_do_not_parse(
+    emulator_factory: EmulatorFactory,
+) -> None:
     faults = FaultConfig(rate_duplicate=0.2, rate_malformed=0.2)
     lines = chat_lines(50)
     decisions = {line["custom_id"]: faults.decide_item(0, line["custom_id"]) for line in lines}
@@ -303,10 +309,8 @@ def test_retrieve_answers_transient_500s_on_a_deterministic_schedule_that_the_sd
         # the next request that fails once and then succeeds: the SDK's own retry recovers it
         n = next(i for i in range(20, 39) if predicted[i : i + 2] == ["500", "ok"])
         for _ in range(20, n):
-            try:
+            with contextlib.suppress(openai.InternalServerError):
                 emu.client.batches.retrieve(batch.id)
-            except openai.InternalServerError:
-                pass
         assert emu.sdk(max_retries=2).batches.retrieve(batch.id).id == batch.id
         assert emu.stats()["counters"]["openai.retrieve_5xx"] == predicted[: n + 1].count("500")
 
@@ -322,12 +326,24 @@ def _valid(i: int = 0) -> dict[str, Any]:
     ("lines", "code", "line", "param"),
     [
         pytest.param([json.dumps(_valid(0)), "{not json"], "invalid_json_line", 2, None, id="invalid-json"),
-        pytest.param([{**_valid(0), "custom_id": None}], "missing_required_parameter", 1, "custom_id", id="no-id"),
+        pytest.param(
+            [{**_valid(0), "custom_id": None}], "missing_required_parameter", 1, "custom_id", id="no-id"
+        ),
         pytest.param([_valid(0), {**_valid(1), "method": "GET"}], "invalid_method", 2, "method", id="method"),
         pytest.param([{**_valid(0), "url": "/v1/embeddings"}], "invalid_url", 1, "url", id="url"),
-        pytest.param([_valid(0), _valid(1), _valid(0)], "duplicate_custom_id", 3, "custom_id", id="duplicate"),
-        pytest.param([_valid(0), chat_line("c1", model="gpt-4o")], "mismatched_model", 2, "body.model", id="models"),
-        pytest.param([{k: v for k, v in _valid(0).items() if k != "body"}], "missing_required_parameter", 1, "body", id="no-body"),  # noqa: E501
+        pytest.param(
+            [_valid(0), _valid(1), _valid(0)], "duplicate_custom_id", 3, "custom_id", id="duplicate"
+        ),
+        pytest.param(
+            [_valid(0), chat_line("c1", model="gpt-4o")], "mismatched_model", 2, "body.model", id="models"
+        ),
+        pytest.param(
+            [{k: v for k, v in _valid(0).items() if k != "body"}],
+            "missing_required_parameter",
+            1,
+            "body",
+            id="no-body",
+        ),
         pytest.param(["", "  "], "empty_file", None, None, id="empty"),
         pytest.param([_valid(i) for i in range(4)], "too_many_requests", 4, None, id="too-many"),
     ],
@@ -358,12 +374,18 @@ def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) ->
     upload = emu.upload_jsonl([_valid()])
     other = emu.client.files.create(file=("notes.txt", b"hello"), purpose="user_data")
     with pytest.raises(openai.BadRequestError) as bad_endpoint:
-        emu.client.batches.create(input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h")
+        emu.client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h"
+        )
     assert bad_endpoint.value.body["param"] == "endpoint"
     with pytest.raises(openai.BadRequestError):
-        emu.client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="48h")  # type: ignore[arg-type]
+        emu.client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="48h"
+        )  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError):
-        emu.client.batches.create(input_file_id=other.id, endpoint="/v1/chat/completions", completion_window="24h")
+        emu.client.batches.create(
+            input_file_id=other.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
     with pytest.raises(openai.BadRequestError):
         emu.client.batches.create(
             input_file_id=upload.id,
@@ -372,11 +394,15 @@ def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) ->
             metadata={f"k{i}": "v" for i in range(17)},
         )
     with pytest.raises(openai.NotFoundError):
-        emu.client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+        emu.client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
     assert emu.stats()["batches_created"] == 0
 
 
-def test_items_whose_prompt_exceeds_the_context_window_fail_on_their_own(emulator_factory: EmulatorFactory) -> None:
+def test_items_whose_prompt_exceeds_the_context_window_fail_on_their_own(
+    emulator_factory: EmulatorFactory,
+) -> None:
     with emulator_factory(context_window_tokens=200) as emu:
         lines = [chat_line("short", user="fine"), chat_line("long", user="x" * 4000)]
         batch = finish(emu, emu.create_batch(lines).id)
@@ -419,7 +445,12 @@ def test_a_file_can_be_uploaded_listed_downloaded_and_deleted(emu: Emulator) -> 
     first = emu.client.files.create(file=("one.jsonl", content), purpose="batch")
     emu.advance(1)
     second = emu.client.files.create(file=("two.txt", b"x"), purpose="user_data")
-    assert (first.bytes, first.filename, first.purpose, first.status) == (len(content), "one.jsonl", "batch", "processed")
+    assert (first.bytes, first.filename, first.purpose, first.status) == (
+        len(content),
+        "one.jsonl",
+        "batch",
+        "processed",
+    )
     assert emu.client.files.retrieve(first.id).id == first.id
     assert emu.client.files.content(first.id).content == content
     assert [f.id for f in emu.client.files.list()] == [second.id, first.id]
@@ -475,6 +506,7 @@ def test_cancelling_during_validation_cancels_every_item(emu: Emulator) -> None:
     batch = finish(emu, batch.id)
     assert batch.status == "cancelled"
     assert batch.in_progress_at is None
+    assert batch.request_counts.total == 0
     assert batch.output_file_id is None
     assert len(emu.lines(batch.error_file_id)) == 3
 
@@ -495,7 +527,10 @@ def test_a_shared_system_prompt_counts_as_cached_after_its_first_use(emu: Emulat
     out = emu.lines(batch.output_file_id)
     prefix = message_tokens(LONG_SYSTEM)
     assert prefix >= 1024
-    cached = {line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for line in out}  # noqa: E501
+    cached = {
+        line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for line in out
+    }
     first_long = next(line["custom_id"] for line in out if line["custom_id"] != "short")
     assert cached.pop("short") == 0, "a prefix under 1024 tokens is never cached"
     assert cached.pop(first_long) == 0, "the first use of a prefix is not cached"
@@ -541,9 +576,13 @@ def test_repeated_sync_requests_with_a_long_system_prompt_report_cached_tokens(e
 
 
 def test_embeddings_are_normalised_vectors_of_the_requested_dimension(emu: Emulator) -> None:
-    default = emu.client.embeddings.create(model="text-embedding-3-small", input=["good parcel", "bad parcel"])
+    default = emu.client.embeddings.create(
+        model="text-embedding-3-small", input=["good parcel", "bad parcel"]
+    )
     assert [len(d.embedding) for d in default.data] == [256, 256]  # the SDK asks for base64 and decodes it
-    floats = emu.client.embeddings.create(model="e", input="good parcel", dimensions=32, encoding_format="float")
+    floats = emu.client.embeddings.create(
+        model="e", input="good parcel", dimensions=32, encoding_format="float"
+    )
     vector = floats.data[0].embedding
     assert len(vector) == 32
     assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-6)
@@ -552,24 +591,32 @@ def test_embeddings_are_normalised_vectors_of_the_requested_dimension(emu: Emula
         emu.client.embeddings.create(model="e", input=[])
 
 
-def test_an_injected_429_carries_retry_after_and_the_sdk_retries_it(emulator_factory: EmulatorFactory) -> None:
+def test_an_injected_429_carries_retry_after_and_the_sdk_retries_it(
+    emulator_factory: EmulatorFactory,
+) -> None:
     with emulator_factory(faults=FaultConfig(sync_429_rate=1.0, sync_retry_after_s=0.05)) as emu:
         with pytest.raises(openai.RateLimitError) as exc:
             emu.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         headers = exc.value.response.headers
         assert headers["retry-after"] == "1"
         assert headers["retry-after-ms"] == "50"
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert headers["x-ratelimit-reset-requests"] == "0.050s"
         assert exc.value.code == "rate_limit_exceeded"
         emu.config(faults={"sync_429_rate": 0.5})
         patient = emu.sdk(max_retries=10)
         for _ in range(5):
-            assert patient.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
+            assert patient.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            ).choices
         assert emu.stats()["counters"]["openai.sync_429"] >= 2
 
 
 def test_the_rpm_limit_answers_429_until_the_window_moves_on(emulator_factory: EmulatorFactory) -> None:
     with emulator_factory(faults=FaultConfig(rpm_limit=2)) as emu:
-        raw = emu.client.chat.completions.with_raw_response.create(model="m", messages=[{"role": "user", "content": "a"}])  # noqa: E501
+        raw = emu.client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "a"}]
+        )
         assert raw.headers["x-ratelimit-limit-requests"] == "2"
         assert raw.headers["x-ratelimit-remaining-requests"] == "1"
         emu.advance(10)
@@ -579,12 +626,18 @@ def test_the_rpm_limit_answers_429_until_the_window_moves_on(emulator_factory: E
         assert exc.value.response.headers["retry-after"] == "50"
         assert exc.value.response.headers["x-ratelimit-remaining-requests"] == "0"
         emu.advance(50)
-        assert emu.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "d"}]).choices
+        assert emu.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "d"}]
+        ).choices
 
 
-def test_the_tpm_limit_refuses_requests_that_would_exceed_the_token_budget(emulator_factory: EmulatorFactory) -> None:
+def test_the_tpm_limit_refuses_requests_that_would_exceed_the_token_budget(
+    emulator_factory: EmulatorFactory,
+) -> None:
     with emulator_factory(faults=FaultConfig(tpm_limit=100)) as emu:
-        emu.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 200}])  # 54 tokens
+        emu.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x" * 200}]
+        )  # 54 tokens
         with pytest.raises(openai.RateLimitError) as exc:
             emu.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y" * 200}])
         assert exc.value.response.headers["x-ratelimit-limit-tokens"] == "100"
@@ -633,7 +686,9 @@ def test_every_response_the_sdk_receives_is_checked_against_the_openapi_descript
     }
 
 
-def test_the_spec_check_rejects_what_the_live_api_sends_but_the_description_forbids(spec: SpecChecker) -> None:
+def test_the_spec_check_rejects_what_the_live_api_sends_but_the_description_forbids(
+    spec: SpecChecker,
+) -> None:
     batch = {
         "id": "batch_1",
         "object": "batch",

@@ -1,0 +1,787 @@
+"""Anthropic Message Batches (``/v1/messages/batches``) through the official ``anthropic`` SDK.
+
+Requests are posted inline: a staged chunk is a JSONL file whose every line IS one Message Batch
+request, ``{"custom_id": ..., "params": {model, max_tokens, system, messages, ...}}``
+(:meth:`AnthropicBatchAdapter.format_line`); :meth:`~AnthropicBatchAdapter.stage` checks and
+spools it locally and :meth:`~AnthropicBatchAdapter.submit` posts its lines as
+``client.messages.batches.create(requests=[...])``. Results are one JSONL stream
+(``results_url``) holding succeeded, errored, canceled and expired lines alike, so
+:meth:`~AnthropicBatchAdapter.download` writes it as the ``output`` file and reports no
+``errors`` file. The SDK is imported inside methods only, so importing this module is free.
+
+Mapping of canonical requests:
+
+- the shared system prompt becomes one system text block marked
+  ``"cache_control": {"type": "ephemeral"}`` (prompt caching: the block is written to the cache
+  by the first request and read by the next ones, at 1.25x and 0.1x the input price; prefixes
+  below the model's minimum, 1,024 to 4,096 tokens, are simply not cached). Turn it off with the
+  connection extra ``prompt_caching: false``;
+- ``max_tokens`` (or ``max_completion_tokens``) passes through; Anthropic requires it, so a
+  request without one gets ``default_max_tokens`` (extra, 1024);
+- ``temperature``, ``top_p``, ``top_k``, ``metadata``, ``tools``, ``tool_choice``, ``thinking``
+  and ``output_config`` pass through; ``stop`` becomes ``stop_sequences``; OpenAI-only knobs with
+  no Anthropic counterpart (:data:`DROPPED_PARAMS`: ``seed``, ``n``, penalties, ``logprobs`` ...)
+  are dropped so that one prompt file serves both providers;
+- ``response_format`` (OpenAI's JSON mode) is turned into an instruction appended to the system
+  prompt: "answer with one JSON object only", plus the JSON Schema for ``json_schema``. This
+  works with every Claude model and keeps the schema in the cached prefix; the output is then
+  validated against the prompt's ``output_schema`` after download (a mismatch is
+  ``invalid_output``). With the extra ``json_output: "output_config"`` the schema is sent as
+  Anthropic's native structured output instead (``output_config.format``), which only newer
+  models accept and which refuses some JSON Schema keywords; choose it per connection.
+
+Errored results: ``overloaded_error``, ``rate_limit_error``, ``api_error`` and
+``timeout_error`` are ``failed_retryable``; ``invalid_request_error`` (including "prompt is too
+long") and anything else are ``failed_permanent``; ``canceled`` and ``expired`` results are
+``cancelled`` and ``expired``.
+
+Idempotency (what it can and cannot guarantee): Anthropic batches carry no metadata, no client
+token and no name, and a batch's requests cannot be read back; only ``created_at`` and
+``request_counts`` are visible, and the ``custom_id`` values only once the batch has ended (in
+its results). So:
+
+- the ledger's job row (the intent) exists before :meth:`submit`; the create call is sent once,
+  with the SDK's automatic retries off (an SDK retry after a timeout could create a second
+  batch); only answers that prove nothing was created (429, 529, 503 with no body change) are
+  retried here;
+- :meth:`find` first returns a batch created by this adapter object for the key; then, for a key
+  whose chunk was staged by this object (so that its request count and ``custom_id`` set are
+  known), it lists batches created since the staged chunk was written (the file's modification
+  time from the staging store, minus ``find_clock_skew_s``, default 300 s; when the store gives no
+  time, the last ``find_window_s``, default 26 h) with the same request count, and matches an
+  **ended** one whose results' first ``find_verify_lines`` (default 20) ``custom_id`` values all
+  belong to the chunk. ``custom_id`` values name the item, the attempt and the chunk index, so
+  this match is exact within a run;
+- it **cannot** recognise a batch that is still in progress: chunks of the same size (every full
+  chunk of a round) are indistinguishable until their results exist. When a create reply was lost
+  and the batch has not ended yet when the task retries, a second batch is created: the chunk is
+  paid twice, and only the second batch is known to the ledger (the first one's results are
+  never read, its cost is not counted). It also cannot see batches created with another API key
+  or workspace, or those older than the window.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
+
+from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncRealtimeClient,
+    AsyncStatusClient,
+    BatchAdapter,
+    BatchRef,
+    BatchStatus,
+    InputRef,
+    Limits,
+    RealtimeReply,
+)
+from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage
+from airflow_batch_provider.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    import anthropic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS: Final = 1024
+CUSTOM_ID_PATTERN: Final = r"^[a-zA-Z0-9_-]{1,64}$"
+_CUSTOM_ID: Final = re.compile(CUSTOM_ID_PATTERN)
+#: Error types of an errored result (or a real-time answer) worth another attempt.
+RETRYABLE_ERRORS: Final[frozenset[str]] = frozenset(
+    {"overloaded_error", "rate_limit_error", "api_error", "timeout_error", "timeout"}
+)
+#: HTTP statuses of a real-time answer worth another attempt.
+RETRYABLE_STATUS: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: Canonical params passed to Anthropic unchanged.
+PASSED_PARAMS: Final[frozenset[str]] = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "stop_sequences",
+        "service_tier",
+    }
+)
+#: OpenAI-only params with no Anthropic counterpart, dropped so one prompt serves both providers.
+DROPPED_PARAMS: Final[frozenset[str]] = frozenset(
+    {
+        "seed",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "store",
+        "parallel_tool_calls",
+        "reasoning_effort",
+        "modalities",
+        "prediction",
+        "stream_options",
+    }
+)
+
+
+def _base_url(settings: AdapterSettings) -> str | None:
+    # The SDK adds /v1/... itself; accept a connection host written with a trailing /v1.
+    url = settings.base_url
+    if url:
+        url = url.rstrip("/")
+        if url.endswith("/v1"):
+            url = url[: -len("/v1")]
+    return url or None
+
+
+def _client_kwargs(settings: AdapterSettings, max_retries: int | None = None) -> dict[str, Any]:
+    extra = settings.extra
+    kwargs: dict[str, Any] = {
+        "api_key": settings.api_key,
+        "max_retries": int(extra.get("max_retries", 3)) if max_retries is None else max_retries,
+        "timeout": float(extra.get("timeout", 600.0)),
+    }
+    base = _base_url(settings)
+    if base:
+        kwargs["base_url"] = base
+    return kwargs
+
+
+@lru_cache(maxsize=32)
+def _json_instruction(schema_json: str | None) -> str:
+    text = (
+        "Answer with exactly one JSON object and nothing else: no prose before or after it, "
+        "no markdown code fences."
+    )
+    if schema_json:
+        text += f" The object must validate against this JSON Schema:\n{schema_json}"
+    return text
+
+
+def _schema_of(response_format: Any) -> tuple[bool, dict[str, Any] | None]:
+    """Return (JSON requested, schema or None) for an OpenAI-style ``response_format``."""
+    if not isinstance(response_format, Mapping):
+        return False, None
+    kind = response_format.get("type")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        return True, dict(schema) if isinstance(schema, Mapping) else None
+    return kind == "json_object", None
+
+
+def _usage(usage: Mapping[str, Any] | None) -> Usage:
+    usage = usage or {}
+    return Usage(
+        input_tokens=int(usage.get("input_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        cached_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
+        cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
+    )
+
+
+def _output(message: Mapping[str, Any]) -> Any:
+    """The text of a message (text blocks joined); a lone tool call's input when there is no text."""
+    blocks = [b for b in message.get("content") or [] if isinstance(b, Mapping)]
+    texts = [str(b.get("text") or "") for b in blocks if b.get("type") == "text"]
+    if texts:
+        return "".join(texts)
+    tools = [b.get("input") for b in blocks if b.get("type") == "tool_use"]
+    if len(tools) == 1:
+        return tools[0]
+    return tools or None
+
+
+def succeeded_result(custom_id: str, message: Mapping[str, Any]) -> ItemResult:
+    """Return the neutral result of a ``Message``.
+
+    :param custom_id: the item's custom id
+    :param message: the ``Message`` object as a dict
+    """
+    return ItemResult(
+        custom_id,
+        "succeeded",
+        output=_output(message),
+        usage=_usage(message.get("usage")),
+        raw={"stop_reason": message.get("stop_reason"), "message_id": message.get("id")},
+    )
+
+
+def error_outcome(error_type: str | None, status: int | None = None) -> Outcome:
+    """Classify an Anthropic error type (and HTTP status) as retryable or permanent.
+
+    :param error_type: ``overloaded_error``, ``invalid_request_error`` ...
+    :param status: the HTTP status, when known
+    """
+    if error_type in RETRYABLE_ERRORS:
+        return "failed_retryable"
+    if error_type is None and status is not None and status in RETRYABLE_STATUS:
+        return "failed_retryable"
+    return "failed_permanent"
+
+
+def _error_object(body: Any) -> Mapping[str, Any]:
+    """The ``{"type", "message"}`` object of an ``ErrorResponse`` body (or the body itself)."""
+    if not isinstance(body, Mapping):
+        return {}
+    inner = body.get("error")
+    return inner if isinstance(inner, Mapping) else body
+
+
+def _status(batch: Any) -> BatchStatus:
+    """Map a ``MessageBatch`` to the neutral status.
+
+    ``in_progress`` -> ``in_progress``; ``canceling`` -> ``cancelling``; ``ended`` ->
+    ``cancelled`` when a cancel was initiated or every request was canceled, ``expired`` when any
+    request expired (the 24-hour window ran out: what finished is kept, like an expired OpenAI
+    batch), otherwise ``completed``.
+    """
+    counts = batch.request_counts
+    succeeded, errored = int(counts.succeeded), int(counts.errored)
+    canceled, expired = int(counts.canceled), int(counts.expired)
+    total = int(counts.processing) + succeeded + errored + canceled + expired
+    raw = str(batch.processing_status)
+    reason = None
+    if raw == "in_progress":
+        state = "in_progress"
+    elif raw == "canceling":
+        state = "cancelling"
+    elif raw == "ended":
+        if batch.cancel_initiated_at is not None or (total and canceled == total):
+            state = "cancelled"
+            reason = f"cancelled: {canceled} of {total} requests were not processed"
+        elif expired:
+            state = "expired"
+            reason = f"expired: {expired} of {total} requests were not processed within 24 hours"
+        else:
+            state = "completed"
+    else:
+        state = "in_progress"
+    return BatchStatus(
+        state=state,  # type: ignore[arg-type]
+        total=total,
+        completed=succeeded,
+        failed=errored + canceled + expired,
+        reason=reason,
+        raw_state=raw,
+    )
+
+
+@dataclass(frozen=True)
+class _Intent:
+    """What is known about a staged chunk: enough to recognise its batch once that has ended."""
+
+    path: str
+    count: int
+    custom_ids: frozenset[str] = field(repr=False)
+    not_before: float
+
+
+def _retry_after(headers: Any) -> float | None:
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def _rate_headers(headers: Any) -> dict[str, str]:
+    if headers is None:
+        return {}
+    return {
+        k.lower(): v
+        for k, v in headers.items()
+        if k.lower().startswith(("anthropic-ratelimit-", "x-ratelimit-", "retry-after"))
+    }
+
+
+def _mtime(chunk: IO[bytes]) -> float | None:
+    """The staged chunk's modification time from its store, when the stream can tell."""
+    try:
+        return os.fstat(chunk.fileno()).st_mtime
+    except (AttributeError, OSError, ValueError):
+        pass
+    fs, path = getattr(chunk, "fs", None), getattr(chunk, "path", None)
+    if fs is None or path is None:
+        return None
+    try:
+        info = fs.info(path)
+    except Exception:  # any store error just means "unknown"
+        return None
+    for key in ("mtime", "LastModified", "updated", "last_modified", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+class _AsyncAnthropicStatus(AsyncStatusClient):
+    def __init__(self, settings: AdapterSettings) -> None:
+        import anthropic
+
+        # The trigger's poll policy owns retries.
+        self._client = anthropic.AsyncAnthropic(**_client_kwargs(settings, max_retries=0))
+
+    async def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(await self._client.messages.batches.retrieve(ref.batch_id))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class _AsyncAnthropicRealtime(AsyncRealtimeClient):
+    """``POST /v1/messages`` for the synchronous fallback; never raises for one item's failure."""
+
+    def __init__(self, adapter: AnthropicBatchAdapter) -> None:
+        import anthropic
+
+        self._adapter = adapter
+        # The fallback's limiter owns retries and honours retry-after itself.
+        self._client = anthropic.AsyncAnthropic(**_client_kwargs(adapter.settings, max_retries=0))
+
+    async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
+        import anthropic
+
+        try:
+            params = self._adapter.params(request)
+        except ConfigurationError as exc:
+            return RealtimeReply(
+                ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
+            )
+        try:
+            raw = await self._client.messages.with_raw_response.create(**params)
+        except anthropic.APIStatusError as exc:
+            inner = _error_object(exc.body)
+            error_type = str(inner.get("type")) if inner.get("type") else None
+            return RealtimeReply(
+                ItemResult(
+                    custom_id,
+                    error_outcome(error_type, exc.status_code),
+                    error_code=error_type or str(exc.status_code),
+                    error_message=str(inner.get("message") or exc.message),
+                    raw={"status_code": exc.status_code, "request_id": exc.request_id},
+                ),
+                retry_after=_retry_after(exc.response.headers),
+                rate_limit=_rate_headers(exc.response.headers),
+            )
+        except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
+            return RealtimeReply(
+                ItemResult(
+                    custom_id,
+                    "failed_retryable",
+                    error_code="timeout"
+                    if isinstance(exc, anthropic.APITimeoutError)
+                    else "connection_error",
+                    error_message=str(exc),
+                )
+            )
+        message = await raw.parse()
+        return RealtimeReply(
+            succeeded_result(custom_id, message.model_dump(mode="json")),
+            rate_limit=_rate_headers(raw.headers),
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class AnthropicBatchAdapter(BatchAdapter):
+    """Anthropic Message Batches.
+
+    Connection: host = API base URL (optional; ``https://api.anthropic.com``, a trailing ``/v1``
+    is accepted), password = API key. Extras: ``max_retries``, ``timeout``,
+    ``default_max_tokens`` (1024), ``prompt_caching`` (true), ``json_output`` (``instruct`` or
+    ``output_config``), ``spool_dir`` (where staged chunks wait for submit; default the system
+    temp dir), ``find_scan_limit`` (1000 batches), ``find_window_s`` (93600),
+    ``find_clock_skew_s`` (300), ``find_verify_lines`` (20), ``create_attempts`` (3: tries of a
+    create refused with 429/529/503, which creates nothing).
+    """
+
+    name: ClassVar[str] = "anthropic"
+    conn_type: ClassVar[str] = "anthropic_batch"
+    limits: ClassVar[Limits] = Limits(
+        max_requests=100_000, max_bytes=256 * 1024 * 1024, custom_id_pattern=CUSTOM_ID_PATTERN
+    )
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        super().__init__(settings)
+        self._client_obj: anthropic.Anthropic | None = None
+        self._intents: dict[str, _Intent] = {}
+        self._created: dict[str, str] = {}
+
+    @property
+    def client(self) -> anthropic.Anthropic:
+        """The blocking SDK client, built on first use."""
+        if self._client_obj is None:
+            import anthropic
+
+            self._client_obj = anthropic.Anthropic(**_client_kwargs(self.settings))
+        return self._client_obj
+
+    # -- formatting ------------------------------------------------------------------------
+
+    def params(self, request: CanonicalRequest) -> dict[str, Any]:
+        """Return the Messages API params of a canonical request.
+
+        :param request: the canonical request
+        :raises ConfigurationError: the request is an embedding (Anthropic has no embeddings API)
+        """
+        if request.kind != "chat":
+            raise ConfigurationError(
+                f"item {request.app_id!r} is a {request.kind!r} request; Anthropic has no embeddings API. "
+                "Point this workload at an OpenAI or Gemini connection."
+            )
+        extra = self.settings.extra
+        source = dict(request.params)
+        max_tokens = source.pop("max_tokens", None) or source.pop("max_completion_tokens", None)
+        source.pop("max_completion_tokens", None)
+        wants_json, schema = _schema_of(source.pop("response_format", None))
+        params: dict[str, Any] = {
+            "model": request.model,
+            "max_tokens": int(max_tokens or extra.get("default_max_tokens", DEFAULT_MAX_TOKENS)),
+        }
+        system_parts = [request.system] if request.system else []
+        messages: list[dict[str, Any]] = []
+        for message in request.messages:
+            if message.get("role") in ("system", "developer"):
+                system_parts.append(str(message.get("content") or ""))
+            else:
+                messages.append(dict(message))
+        native = extra.get("json_output", "instruct") == "output_config"
+        if wants_json and native and schema is not None:
+            params["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        elif wants_json:
+            schema_json = json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema else None
+            system_parts.append(_json_instruction(schema_json))
+        if system_parts:
+            block: dict[str, Any] = {"type": "text", "text": "\n\n".join(p for p in system_parts if p)}
+            if extra.get("prompt_caching", True) not in (False, "false", "False", 0):
+                block["cache_control"] = {"type": "ephemeral"}
+            params["system"] = [block]
+        params["messages"] = messages
+        if "stop" in source:
+            stop = source.pop("stop")
+            params["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop or [])
+        # Anything else (PASSED_PARAMS, or an Anthropic-only parameter the prompt names on purpose)
+        # passes through unchanged.
+        params.update({k: v for k, v in source.items() if k not in DROPPED_PARAMS})
+        return params
+
+    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+        if not _CUSTOM_ID.match(custom_id):
+            raise ValueError(
+                f"custom_id {custom_id!r} (item {request.app_id!r}) does not match {CUSTOM_ID_PATTERN}; "
+                "build custom ids with core.custom_ids.make_custom_id."
+            )
+        line = {"custom_id": custom_id, "params": self.params(request)}
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    # -- staging and submit ----------------------------------------------------------------
+
+    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        """Check the chunk's lines and spool them locally; the batch is posted inline by :meth:`submit`.
+
+        :param chunk: the staged JSONL chunk (one request object per line)
+        :param name: ``<idempotency key>.jsonl``
+        :param size: the chunk's size in bytes
+        :raises ConfigurationError: the chunk breaks a Message Batches limit
+        """
+        if size > self.limits.max_bytes:
+            raise ConfigurationError(
+                f"chunk {name} is {size:,} bytes; a Message Batch takes at most {self.limits.max_bytes:,}. "
+                "Lower max_bytes_per_chunk."
+            )
+        key = name.removesuffix(".jsonl")
+        spool_dir = Path(self.settings.extra.get("spool_dir") or tempfile.gettempdir()) / "abp-anthropic"
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        staged_at = _mtime(chunk)
+        ids: set[str] = set()
+        fd, spool = tempfile.mkstemp(prefix=f"{key[:80]}-", suffix=".jsonl", dir=spool_dir)
+        try:
+            with open(fd, "wb") as out:
+                for number, raw in enumerate(chunk, start=1):
+                    line = raw.strip()
+                    if not line:
+                        continue
+                    custom_id = self._check_line(name, number, line)
+                    if custom_id in ids:
+                        raise ConfigurationError(
+                            f"chunk {name} line {number}: custom_id {custom_id!r} appears twice; custom ids "
+                            "must be unique in a batch. Re-run prepare to rebuild the chunk."
+                        )
+                    ids.add(custom_id)
+                    out.write(line + b"\n")
+        except BaseException:
+            Path(spool).unlink(missing_ok=True)
+            raise
+        if not ids or len(ids) > self.limits.max_requests:
+            Path(spool).unlink(missing_ok=True)
+            raise ConfigurationError(
+                f"chunk {name} holds {len(ids):,} requests; a Message Batch takes 1 to "
+                f"{self.limits.max_requests:,}. Lower max_requests_per_chunk."
+            )
+        window = float(self.settings.extra.get("find_window_s", 93_600))
+        skew = float(self.settings.extra.get("find_clock_skew_s", 300))
+        not_before = staged_at - skew if staged_at is not None else time.time() - window
+        self._intents[key] = _Intent(spool, len(ids), frozenset(ids), not_before)
+        return InputRef("inline", spool)
+
+    @staticmethod
+    def _check_line(name: str, number: int, line: bytes) -> str:
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"chunk {name} line {number} is not JSON ({exc}); re-run prepare to rebuild the chunk."
+            ) from exc
+        custom_id = obj.get("custom_id") if isinstance(obj, dict) else None
+        if not isinstance(custom_id, str) or not _CUSTOM_ID.match(custom_id):
+            raise ConfigurationError(
+                f"chunk {name} line {number}: custom_id {custom_id!r} does not match {CUSTOM_ID_PATTERN}; "
+                "the chunk was not written by this adapter's format_line."
+            )
+        if not isinstance(obj.get("params"), dict):
+            raise ConfigurationError(
+                f"chunk {name} line {number} ({custom_id}) has no 'params' object; the chunk was not "
+                "written by this adapter's format_line."
+            )
+        return custom_id
+
+    def submit(
+        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+    ) -> BatchRef:
+        """Post the staged requests as one Message Batch; see the module docstring on idempotency.
+
+        :param input_ref: the inline reference from :meth:`stage`
+        :param key: the idempotency key
+        :param metadata: ignored (Anthropic batches take no metadata)
+        :param kind: must be ``chat``
+        """
+        import anthropic
+
+        if kind != "chat":
+            raise ConfigurationError(
+                f"Anthropic has no {kind!r} batch endpoint; point this workload at an OpenAI or Gemini "
+                "connection."
+            )
+        if input_ref.kind != "inline":
+            raise ConfigurationError(
+                f"the Anthropic adapter posts requests inline; got a {input_ref.kind!r} input {input_ref.value!r}."
+            )
+        found = self.find(key)
+        if found is not None:
+            return found
+        path = Path(input_ref.value)
+        if not path.is_file():
+            raise ConfigurationError(
+                f"the spooled chunk {path} is gone; stage() the chunk again (in the same process) before submit."
+            )
+        with path.open("rb") as fh:
+            requests = [json.loads(line) for line in fh if line.strip()]
+        client = self.client.with_options(max_retries=0)
+        attempts = max(1, int(self.settings.extra.get("create_attempts", 3)))
+        for attempt in range(1, attempts + 1):
+            try:
+                batch = client.messages.batches.create(requests=requests)
+                break
+            except anthropic.APIStatusError as exc:
+                # 429/529/503 refuse the request before anything is created: safe to try again.
+                if exc.status_code not in (429, 503, 529) or attempt == attempts:
+                    raise
+                wait = min(_retry_after(exc.response.headers) or 2.0**attempt, 60.0)
+                log.warning(
+                    "create of batch %s refused with HTTP %s; trying again in %.1fs",
+                    key,
+                    exc.status_code,
+                    wait,
+                )
+                time.sleep(wait)
+        self._created[key] = batch.id
+        path.unlink(missing_ok=True)
+        return BatchRef(self.name, batch.id, key)
+
+    def find(self, key: str) -> BatchRef | None:
+        """Return the batch created earlier for ``key``, when it can be recognised.
+
+        Exact for a batch this object created, and for an ended batch whose results carry the
+        staged chunk's custom ids; blind to batches still in progress (see the module docstring).
+
+        :param key: the idempotency key
+        """
+        if key in self._created:
+            return BatchRef(self.name, self._created[key], key)
+        intent = self._intents.get(key)
+        if intent is None:
+            return None
+        extra = self.settings.extra
+        scan = int(extra.get("find_scan_limit", 1000))
+        verify = max(1, int(extra.get("find_verify_lines", 20)))
+        unverifiable = 0
+        for i, batch in enumerate(self.client.messages.batches.list(limit=100)):
+            if i >= scan or batch.created_at.timestamp() < intent.not_before:
+                break
+            counts = batch.request_counts
+            total = sum(
+                int(getattr(counts, n)) for n in ("processing", "succeeded", "errored", "canceled", "expired")
+            )
+            if total != intent.count:
+                continue
+            if batch.processing_status != "ended" or not batch.results_url:
+                unverifiable += 1
+                continue
+            if self._results_match(batch.id, intent, verify):
+                self._created[key] = batch.id
+                return BatchRef(self.name, batch.id, key)
+        if unverifiable:
+            log.info(
+                "%d batch(es) created since chunk %s was staged have its request count (%d) but are still "
+                "running; Anthropic shows no custom ids before a batch ends, so they cannot be matched to it.",
+                unverifiable,
+                key,
+                intent.count,
+            )
+        return None
+
+    def _results_match(self, batch_id: str, intent: _Intent, lines: int) -> bool:
+        seen = 0
+        with self.client.messages.batches.with_streaming_response.results(batch_id) as response:
+            for raw in response.iter_lines():
+                if not raw.strip():
+                    continue
+                try:
+                    custom_id = json.loads(raw).get("custom_id")
+                except ValueError:
+                    continue
+                if custom_id not in intent.custom_ids:
+                    return False
+                seen += 1
+                if seen >= lines:
+                    break
+        return seen > 0
+
+    # -- status, results, cancel -----------------------------------------------------------
+
+    def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(self.client.messages.batches.retrieve(ref.batch_id))
+
+    def async_client(self) -> AsyncStatusClient:
+        return _AsyncAnthropicStatus(self.settings)
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        return _AsyncAnthropicRealtime(self)
+
+    def download(self, ref: BatchRef, kind: Literal["output", "errors"], sink: IO[bytes]) -> int:
+        """Stream the batch's results (every result type, one file) into ``sink`` as ``output``.
+
+        :param ref: the batch
+        :param kind: ``output`` writes the results; ``errors`` writes nothing (they are in the output)
+        :param sink: writable binary stream
+        """
+        if kind != "output":
+            return 0
+        batch = self.client.messages.batches.retrieve(ref.batch_id)
+        if not batch.results_url:
+            return 0
+        written = 0
+        with self.client.messages.batches.with_streaming_response.results(ref.batch_id) as response:
+            for piece in response.iter_bytes(chunk_size=1 << 20):
+                sink.write(piece)
+                written += len(piece)
+        return written
+
+    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
+        for number, raw in enumerate(lines, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            custom_id: str | None = None
+            try:
+                line = json.loads(text)
+                custom_id = line.get("custom_id") if isinstance(line, dict) else None
+                if not isinstance(custom_id, str):
+                    raise TypeError("custom_id is not a string")
+                result = line["result"]
+                yield self._result(custom_id, result)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                yield MalformedLine(
+                    number,
+                    f"{type(exc).__name__}: {exc}",
+                    text[:200].decode("utf-8", "replace"),
+                    custom_id if isinstance(custom_id, str) else None,
+                )
+
+    @staticmethod
+    def _result(custom_id: str, result: Mapping[str, Any]) -> ItemResult:
+        kind = result["type"]
+        if kind == "succeeded":
+            message = result["message"]
+            if not isinstance(message, Mapping):
+                raise TypeError("succeeded result without a message object")
+            return succeeded_result(custom_id, message)
+        if kind == "errored":
+            response = result.get("error")
+            error = _error_object(response)
+            error_type = str(error.get("type") or "error")
+            return ItemResult(
+                custom_id,
+                error_outcome(error_type),
+                error_code=error_type,
+                error_message=error.get("message"),
+                raw={"request_id": response.get("request_id") if isinstance(response, Mapping) else None},
+            )
+        if kind == "canceled":
+            return ItemResult(
+                custom_id,
+                "cancelled",
+                error_code="canceled",
+                error_message="not processed: the batch was cancelled",
+            )
+        if kind == "expired":
+            return ItemResult(
+                custom_id,
+                "expired",
+                error_code="expired",
+                error_message="not processed: the batch reached its 24-hour window",
+            )
+        raise ValueError(f"unknown result type {kind!r}")
+
+    def cancel(self, ref: BatchRef) -> None:
+        self.client.messages.batches.cancel(ref.batch_id)

@@ -1,0 +1,770 @@
+"""Amazon Bedrock batch inference (model invocation jobs) through ``boto3``, input and output in S3.
+
+Each JSONL line is ``{"recordId": <custom_id>, "modelInput": <the model's InvokeModel body>}``:
+the Anthropic Messages body for ``anthropic.*`` models, the ``messages-v1`` body for
+``amazon.nova-*`` and ``{"inputText"}`` for ``amazon.titan-embed-*`` (embeddings). Bedrock batch
+takes no structured-output parameter, so an OpenAI-style ``response_format`` in the prompt's
+params is dropped (the prompt itself must ask for JSON; outputs are still validated after
+download).
+
+Flow: :meth:`stage` uploads the chunk to ``<s3_uri>/<name>`` (reused when an object of that key
+and size exists), :meth:`submit` calls ``create_model_invocation_job`` with a job name and a
+``clientRequestToken`` both derived from the idempotency key (so a retried create returns the
+same job ARN, as AWS promises for a repeated token), :meth:`find` lists jobs by name, and
+:meth:`download` streams the ``<input file>.out`` objects that Bedrock writes under
+``<output_s3_uri>/<job id>/`` (successes and errors share one file: the ``errors`` download is
+always empty). :meth:`manifest` reads ``manifest.json.out``.
+
+Limits used (AWS default quotas, checked against the Bedrock user guide and service quotas in
+November 2025): at most 50,000 records and 1 GB per input file, at least 100 records per job
+(``Minimum number of records per batch inference job``; set ``min_records`` in the connection
+extras where your account's quota differs).
+
+**Chunks below the minimum (the documented choice).** Nothing is padded. :meth:`submit`
+refuses a job with fewer records than the minimum, before anything is created, with a
+:class:`~airflow_batch_provider.exceptions.SubmitError` that names the chunk size, the minimum
+and the remedies: keep chunks large (``max_requests_per_chunk`` of at least the minimum, so only
+the last chunk of a run can be short, and size runs so it is not), or run tiny workloads through
+the synchronous path (:meth:`realtime_client`, used by the deadline fallback) instead of batch.
+Retry rounds with fewer retryable items than the minimum hit the same refusal; route them to the
+synchronous fallback.
+
+Connection: ``login``/``password`` (or extras ``aws_access_key_id``/``aws_secret_access_key``)
+are the AWS keys, else boto3's default credential chain; ``host`` (or extra
+``bedrock_endpoint_url``) overrides the Bedrock endpoint (the emulator); extras ``region_name``,
+``role_arn`` (the service role Bedrock assumes; required to submit), ``s3_uri`` (input staging
+prefix, or ``input_bucket`` + ``input_prefix``; required to stage), ``output_s3_uri`` (default
+``<s3_uri>/output``), ``s3_endpoint_url``, ``bedrock_runtime_endpoint_url`` (default: the
+Bedrock endpoint override), ``aws_session_token``, ``timeout_hours`` (24 to 168, default 24),
+``min_records``, ``max_retries``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import IO, Any, ClassVar, Final, Literal
+
+from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncRealtimeClient,
+    AsyncStatusClient,
+    BatchAdapter,
+    BatchRef,
+    BatchState,
+    BatchStatus,
+    InputRef,
+    Limits,
+    RealtimeReply,
+)
+from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
+
+MIN_RECORDS: Final = 100
+MAX_RECORDS: Final = 50_000
+MAX_FILE_BYTES: Final = 1_000_000_000
+ANTHROPIC_VERSION: Final = "bedrock-2023-05-31"
+DEFAULT_MAX_TOKENS: Final = 1024
+RECORDS_METADATA: Final = "abp-records"
+
+#: Bedrock job status -> neutral state.
+STATES: Final[Mapping[str, BatchState]] = {
+    "Submitted": "validating",
+    "Validating": "validating",
+    "Scheduled": "validating",
+    "InProgress": "in_progress",
+    "Stopping": "cancelling",
+    "Stopped": "cancelled",
+    "Completed": "completed",
+    "PartiallyCompleted": "expired",
+    "Failed": "failed",
+    "Expired": "expired",
+}
+_REGION_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
+_JOB_NAME_BAD: Final = re.compile(r"[^a-zA-Z0-9+.-]")
+_TOKEN: Final = re.compile(r"^[a-zA-Z0-9]{1,256}(-*[a-zA-Z0-9]){0,256}$")
+_RETRYABLE_CODES: Final = frozenset(
+    {
+        "ThrottlingException",
+        "InternalServerException",
+        "ServiceUnavailableException",
+        "ModelTimeoutException",
+        "ModelNotReadyException",
+        "ModelErrorException",
+    }
+)
+
+
+def model_family(model_id: str) -> str | None:
+    """Return ``anthropic``, ``nova`` or ``titan-embed`` for a Bedrock model id, else ``None``.
+
+    :param model_id: e.g. ``anthropic.claude-3-5-haiku-20241022-v1:0``, ``us.amazon.nova-lite-v1:0``
+    """
+    name = model_id.rsplit("/", 1)[-1]
+    for prefix in _REGION_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    if name.startswith("anthropic."):
+        return "anthropic"
+    if name.startswith("amazon.nova-"):
+        return "nova"
+    if name.startswith("amazon.titan-embed"):
+        return "titan-embed"
+    return None
+
+
+def job_name(key: str) -> str:
+    """Return the Bedrock job name of an idempotency key (at most 63 of ``[a-zA-Z0-9+.-]``).
+
+    :param key: the idempotency key
+    """
+    name = _JOB_NAME_BAD.sub("-", key).lstrip("-+.")
+    if name and name == key and len(name) <= 63:
+        return name
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    head = name[: 63 - len(digest) - 1].rstrip("-+.")
+    return f"{head}-{digest}" if head else f"abp{digest}"
+
+
+def request_token(key: str) -> str:
+    """Return the ``clientRequestToken`` of an idempotency key.
+
+    :param key: the idempotency key
+    """
+    if _TOKEN.match(key) and len(key) <= 256:
+        return key
+    return "abp" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def job_id(batch_id: str) -> str:
+    """Return the 12-character job id of a job ARN (or of an id).
+
+    :param batch_id: the job ARN
+    """
+    return batch_id.rsplit("/", 1)[-1]
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise ConfigurationError(f"{uri!r} is not an s3:// URI; give s3://bucket/prefix.")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return bucket, key.strip("/")
+
+
+def _session_kwargs(settings: AdapterSettings) -> dict[str, Any]:
+    extra = settings.extra
+    key_id = extra.get("aws_access_key_id") or extra.get("login")
+    secret = settings.api_key or extra.get("aws_secret_access_key")
+    kwargs: dict[str, Any] = {}
+    if key_id or secret:
+        if not (key_id and secret):
+            raise ConfigurationError(
+                "the Bedrock connection has only half of an AWS key pair; set both the login (access key "
+                "id, or extra aws_access_key_id) and the password (secret access key), or neither to use "
+                "the default credential chain."
+            )
+        kwargs["aws_access_key_id"] = key_id
+        kwargs["aws_secret_access_key"] = secret
+        if extra.get("aws_session_token"):
+            kwargs["aws_session_token"] = extra["aws_session_token"]
+    if extra.get("region_name"):
+        kwargs["region_name"] = extra["region_name"]
+    return kwargs
+
+
+def _bedrock_endpoint(settings: AdapterSettings) -> str | None:
+    value = settings.extra.get("bedrock_endpoint_url") or settings.base_url
+    return str(value) if value else None
+
+
+def _runtime_endpoint(settings: AdapterSettings) -> str | None:
+    value = settings.extra.get("bedrock_runtime_endpoint_url") or _bedrock_endpoint(settings)
+    return str(value) if value else None
+
+
+def _status(job: Mapping[str, Any]) -> BatchStatus:
+    raw = str(job.get("status") or "Submitted")
+    return BatchStatus(
+        state=STATES.get(raw, "in_progress"),
+        total=int(job.get("totalRecordCount") or 0),
+        completed=int(job.get("successRecordCount") or 0),
+        failed=int(job.get("errorRecordCount") or 0),
+        reason=job.get("message") or None,
+        raw_state=raw,
+    )
+
+
+def _usage(family: str | None, output: Mapping[str, Any]) -> Usage:
+    usage = output.get("usage")
+    if isinstance(usage, Mapping) and "input_tokens" in usage:  # Anthropic Messages
+        return Usage(
+            input_tokens=int(usage.get("input_tokens") or 0),
+            output_tokens=int(usage.get("output_tokens") or 0),
+            cached_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
+            cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
+        )
+    if isinstance(usage, Mapping):  # Nova / Converse
+        return Usage(
+            input_tokens=int(usage.get("inputTokens") or 0),
+            output_tokens=int(usage.get("outputTokens") or 0),
+            cached_input_tokens=int(usage.get("cacheReadInputTokenCount") or 0),
+            cache_write_tokens=int(usage.get("cacheWriteInputTokenCount") or 0),
+        )
+    del family
+    return Usage(input_tokens=int(output.get("inputTextTokenCount") or 0))
+
+
+def output_result(custom_id: str, output: Mapping[str, Any]) -> ItemResult:
+    """Turn one ``InvokeModel`` response body (a ``modelOutput``) into a neutral result.
+
+    :param custom_id: the record's id
+    :param output: the response body
+    """
+    if "embedding" in output:
+        return ItemResult(custom_id, "succeeded", output=output.get("embedding"), usage=_usage(None, output))
+    if output.get("type") == "message" or "content" in output:  # Anthropic Messages
+        blocks = output.get("content") or []
+        text = "".join(
+            str(b.get("text", "")) for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"
+        )
+        return ItemResult(
+            custom_id,
+            "succeeded",
+            output=text,
+            usage=_usage("anthropic", output),
+            raw={"finish_reason": output.get("stop_reason"), "request_id": output.get("id")},
+        )
+    if "output" in output:  # Nova messages-v1
+        message = (output.get("output") or {}).get("message") or {}
+        text = "".join(str(b.get("text", "")) for b in message.get("content") or [] if isinstance(b, Mapping))
+        return ItemResult(
+            custom_id,
+            "succeeded",
+            output=text,
+            usage=_usage("nova", output),
+            raw={"finish_reason": output.get("stopReason")},
+        )
+    if "results" in output:  # Titan text
+        results = output.get("results") or [{}]
+        return ItemResult(
+            custom_id,
+            "succeeded",
+            output=results[0].get("outputText"),
+            usage=Usage(
+                input_tokens=int(output.get("inputTextTokenCount") or 0),
+                output_tokens=int(results[0].get("tokenCount") or 0),
+            ),
+            raw={"finish_reason": results[0].get("completionReason")},
+        )
+    raise ValueError(f"modelOutput has no shape this adapter knows (keys {sorted(output)[:8]})")
+
+
+def error_result(custom_id: str, error: Mapping[str, Any]) -> ItemResult:
+    """Turn a batch line's ``error`` (``errorCode``, ``errorMessage``) into a neutral result.
+
+    :param custom_id: the record's id
+    :param error: the error object
+    """
+    code = error.get("errorCode")
+    status: int | None = None
+    try:
+        status = int(code) if code is not None else None
+    except (TypeError, ValueError):
+        status = None
+    message = error.get("errorMessage")
+    outcome = (
+        "failed_retryable"
+        if isinstance(code, str) and code in _RETRYABLE_CODES
+        else classify_http_error(status, None)
+    )
+    return ItemResult(
+        custom_id,
+        outcome,
+        error_code=str(code) if code is not None else "error",
+        error_message=str(message) if message is not None else None,
+    )
+
+
+class _AsyncBedrockStatus(AsyncStatusClient):
+    """GetModelInvocationJob through aiobotocore's native async client."""
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        self._settings = settings
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+
+    async def _get(self) -> Any:
+        if self._client is None:
+            from aiobotocore.config import AioConfig
+            from aiobotocore.session import get_session
+
+            kwargs = _session_kwargs(self._settings)
+            self._client = await self._stack.enter_async_context(
+                get_session().create_client(
+                    "bedrock",
+                    endpoint_url=_bedrock_endpoint(self._settings),
+                    config=AioConfig(retries={"max_attempts": 1, "mode": "standard"}),
+                    **kwargs,
+                )
+            )
+        return self._client
+
+    async def status(self, ref: BatchRef) -> BatchStatus:
+        client = await self._get()
+        return _status(await client.get_model_invocation_job(jobIdentifier=ref.batch_id))
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+        self._client = None
+
+
+class _AsyncBedrockRealtime(AsyncRealtimeClient):
+    """InvokeModel through aiobotocore's ``bedrock-runtime`` client; SDK retries off."""
+
+    def __init__(self, adapter: BedrockBatchAdapter) -> None:
+        self._adapter = adapter
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+
+    async def _get(self) -> Any:
+        if self._client is None:
+            from aiobotocore.config import AioConfig
+            from aiobotocore.session import get_session
+
+            settings = self._adapter.settings
+            self._client = await self._stack.enter_async_context(
+                get_session().create_client(
+                    "bedrock-runtime",
+                    endpoint_url=_runtime_endpoint(settings),
+                    config=AioConfig(
+                        retries={"max_attempts": 1, "mode": "standard"},
+                        read_timeout=float(settings.extra.get("timeout", 120.0)),
+                    ),
+                    **_session_kwargs(settings),
+                )
+            )
+        return self._client
+
+    async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        body = self._adapter.model_input(request)
+        try:
+            client = await self._get()
+            response = await client.invoke_model(
+                modelId=request.model,
+                body=json.dumps(body).encode("utf-8"),
+                contentType="application/json",
+                accept="application/json",
+            )
+            async with response["body"] as stream:
+                payload = json.loads(await stream.read())
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            meta = exc.response.get("ResponseMetadata", {})
+            headers = {str(k).lower(): str(v) for k, v in (meta.get("HTTPHeaders") or {}).items()}
+            code = str(err.get("Code") or meta.get("HTTPStatusCode") or "error")
+            status = meta.get("HTTPStatusCode")
+            retry_after: float | None = None
+            if headers.get("retry-after"):
+                with contextlib.suppress(ValueError):
+                    retry_after = float(headers["retry-after"])
+            outcome = (
+                "failed_retryable"
+                if code in _RETRYABLE_CODES
+                else classify_http_error(int(status) if status else None, None)
+            )
+            result = ItemResult(custom_id, outcome, error_code=code, error_message=err.get("Message"))
+            return RealtimeReply(result, retry_after=retry_after)
+        except (BotoCoreError, OSError, ValueError) as exc:
+            return RealtimeReply(
+                ItemResult(
+                    custom_id, "failed_retryable", error_code=type(exc).__name__, error_message=str(exc)
+                )
+            )
+        try:
+            return RealtimeReply(output_result(custom_id, payload))
+        except (ValueError, AttributeError, TypeError) as exc:
+            return RealtimeReply(
+                ItemResult(
+                    custom_id, "failed_retryable", error_code="malformed_output", error_message=str(exc)
+                )
+            )
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+        self._client = None
+
+
+class BedrockBatchAdapter(BatchAdapter):
+    """Amazon Bedrock batch inference; see the module docstring for the connection and the limits."""
+
+    name: ClassVar[str] = "bedrock"
+    conn_type: ClassVar[str] = "bedrock_batch"
+    limits: ClassVar[Limits] = Limits(
+        max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS
+    )
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        super().__init__(settings)
+        self._bedrock: Any = None
+        self._s3: Any = None
+
+    # -- clients and settings ------------------------------------------------------------------
+
+    def _config(self) -> Any:
+        from botocore.config import Config
+
+        return Config(
+            retries={"max_attempts": int(self.settings.extra.get("max_retries", 3)) + 1, "mode": "standard"}
+        )
+
+    @property
+    def bedrock(self) -> Any:
+        """The blocking ``bedrock`` control-plane client, built on first use."""
+        if self._bedrock is None:
+            import boto3
+
+            self._bedrock = boto3.session.Session().client(
+                "bedrock",
+                endpoint_url=_bedrock_endpoint(self.settings),
+                config=self._config(),
+                **_session_kwargs(self.settings),
+            )
+        return self._bedrock
+
+    @property
+    def s3(self) -> Any:
+        """The blocking S3 client (endpoint from the ``s3_endpoint_url`` extra), built on first use."""
+        if self._s3 is None:
+            import boto3
+
+            self._s3 = boto3.session.Session().client(
+                "s3",
+                endpoint_url=self.settings.extra.get("s3_endpoint_url") or None,
+                config=self._config(),
+                **_session_kwargs(self.settings),
+            )
+        return self._s3
+
+    @property
+    def min_records(self) -> int:
+        """Fewest records a job may hold (extra ``min_records``, default 100)."""
+        return int(self.settings.extra.get("min_records", self.limits.min_requests))
+
+    @property
+    def input_uri(self) -> str:
+        """Where chunks are staged: ``s3://bucket/prefix`` without a trailing slash."""
+        extra = self.settings.extra
+        uri = extra.get("s3_uri")
+        if not uri and extra.get("input_bucket"):
+            uri = f"s3://{extra['input_bucket']}/{str(extra.get('input_prefix') or '').strip('/')}"
+        if not uri:
+            raise ConfigurationError(
+                "the Bedrock connection has no staging location; set the extra s3_uri to an S3 prefix the "
+                'Bedrock service role can read, e.g. {"s3_uri": "s3://my-bucket/llm-batch/input"}.'
+            )
+        return str(uri).rstrip("/")
+
+    @property
+    def output_uri(self) -> str:
+        """Where Bedrock writes outputs (extra ``output_s3_uri``, default ``<s3_uri>/output``)."""
+        uri = self.settings.extra.get("output_s3_uri")
+        return str(uri).rstrip("/") if uri else f"{self.input_uri}/output"
+
+    @property
+    def role_arn(self) -> str:
+        """The service role Bedrock assumes (extra ``role_arn``)."""
+        role = self.settings.extra.get("role_arn")
+        if not role:
+            raise ConfigurationError(
+                "the Bedrock connection has no role_arn; set the extra role_arn to the service role that "
+                "Bedrock assumes to read the input and write the output (arn:aws:iam::<account>:role/<name>)."
+            )
+        return str(role)
+
+    # -- formatting ----------------------------------------------------------------------------
+
+    def model_input(self, request: CanonicalRequest) -> dict[str, Any]:
+        """Return the model's native ``InvokeModel`` body for a canonical request.
+
+        :param request: the canonical request
+        :raises ConfigurationError: the model is not one of the families this adapter formats
+        """
+        family = model_family(request.model)
+        params = dict(request.params)
+        if request.kind == "embedding" or family == "titan-embed":
+            if family != "titan-embed":
+                raise ConfigurationError(
+                    f"model {request.model!r} is not a Bedrock embedding model this adapter formats; use "
+                    "amazon.titan-embed-text-v2:0 (or another amazon.titan-embed-* model)."
+                )
+            body: dict[str, Any] = {"inputText": request.text}
+            if "dimensions" in params:
+                body["dimensions"] = params["dimensions"]
+            if "normalize" in params:
+                body["normalize"] = params["normalize"]
+            return body
+        max_tokens = int(
+            params.get("max_tokens") or params.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+        )
+        stop = params.get("stop_sequences", params.get("stop"))
+        if isinstance(stop, str):
+            stop = [stop]
+        if family == "anthropic":
+            body = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": max_tokens}
+            if request.system:
+                # The shared prefix goes first; extra cache_system_prompt marks it for Anthropic's cache.
+                if self.settings.extra.get("cache_system_prompt"):
+                    body["system"] = [
+                        {"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}
+                    ]
+                else:
+                    body["system"] = request.system
+            body["messages"] = [
+                {"role": m.get("role", "user"), "content": m.get("content", "")} for m in request.messages
+            ]
+            for name in ("temperature", "top_p", "top_k"):
+                if name in params:
+                    body[name] = params[name]
+            if stop:
+                body["stop_sequences"] = list(stop)
+            return body
+        if family == "nova":
+            inference: dict[str, Any] = {"maxTokens": max_tokens}
+            for ours, theirs in (("temperature", "temperature"), ("top_p", "topP"), ("top_k", "topK")):
+                if ours in params:
+                    inference[theirs] = params[ours]
+            if stop:
+                inference["stopSequences"] = list(stop)
+            body = {"schemaVersion": "messages-v1"}
+            if request.system:
+                body["system"] = [{"text": request.system}]
+            body["messages"] = [
+                {"role": m.get("role", "user"), "content": [{"text": str(m.get("content", ""))}]}
+                for m in request.messages
+            ]
+            body["inferenceConfig"] = inference
+            return body
+        raise ConfigurationError(
+            f"model {request.model!r} is not a Bedrock model family this adapter formats; use an "
+            "anthropic.* (Claude), amazon.nova-* or amazon.titan-embed-* model id."
+        )
+
+    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+        line = {"recordId": custom_id, "modelInput": self.model_input(request)}
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        from botocore.exceptions import ClientError
+
+        bucket, prefix = _split_s3(self.input_uri)
+        key = f"{prefix}/{name}" if prefix else name
+        uri = f"s3://{bucket}/{key}"
+        try:
+            head = self.s3.head_object(Bucket=bucket, Key=key)
+            if int(head["ContentLength"]) == size:
+                return InputRef("uri", uri)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        with tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024) as spool:
+            records = 0
+            while block := chunk.read(1 << 20):
+                records += block.count(b"\n")
+                last = block[-1:]
+                spool.write(block)
+            if size and last != b"\n":
+                records += 1
+            spool.seek(0)
+            self.s3.upload_fileobj(
+                spool,
+                bucket,
+                key,
+                ExtraArgs={"ContentType": "application/jsonl", "Metadata": {RECORDS_METADATA: str(records)}},
+            )
+        return InputRef("uri", uri)
+
+    def _records(self, uri: str) -> int | None:
+        """Return the record count of a staged object (from its metadata, else by counting lines)."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = _split_s3(uri)
+        try:
+            head = self.s3.head_object(Bucket=bucket, Key=key)
+        except ClientError:
+            return None
+        meta = head.get("Metadata") or {}
+        if RECORDS_METADATA in meta:
+            return int(meta[RECORDS_METADATA])
+        body = self.s3.get_object(Bucket=bucket, Key=key)["Body"]
+        return sum(1 for line in body.iter_lines() if line.strip())
+
+    def submit(
+        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+    ) -> BatchRef:
+        found = self.find(key)
+        if found is not None:
+            return found
+        if input_ref.kind != "uri" or not input_ref.value.startswith("s3://"):
+            raise SubmitError(
+                f"Bedrock reads its input from S3; got {input_ref.kind} {input_ref.value!r}. Stage the chunk "
+                "with this adapter's stage() first."
+            )
+        records = self._records(input_ref.value)
+        if records is not None and records < self.min_records:
+            raise SubmitError(
+                f"chunk {input_ref.value} holds {records} records, below Bedrock's minimum of "
+                f"{self.min_records} records per batch job, so no job was created (nothing is padded). "
+                f"Merge: set max_requests_per_chunk to at least {self.min_records} so chunks stay large; "
+                "or send this workload through the synchronous path (the sync fallback) when runs are "
+                "this small; or, if your account's quota is lower, set the connection extra min_records."
+            )
+        model = str(metadata.get("model") or self.settings.extra.get("model_id") or "")
+        if not model:
+            model = self._model_from_input(input_ref.value)
+        request: dict[str, Any] = {
+            "jobName": job_name(key),
+            "roleArn": self.role_arn,
+            "modelId": model,
+            "clientRequestToken": request_token(key),
+            "inputDataConfig": {"s3InputDataConfig": {"s3Uri": input_ref.value, "s3InputFormat": "JSONL"}},
+            "outputDataConfig": {"s3OutputDataConfig": {"s3Uri": self.output_uri + "/"}},
+            "timeoutDurationInHours": int(self.settings.extra.get("timeout_hours", 24)),
+        }
+        tags = [
+            {"key": k[:128], "value": str(v)[:256]}
+            for k, v in metadata.items()
+            if k != "model" and re.fullmatch(r"[a-zA-Z0-9\s._:/=+@-]*", str(v)[:256])
+        ][:50]
+        if tags:
+            request["tags"] = tags
+        response = self.bedrock.create_model_invocation_job(**request)
+        del kind
+        return BatchRef(self.name, str(response["jobArn"]), key)
+
+    def _model_from_input(self, uri: str) -> str:
+        """Read the model id from the staged chunk's first line (the chunk knows its model only there)."""
+        del uri
+        raise SubmitError(
+            "Bedrock needs the model id at job creation; pass it in the submit metadata as 'model' "
+            "or set the connection extra model_id."
+        )
+
+    def find(self, key: str) -> BatchRef | None:
+        name = job_name(key)
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"nameContains": name, "maxResults": 100}
+            if token:
+                kwargs["nextToken"] = token
+            page = self.bedrock.list_model_invocation_jobs(**kwargs)
+            for job in page.get("invocationJobSummaries") or []:
+                if job.get("jobName") == name:
+                    return BatchRef(self.name, str(job["jobArn"]), key)
+            token = page.get("nextToken")
+            if not token:
+                return None
+
+    def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(self.bedrock.get_model_invocation_job(jobIdentifier=ref.batch_id))
+
+    def async_client(self) -> AsyncStatusClient:
+        return _AsyncBedrockStatus(self.settings)
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        return _AsyncBedrockRealtime(self)
+
+    def _output_folder(self, ref: BatchRef) -> tuple[str, str]:
+        job = self.bedrock.get_model_invocation_job(jobIdentifier=ref.batch_id)
+        uri = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
+        bucket, prefix = _split_s3(uri)
+        return bucket, "/".join(p for p in (prefix, job_id(ref.batch_id)) if p) + "/"
+
+    def download(self, ref: BatchRef, kind: Literal["output", "errors"], sink: IO[bytes]) -> int:
+        if kind == "errors":
+            return 0  # Bedrock writes error lines into the same .out file as the outputs
+        bucket, folder = self._output_folder(ref)
+        keys: list[str] = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+            keys.extend(
+                obj["Key"]
+                for obj in page.get("Contents", [])
+                if obj["Key"].endswith(".out") and not obj["Key"].endswith("manifest.json.out")
+            )
+        written = 0
+        for key in sorted(keys):
+            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"]
+            ended = True
+            for piece in body.iter_chunks(chunk_size=1 << 20):
+                sink.write(piece)
+                written += len(piece)
+                ended = piece.endswith(b"\n")
+            if not ended:
+                sink.write(b"\n")
+                written += 1
+        return written
+
+    def manifest(self, ref: BatchRef) -> dict[str, Any] | None:
+        """Return the job's ``manifest.json.out`` (record and token counts), or ``None`` if not written.
+
+        :param ref: the job
+        """
+        from botocore.exceptions import ClientError
+
+        bucket, folder = self._output_folder(ref)
+        try:
+            body = self.s3.get_object(Bucket=bucket, Key=folder + "manifest.json.out")["Body"].read()
+        except ClientError:
+            return None
+        data = json.loads(body)
+        return dict(data) if isinstance(data, Mapping) else None
+
+    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
+        for number, raw in enumerate(lines, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            custom_id: str | None = None
+            try:
+                line = json.loads(text)
+                if not isinstance(line, Mapping):
+                    raise TypeError("line is not a JSON object")
+                if "recordId" not in line and "totalRecordCount" in line:
+                    continue  # a manifest.json.out read through the same stream
+                custom_id = line["recordId"]
+                if not isinstance(custom_id, str):
+                    raise TypeError("recordId is not a string")
+                error = line.get("error")
+                if error is not None:
+                    if not isinstance(error, Mapping):
+                        error = {"errorCode": None, "errorMessage": str(error)}
+                    yield error_result(custom_id, error)
+                    continue
+                output = line["modelOutput"]
+                if not isinstance(output, Mapping):
+                    raise TypeError("modelOutput is not an object")
+                yield output_result(custom_id, output)
+            except (ValueError, KeyError, TypeError) as exc:
+                yield MalformedLine(
+                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace"), custom_id
+                )
+
+    def cancel(self, ref: BatchRef) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.bedrock.stop_model_invocation_job(jobIdentifier=ref.batch_id)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("ValidationException", "ConflictException") and self.status(ref).terminal:
+                return  # it ended before the stop arrived: completed work stays downloadable
+            raise

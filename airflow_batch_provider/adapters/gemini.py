@@ -1,0 +1,835 @@
+"""Gemini Batch Mode through the official ``google-genai`` SDK, and Vertex AI batch prediction.
+
+The SDK is imported inside functions only, so importing this module is free.
+
+**Gemini Developer API** (the default). A chunk is a JSONL file with one
+``{"key": <custom_id>, "request": <GenerateContentRequest>}`` per line (``EmbedContentRequest``
+for embeddings), uploaded with the Files API's resumable protocol (``client.files.upload``),
+then ``client.batches.create(model=..., src="files/...", config={"display_name": key})``
+(``client.batches.create_embeddings`` for embeddings). Results come back as one JSONL file,
+``{"key", "response": GenerateContentResponse}`` or ``{"key", "error": {code, message, status}}``
+per line, downloaded with ``client.files.download`` and streamed to the sink; Gemini has no
+separate error file, so :meth:`GeminiBatchAdapter.download` of ``errors`` writes nothing.
+
+*Inline or file.* A chat chunk no larger than the connection extra ``inline_max_bytes``
+(default ``0``: always a file; the API's ceiling is 20 MB) is sent inline
+(``src=[InlinedRequest(..., metadata={"key": custom_id})]``), saving the upload; its responses
+arrive inside the batch object and are written to the sink in the same line format. Files are the
+default because inline results ride on every later ``batches.get`` of the finished job (the
+triggerer would fetch the whole result set) and because a file upload is reused by name on a
+retry. Embedding chunks always use a file: the inline embedding form takes one shared config and
+no per-request key.
+
+*Model.* The batch's model is part of the create call, not of the contract's ``submit``
+arguments; every line carries its ``request.model`` (the API accepts it; the emulator checks
+it), and :meth:`~GeminiBatchAdapter.stage` reads it from the chunk's first line. A ``model`` in
+``submit``'s metadata, or the connection extra ``model``, wins.
+
+*Idempotency.* The batch's ``display_name`` is the idempotency key; :meth:`find` lists batches
+(newest first, up to ``find_scan_limit``) and matches it. Uploads are named (``display_name``)
+after the key and reused when a file of the same name and size exists. Gemini batches take no
+labels, so ``submit``'s metadata is not attached.
+
+*Progress counts.* The SDK's ``BatchJob`` does not expose the Developer API's ``batchStats``, so
+:class:`BatchStatus` counts are 0 there (the contract's "unknown"); Vertex jobs report
+``completion_stats``.
+
+*States.* ``JOB_STATE_*`` (and the API's own ``BATCH_STATE_*``): ``QUEUED``/``PENDING`` ->
+``validating``; ``RUNNING``/``UPDATING``/``PAUSED`` -> ``in_progress``; ``SUCCEEDED``/
+``PARTIALLY_SUCCEEDED`` -> ``completed``; ``FAILED`` -> ``failed``; ``CANCELLING`` ->
+``cancelling``; ``CANCELLED`` -> ``cancelled``; ``EXPIRED`` -> ``expired``.
+
+*Per-item errors.* HTTP 408/409/429/5xx and the ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``,
+``INTERNAL`` statuses are retryable; 400 and other 4xx are permanent; ``CANCELLED`` items are
+``cancelled``; ``DEADLINE_EXCEEDED`` items (not run before the batch expired) are ``expired``.
+gRPC integer codes are mapped to their HTTP equivalents first. A response without a candidate
+(prompt blocked) or with a candidate stopped for safety without text is permanent.
+
+*Prompt caching.* The shared prefix goes into ``systemInstruction``, first and byte-identical
+across items, which is what Gemini's implicit caching keys on (``cachedContentTokenCount`` in the
+usage). Explicit context caches (``client.caches``) are not used in batches: they are per-model
+resources with a TTL billed per hour, which a day-long batch window would keep alive for nothing.
+
+**Vertex AI** (connection extras ``{"vertexai": true, "project": ..., "location": ...,
+"gcs_prefix": "gs://bucket/folder"}``; credentials from Application Default Credentials). The
+chunk is written to ``<gcs_prefix>/input/<name>`` (through ``fsspec``/``gcsfs``; skipped when an
+object of that size is there) and the job is created with ``src="gs://..."`` and
+``dest="<gcs_prefix>/output/<key>/"``; results are read from the ``predictions*.jsonl`` files
+under the destination. This path needs GCS and is not exercised by the test suite beyond request
+building. Embedding batches are a Developer API feature (``create_embeddings``); a Vertex
+connection refuses them with a clear error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
+
+from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncRealtimeClient,
+    AsyncStatusClient,
+    BatchAdapter,
+    BatchRef,
+    BatchState,
+    BatchStatus,
+    InputRef,
+    Limits,
+    RealtimeReply,
+)
+from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
+from airflow_batch_provider.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from google import genai
+
+DEFAULT_API_VERSION: Final = "v1beta"
+INLINE_CEILING_BYTES: Final = 20 * 1024 * 1024
+
+#: Provider state (``JOB_STATE_*`` or ``BATCH_STATE_*`` suffix) -> neutral state.
+STATE_MAP: Final[dict[str, BatchState]] = {
+    "UNSPECIFIED": "validating",
+    "QUEUED": "validating",
+    "PENDING": "validating",
+    "RUNNING": "in_progress",
+    "UPDATING": "in_progress",
+    "PAUSED": "in_progress",
+    "SUCCEEDED": "completed",
+    "PARTIALLY_SUCCEEDED": "completed",
+    "FAILED": "failed",
+    "CANCELLING": "cancelling",
+    "CANCELLED": "cancelled",
+    "EXPIRED": "expired",
+}
+
+#: ``google.rpc.Code`` number -> HTTP status.
+GRPC_TO_HTTP: Final[dict[int, int]] = {
+    1: 499,
+    2: 500,
+    3: 400,
+    4: 504,
+    5: 404,
+    6: 409,
+    7: 403,
+    8: 429,
+    9: 400,
+    10: 409,
+    11: 400,
+    12: 501,
+    13: 500,
+    14: 503,
+    15: 500,
+    16: 401,
+}
+_RETRYABLE_STATUS: Final = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"})
+#: Canonical (OpenAI-style) generation parameters -> Gemini ``generationConfig`` fields.
+_GENERATION_PARAMS: Final[dict[str, str]] = {
+    "max_tokens": "maxOutputTokens",
+    "max_completion_tokens": "maxOutputTokens",
+    "max_output_tokens": "maxOutputTokens",
+    "temperature": "temperature",
+    "top_p": "topP",
+    "top_k": "topK",
+    "seed": "seed",
+    "n": "candidateCount",
+    "candidate_count": "candidateCount",
+    "presence_penalty": "presencePenalty",
+    "frequency_penalty": "frequencyPenalty",
+}
+_EMBED_PARAMS: Final[dict[str, str]] = {
+    "dimensions": "outputDimensionality",
+    "output_dimensionality": "outputDimensionality",
+    "outputDimensionality": "outputDimensionality",
+    "task_type": "taskType",
+    "taskType": "taskType",
+    "title": "title",
+}
+_BLOCKED_FINISH: Final = frozenset(
+    {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "LANGUAGE"}
+)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _model_path(model: str) -> str:
+    return model if model.startswith(("models/", "tunedModels/")) else f"models/{model}"
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content if p
+        ).strip()
+    return "" if content is None else str(content)
+
+
+def generation_config(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Translate canonical generation parameters into a Gemini ``generationConfig``.
+
+    OpenAI-style names (``max_tokens``, ``top_p``, ``stop``, ``response_format``) are mapped;
+    other names pass through camel-cased (``response_mime_type`` -> ``responseMimeType``), so
+    Gemini-only settings (``thinking_config`` ...) can be given too.
+
+    :param params: the prompt's parameters
+    """
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if name in _GENERATION_PARAMS:
+            out[_GENERATION_PARAMS[name]] = value
+        elif name == "stop":
+            out["stopSequences"] = [value] if isinstance(value, str) else list(value)
+        elif name == "response_format":
+            kind = value.get("type") if isinstance(value, Mapping) else None
+            if kind in ("json_object", "json_schema"):
+                out["responseMimeType"] = "application/json"
+            if kind == "json_schema":
+                schema = (value.get("json_schema") or {}).get("schema")
+                if schema is not None:
+                    out["responseJsonSchema"] = schema
+        else:
+            out[_camel(name)] = value
+    return out
+
+
+def rest_request(request: CanonicalRequest) -> dict[str, Any]:
+    """Return the request as Gemini REST JSON: ``GenerateContentRequest`` or ``EmbedContentRequest``.
+
+    Chat: the system prompt (and any ``system`` messages) becomes ``systemInstruction``, placed
+    first for implicit caching; ``assistant`` turns become ``model`` turns. Embedding: the input
+    text becomes ``content``; ``dimensions``, ``task_type`` and ``title`` are mapped.
+
+    :param request: the canonical request
+    :raises ConfigurationError: an embedding parameter Gemini does not know
+    """
+    if request.kind == "embedding":
+        body: dict[str, Any] = {
+            "model": _model_path(request.model),
+            "content": {"parts": [{"text": request.text}]},
+        }
+        for name, value in request.params.items():
+            if name not in _EMBED_PARAMS:
+                raise ConfigurationError(
+                    f"embedding parameter {name!r} of prompt {request.prompt_version!r} is not supported by "
+                    f"Gemini; use {sorted(set(_EMBED_PARAMS) - {'outputDimensionality', 'taskType'})}."
+                )
+            body[_EMBED_PARAMS[name]] = value
+        return body
+    system_parts = [request.system] if request.system else []
+    contents: list[dict[str, Any]] = []
+    for message in request.messages:
+        role = str(message.get("role", "user"))
+        text = _text_of(message.get("content"))
+        if role in ("system", "developer"):
+            system_parts.append(text)
+            continue
+        contents.append({"role": "model" if role == "assistant" else "user", "parts": [{"text": text}]})
+    body = {"model": _model_path(request.model), "contents": contents}
+    if system_parts:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system_parts)}]}
+    config = generation_config(request.params)
+    if config:
+        body["generationConfig"] = config
+    return body
+
+
+def http_options(settings: AdapterSettings, *, attempts: int | None = None) -> dict[str, Any]:
+    """Return the SDK's ``HttpOptions`` (as a dict) for a connection.
+
+    The Developer API is pinned to ``v1beta`` (extra ``api_version``), the version that serves
+    Batch Mode; ``base_url`` is the connection host (the emulator in tests).
+
+    :param settings: the connection settings
+    :param attempts: total attempts per call (``1``: no SDK retries); default ``max_retries + 1``
+    """
+    extra = settings.extra
+    tries = attempts if attempts is not None else int(extra.get("max_retries", 3)) + 1
+    options: dict[str, Any] = {
+        "timeout": int(float(extra.get("timeout", 120.0)) * 1000),
+        "retry_options": {"attempts": max(1, tries)},
+    }
+    if settings.base_url:
+        options["base_url"] = settings.base_url
+    if not extra.get("vertexai"):
+        options["api_version"] = extra.get("api_version", DEFAULT_API_VERSION)
+    elif extra.get("api_version"):
+        options["api_version"] = extra["api_version"]
+    return options
+
+
+def client_kwargs(settings: AdapterSettings, *, attempts: int | None = None) -> dict[str, Any]:
+    """Return ``genai.Client`` keyword arguments for a connection (Developer API or Vertex AI).
+
+    :param settings: the connection settings
+    :param attempts: total attempts per call (see :func:`http_options`)
+    :raises ConfigurationError: a Vertex connection without project or location
+    """
+    extra = settings.extra
+    kwargs: dict[str, Any] = {"http_options": http_options(settings, attempts=attempts)}
+    if extra.get("vertexai"):
+        missing = [k for k in ("project", "location") if not extra.get(k)]
+        if missing:
+            raise ConfigurationError(
+                f"a Vertex AI Gemini connection needs {missing} in its extras, e.g. "
+                '{"vertexai": true, "project": "my-project", "location": "us-central1", '
+                '"gcs_prefix": "gs://bucket/llm-batch"}.'
+            )
+        kwargs.update(vertexai=True, project=extra["project"], location=extra["location"])
+        if settings.api_key:
+            kwargs["api_key"] = settings.api_key
+    else:
+        if not settings.api_key:
+            raise ConfigurationError(
+                "the Gemini connection has no API key; put the key in the connection's password field."
+            )
+        kwargs["api_key"] = settings.api_key
+    return kwargs
+
+
+def state_of(raw: str) -> BatchState:
+    """Map a provider state (``JOB_STATE_*`` or ``BATCH_STATE_*``) to the neutral state.
+
+    Unknown states count as ``in_progress`` (the trigger keeps polling and logs the raw state).
+
+    :param raw: the provider's state
+    """
+    suffix = re.sub(r"^(JOB|BATCH)_STATE_", "", raw.upper())
+    return STATE_MAP.get(suffix, "in_progress")
+
+
+def _status(job: Any) -> BatchStatus:
+    state = job.state
+    raw = str(getattr(state, "value", state) or "JOB_STATE_UNSPECIFIED")
+    neutral = state_of(raw)
+    stats = getattr(job, "completion_stats", None)
+    completed = int(getattr(stats, "successful_count", 0) or 0) if stats else 0
+    failed = int(getattr(stats, "failed_count", 0) or 0) if stats else 0
+    incomplete = int(getattr(stats, "incomplete_count", 0) or 0) if stats else 0
+    error = getattr(job, "error", None)
+    reason = None
+    if error is not None and (error.message or error.code):
+        reason = f"{error.code}: {error.message}" if error.code else str(error.message)
+    elif neutral in ("failed", "expired"):
+        reason = f"Gemini reported {raw} for {job.name} without an error message"
+    return BatchStatus(
+        state=neutral,
+        total=completed + failed + max(incomplete, 0),
+        completed=completed,
+        failed=failed,
+        reason=reason,
+        raw_state=raw,
+    )
+
+
+def _usage(meta: Mapping[str, Any] | None, fallback_prompt: int = 0) -> Usage:
+    meta = meta or {}
+    prompt = int(meta.get("promptTokenCount") or fallback_prompt or 0)
+    cached = int(meta.get("cachedContentTokenCount") or 0)
+    output = int(meta.get("candidatesTokenCount") or 0) + int(meta.get("thoughtsTokenCount") or 0)
+    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=output, cached_input_tokens=cached)
+
+
+def classify_error(code: Any, status: str | None) -> Outcome:
+    """Map a per-item error (HTTP or gRPC ``code``, ``google.rpc.Code`` name) to an outcome.
+
+    :param code: the error's ``code`` (HTTP status or gRPC number)
+    :param status: the error's ``status`` name, if any
+    """
+    name = (status or "").upper()
+    try:
+        number = int(code) if code is not None else None
+    except (TypeError, ValueError):
+        number = None
+    http = GRPC_TO_HTTP.get(number, number) if number is not None and number < 100 else number
+    if name == "CANCELLED" or http == 499:
+        return "cancelled"
+    if name == "DEADLINE_EXCEEDED":
+        return "expired"
+    if name in _RETRYABLE_STATUS:
+        return "failed_retryable"
+    return classify_http_error(http, None)
+
+
+def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
+    """Turn one parsed result line (``response`` or ``error``/``status``) into a neutral result.
+
+    :param custom_id: the line's key
+    :param line: the parsed line
+    """
+    error = line.get("error")
+    status = line.get("status")
+    if not error and isinstance(status, Mapping) and status:
+        error = status
+    if not error and isinstance(status, str) and status:  # Vertex: a non-empty status string
+        error = {"message": status}
+    if error:
+        err = error if isinstance(error, Mapping) else {"message": str(error)}
+        code = err.get("code")
+        name = err.get("status")
+        return ItemResult(
+            custom_id,
+            classify_error(code, name),
+            error_code=str(name or code or "error"),
+            error_message=err.get("message"),
+            raw={"code": code},
+        )
+    response = line.get("response")
+    if not isinstance(response, Mapping):
+        return ItemResult(
+            custom_id,
+            "failed_retryable",
+            error_code="no_response",
+            error_message="line has neither response nor error",
+        )
+    if "embedding" in response or "embeddings" in response:
+        emb = response.get("embedding") or (response.get("embeddings") or [{}])[0]
+        values = emb.get("values") if isinstance(emb, Mapping) else None
+        tokens = int(response.get("tokenCount") or 0)
+        return ItemResult(
+            custom_id, "succeeded", output=values, usage=_usage(response.get("usageMetadata"), tokens)
+        )
+    usage = _usage(response.get("usageMetadata"))
+    candidates = response.get("candidates") or []
+    feedback = response.get("promptFeedback") or {}
+    if not candidates:
+        reason = feedback.get("blockReason") or "NO_CANDIDATES"
+        return ItemResult(
+            custom_id,
+            "failed_permanent",
+            usage=usage,
+            error_code=f"blocked:{reason}",
+            error_message=f"the prompt was blocked ({reason}); change the input or the safety settings",
+        )
+    first = candidates[0]
+    parts = (first.get("content") or {}).get("parts") or []
+    text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and not p.get("thought"))
+    finish = first.get("finishReason")
+    if finish in _BLOCKED_FINISH and not text:
+        return ItemResult(
+            custom_id,
+            "failed_permanent",
+            usage=usage,
+            error_code=f"finish:{finish}",
+            error_message=f"generation stopped ({finish}) without output",
+        )
+    return ItemResult(
+        custom_id,
+        "succeeded",
+        output=text,
+        usage=usage,
+        raw={
+            "finish_reason": finish,
+            "response_id": response.get("responseId"),
+            "model_version": response.get("modelVersion"),
+        },
+    )
+
+
+class _CountingWriter(io.RawIOBase):
+    """A writable stream that forwards to ``sink`` and counts bytes."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        super().__init__()
+        self._sink = sink
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self._sink.write(chunk)
+        self.count += len(chunk)
+        return len(chunk)
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    data: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data.pop("sdkHttpResponse", None)
+    return data
+
+
+def _peek(chunk: IO[bytes]) -> tuple[str | None, bool]:
+    """Return the model of a chunk's first line and whether it is a chat (``contents``) request."""
+    start = chunk.tell()
+    first = chunk.readline()
+    chunk.seek(start)
+    try:
+        request = json.loads(first).get("request") or {}
+    except (ValueError, AttributeError):
+        return None, False
+    model = request.get("model")
+    return (str(model) if model else None), "contents" in request
+
+
+def vertex_create_args(model: str, uri: str, key: str, gcs_prefix: str) -> dict[str, Any]:
+    """Return ``client.batches.create`` arguments of a Vertex AI batch prediction job.
+
+    :param model: the model (``gemini-2.5-flash`` or ``models/...``)
+    :param uri: the ``gs://`` input file
+    :param key: the idempotency key (display name and output folder)
+    :param gcs_prefix: the connection's ``gs://`` prefix
+    """
+    if not uri.startswith("gs://") or not gcs_prefix.startswith("gs://"):
+        raise ConfigurationError(
+            f"Vertex AI batch input and output must be gs:// URIs (got {uri!r} and {gcs_prefix!r}); "
+            'set the connection extra "gcs_prefix" to a gs:// folder.'
+        )
+    return {
+        "model": model.removeprefix("models/"),
+        "src": uri,
+        "config": {"display_name": key, "dest": f"{gcs_prefix.rstrip('/')}/output/{key}/"},
+    }
+
+
+class _AsyncGeminiStatus(AsyncStatusClient):
+    def __init__(self, settings: AdapterSettings) -> None:
+        from google import genai
+
+        self._client = genai.Client(**client_kwargs(settings, attempts=1))
+
+    async def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(await self._client.aio.batches.get(name=ref.batch_id))
+
+    async def close(self) -> None:
+        await self._client.aio.aclose()
+
+
+def _retry_after(exc: Any) -> float | None:
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    value = headers.get("retry-after") if hasattr(headers, "get") else None
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    details = getattr(exc, "details", None) or {}
+    error = details.get("error") if isinstance(details, Mapping) else None
+    for detail in (error or {}).get("details") or []:
+        delay = detail.get("retryDelay") if isinstance(detail, Mapping) else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return float(delay[:-1])
+            except ValueError:
+                continue
+    return None
+
+
+class _GeminiRealtime(AsyncRealtimeClient):
+    def __init__(self, settings: AdapterSettings) -> None:
+        from google import genai
+
+        self._client = genai.Client(**client_kwargs(settings, attempts=1))
+
+    async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
+        from google.genai import errors, types
+
+        body = rest_request(request)
+        aio = self._client.aio
+        try:
+            if request.kind == "embedding":
+                config = {k: v for k, v in body.items() if k not in ("model", "content")}
+                emb = await aio.models.embed_content(
+                    model=request.model,
+                    contents=request.text,
+                    config=types.EmbedContentConfig.model_validate(config) if config else None,
+                )
+                values = emb.embeddings[0].values if emb.embeddings else None
+                meta = _dump(emb).get("usageMetadata") or {}
+                line: dict[str, Any] = {"response": {"embedding": {"values": values}, "usageMetadata": meta}}
+            else:
+                gen_config = dict(body.get("generationConfig") or {})
+                if "systemInstruction" in body:
+                    gen_config["systemInstruction"] = body["systemInstruction"]
+                response = await aio.models.generate_content(
+                    model=request.model,
+                    contents=[types.Content.model_validate(c) for c in body["contents"]],
+                    config=types.GenerateContentConfig.model_validate(gen_config) if gen_config else None,
+                )
+                line = {"response": _dump(response)}
+        except errors.APIError as exc:
+            headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+            rate = {
+                k.lower(): str(v) for k, v in dict(headers).items() if k.lower().startswith("x-ratelimit")
+            }
+            return RealtimeReply(
+                ItemResult(
+                    custom_id,
+                    classify_error(exc.code, exc.status),
+                    error_code=str(exc.status or exc.code),
+                    error_message=exc.message,
+                    raw={"code": exc.code},
+                ),
+                retry_after=_retry_after(exc),
+                rate_limit=rate,
+            )
+        return RealtimeReply(result_from_line(custom_id, line))
+
+    async def close(self) -> None:
+        await self._client.aio.aclose()
+
+
+class GeminiBatchAdapter(BatchAdapter):
+    """Gemini Batch Mode (Developer API) and Vertex AI batch prediction.
+
+    Connection: password = API key, host = API base URL (optional; the emulator in tests).
+    Extras: ``api_version`` (default ``v1beta``), ``inline_max_bytes`` (default 0, at most 20 MB),
+    ``find_scan_limit`` (default 1000), ``max_retries``, ``timeout``, ``model`` (fallback batch
+    model); Vertex: ``vertexai``, ``project``, ``location``, ``gcs_prefix``.
+    """
+
+    name: ClassVar[str] = "gemini"
+    conn_type: ClassVar[str] = "gemini_batch"
+    #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
+    #: chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
+    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024)
+
+    def __init__(self, settings: AdapterSettings) -> None:
+        super().__init__(settings)
+        self._client_obj: genai.Client | None = None
+        self._models: dict[str, str] = {}
+        self._inline: dict[str, list[dict[str, Any]]] = {}
+
+    @property
+    def client(self) -> genai.Client:
+        """The SDK client, built on first use."""
+        if self._client_obj is None:
+            from google import genai
+
+            self._client_obj = genai.Client(**client_kwargs(self.settings))
+        return self._client_obj
+
+    @property
+    def vertex(self) -> bool:
+        """True for a Vertex AI connection."""
+        return bool(self.settings.extra.get("vertexai"))
+
+    @property
+    def inline_max_bytes(self) -> int:
+        """Chunks up to this size are sent inline (chat only)."""
+        value = int(self.settings.extra.get("inline_max_bytes", 0))
+        if value > INLINE_CEILING_BYTES:
+            raise ConfigurationError(
+                f"inline_max_bytes={value} exceeds Gemini's 20 MB inline request limit; use at most "
+                f"{INLINE_CEILING_BYTES}."
+            )
+        return value
+
+    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+        line = {"key": custom_id, "request": rest_request(request)}
+        return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
+            source: IO[bytes] = chunk
+            if not chunk.seekable():
+                shutil.copyfileobj(chunk, spool)
+                spool.seek(0)
+                source = spool  # type: ignore[assignment]
+            model, chat = _peek(source)
+            if self.vertex:
+                ref = self._stage_gcs(source, name, size)
+            elif chat and 0 < size <= self.inline_max_bytes:
+                self._inline[name] = [json.loads(raw) for raw in source if raw.strip()]
+                ref = InputRef("inline", name)
+            else:
+                ref = self._upload(source, name, size)
+        if model:
+            self._models[ref.value] = model
+        return ref
+
+    def _upload(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+        for i, existing in enumerate(self.client.files.list(config={"page_size": 100})):
+            if i >= scan:
+                break
+            if existing.display_name == name and int(existing.size_bytes or 0) == size and existing.name:
+                return InputRef("file", existing.name)
+        uploaded = self.client.files.upload(file=chunk, config={"mime_type": "jsonl", "display_name": name})  # type: ignore[arg-type]
+        if not uploaded.name:
+            raise RuntimeError(
+                f"Gemini accepted the upload of {name} but returned no file name; retry the task."
+            )
+        return InputRef("file", uploaded.name)
+
+    def _gcs_prefix(self) -> str:
+        prefix = str(self.settings.extra.get("gcs_prefix") or "")
+        if not prefix.startswith("gs://"):
+            raise ConfigurationError(
+                'a Vertex AI Gemini connection needs the extra "gcs_prefix" (a gs:// folder for batch input and '
+                f"output); got {prefix!r}."
+            )
+        return prefix.rstrip("/")
+
+    def _stage_gcs(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        import fsspec
+
+        uri = f"{self._gcs_prefix()}/input/{name}"
+        fs, path = fsspec.core.url_to_fs(uri)
+        if not (fs.exists(path) and int(fs.size(path) or -1) == size):
+            with fs.open(path, "wb") as out:
+                shutil.copyfileobj(chunk, out, 1 << 20)
+        return InputRef("uri", uri)
+
+    def _model_for(self, input_ref: InputRef, metadata: Mapping[str, str]) -> str:
+        model = metadata.get("model") or self._models.get(input_ref.value) or self.settings.extra.get("model")
+        if not model:
+            raise ConfigurationError(
+                f"no model known for Gemini batch input {input_ref.value!r}: stage it with this adapter first "
+                '(the model is read from the lines), or set the connection extra "model".'
+            )
+        return str(model)
+
+    def submit(
+        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+    ) -> BatchRef:
+        found = self.find(key)
+        if found is not None:
+            return found
+        model = self._model_for(input_ref, metadata)
+        if self.vertex:
+            if kind == "embedding":
+                raise ConfigurationError(
+                    "Vertex AI batch prediction through google-genai has no embeddings batch; use a Gemini "
+                    "Developer API connection (vertexai false) for embedding workloads."
+                )
+            job = self.client.batches.create(
+                **vertex_create_args(model, input_ref.value, key, self._gcs_prefix())
+            )
+        elif input_ref.kind == "inline":
+            entries = self._inline.pop(input_ref.value, None)
+            if entries is None:
+                raise ConfigurationError(
+                    f"inline chunk {input_ref.value!r} is no longer in memory (stage and submit ran in different "
+                    "processes); rerun the submit task, which stages it again."
+                )
+            job = self.client.batches.create(
+                model=model, src=self.inline_requests(entries), config={"display_name": key}
+            )
+        elif kind == "embedding":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # create_embeddings is marked experimental in the SDK
+                job = self.client.batches.create_embeddings(
+                    model=model, src={"file_name": input_ref.value}, config={"display_name": key}
+                )
+        else:
+            job = self.client.batches.create(model=model, src=input_ref.value, config={"display_name": key})
+        if not job.name:
+            raise RuntimeError(
+                f"Gemini created a batch for key {key} but returned no name; the next submit finds it."
+            )
+        return BatchRef(self.name, job.name, key)
+
+    @staticmethod
+    def inline_requests(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Turn parsed JSONL lines into the SDK's ``InlinedRequest`` objects (key in ``metadata``).
+
+        :param entries: ``{"key", "request"}`` lines
+        """
+        from google.genai import types
+
+        out = []
+        for entry in entries:
+            body = dict(entry["request"])
+            config = dict(body.get("generationConfig") or {})
+            if "systemInstruction" in body:
+                config["systemInstruction"] = body["systemInstruction"]
+            out.append(
+                types.InlinedRequest(
+                    contents=[types.Content.model_validate(c) for c in body.get("contents") or []],
+                    config=types.GenerateContentConfig.model_validate(config) if config else None,
+                    metadata={"key": str(entry["key"])},
+                )
+            )
+        return out
+
+    def find(self, key: str) -> BatchRef | None:
+        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+        for i, job in enumerate(self.client.batches.list(config={"page_size": 100})):
+            if i >= scan:
+                break
+            if job.display_name == key and job.name:
+                return BatchRef(self.name, job.name, key)
+        return None
+
+    def status(self, ref: BatchRef) -> BatchStatus:
+        return _status(self.client.batches.get(name=ref.batch_id))
+
+    def async_client(self) -> AsyncStatusClient:
+        return _AsyncGeminiStatus(self.settings)
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        return _GeminiRealtime(self.settings)
+
+    def download(self, ref: BatchRef, kind: Literal["output", "errors"], sink: IO[bytes]) -> int:
+        if kind == "errors":
+            return 0  # Gemini writes errors into the responses file
+        job = self.client.batches.get(name=ref.batch_id)
+        dest = job.dest
+        if dest is None:
+            return 0
+        writer = _CountingWriter(sink)
+        if dest.file_name:
+            self.client.files.download(file=dest.file_name, destination=writer)
+        elif dest.inlined_responses is not None or dest.inlined_embed_content_responses is not None:
+            responses: list[Any] = list(dest.inlined_responses or dest.inlined_embed_content_responses or [])
+            for position, item in enumerate(responses):
+                key = (item.metadata or {}).get("key", f"request-{position + 1}")
+                line: dict[str, Any] = {"key": key}
+                if item.error is not None:
+                    line["error"] = _dump(item.error)
+                elif item.response is not None:
+                    line["response"] = _dump(item.response)
+                writer.write(
+                    json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+                )
+        elif dest.gcs_uri:
+            self._download_gcs(dest.gcs_uri, writer)
+        return writer.count
+
+    @staticmethod
+    def _download_gcs(uri: str, writer: _CountingWriter) -> None:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(uri)
+        for name in sorted(fs.glob(f"{path.rstrip('/')}/**/predictions*.jsonl")):
+            with fs.open(name, "rb") as src:
+                shutil.copyfileobj(src, writer, 1 << 20)
+
+    def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
+        for number, raw in enumerate(lines, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                line = json.loads(text)
+                key = line["key"]
+                if not isinstance(key, str):
+                    raise TypeError("key is not a string")
+            except (ValueError, KeyError, TypeError) as exc:
+                yield MalformedLine(
+                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace")
+                )
+                continue
+            yield result_from_line(key, line)
+
+    def cancel(self, ref: BatchRef) -> None:
+        from google.genai import errors
+
+        try:
+            self.client.batches.cancel(name=ref.batch_id)
+        except errors.APIError as exc:
+            if exc.status != "FAILED_PRECONDITION":
+                raise
+            # already terminal: nothing to cancel, and its results stay downloadable

@@ -1,0 +1,403 @@
+"""Client-side rate limiting and the retry policy of the synchronous fallback. Pure: no Airflow, no SDK.
+
+:class:`RateLimiter` holds requests per window (RPM) AND tokens per window (TPM) for every
+worker of one event loop:
+
+- before a call, a worker reserves one request and the call's ESTIMATED tokens
+  (:func:`~airflow_batch_provider.core.tokens.estimate_request_tokens`: input plus the output
+  ceiling, which is what providers count against TPM when the request arrives);
+- after the call, :meth:`RateLimiter.settle` replaces the estimate with the tokens actually
+  charged and stamps the reservation with the completion time (the provider saw the request
+  somewhere between send and answer; the later stamp errs on the safe side);
+- a ``Retry-After`` (429/503) or an ``x-ratelimit-remaining-*: 0`` header pauses EVERY worker
+  until the reset, not only the one that got it; an ``x-ratelimit-limit-*`` header lower than
+  the configured limit lowers the limit.
+
+The window is a sliding log of reservations, as the providers (and the emulator) count. The clock
+is injected (:class:`Clock`), so unit tests run in virtual time and are deterministic.
+
+:func:`retry_delay` is the one retry rule (openai-python's): only retryable outcomes, exponential
+backoff from ``initial_delay`` with up to 25 % jitter, capped at ``max_delay``; a ``Retry-After``
+from the provider wins over the backoff; at most ``max_attempts`` tries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Final, Protocol
+
+RETRYABLE_OUTCOMES: Final[frozenset[str]] = frozenset({"failed_retryable"})
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class Clock(Protocol):
+    """What the limiter needs of time."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic scale."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``.
+
+        :param seconds: how long
+        """
+
+
+class MonotonicClock:
+    """The real clock: :func:`time.monotonic` and :func:`asyncio.sleep`."""
+
+    def now(self) -> float:
+        """Seconds on the monotonic clock."""
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep on the event loop.
+
+        :param seconds: how long
+        """
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class VirtualClock:
+    """A clock for tests: sleeping moves time forward instantly.
+
+    Concurrent sleepers each move time to their own wake-up time, so a worker may wake later in
+    virtual time than it asked; the limiter re-checks after every sleep, so this can only make it
+    more conservative, never let a request through early.
+
+    :param start: the initial time
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        """The virtual time."""
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        """Advance virtual time by ``seconds`` and yield to other tasks.
+
+        :param seconds: how long
+        """
+        self.slept.append(seconds)
+        self.t += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward.
+
+        :param seconds: how long
+        """
+        self.t += seconds
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Limits per window.
+
+    :param rpm: requests per window (``None``: unlimited)
+    :param tpm: tokens per window (``None``: unlimited)
+    :param window_s: the window, 60 seconds for per-minute limits
+    :param headroom: share of each limit actually used (0.9 keeps 10 % spare for other clients)
+    """
+
+    rpm: int | None = None
+    tpm: int | None = None
+    window_s: float = 60.0
+    headroom: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value}: give a positive limit, or None for unlimited.")
+        if self.window_s <= 0:
+            raise ValueError(f"window_s={self.window_s}: give a positive window in seconds.")
+        if not 0 < self.headroom <= 1:
+            raise ValueError(f"headroom={self.headroom}: give a share in (0, 1].")
+
+    @property
+    def effective_rpm(self) -> int | None:
+        """Requests per window after headroom."""
+        return None if self.rpm is None else max(1, int(self.rpm * self.headroom))
+
+    @property
+    def effective_tpm(self) -> int | None:
+        """Tokens per window after headroom."""
+        return None if self.tpm is None else max(1, int(self.tpm * self.headroom))
+
+
+@dataclass
+class Reservation:
+    """One admitted request in the window.
+
+    :param at: when it counts from
+    :param tokens: tokens it is charged
+    """
+
+    at: float
+    tokens: int
+
+
+@dataclass
+class LimiterStats:
+    """What the limiter did.
+
+    :param admitted: requests admitted
+    :param waited_s: total time workers spent waiting for the window
+    :param pauses: pauses ordered by the provider (Retry-After, remaining 0)
+    :param paused_s: longest single provider-ordered pause
+    """
+
+    admitted: int = 0
+    waited_s: float = 0.0
+    pauses: int = 0
+    paused_s: float = 0.0
+    limits_lowered: list[str] = field(default_factory=list)
+
+
+class RateLimiter:
+    """RPM + TPM limiter shared by the workers of one event loop (see the module docstring).
+
+    :param limits: the limits
+    :param clock: the clock (default: the real one)
+    """
+
+    def __init__(self, limits: RateLimits, clock: Clock | None = None) -> None:
+        self.limits = limits
+        self.clock: Clock = clock or MonotonicClock()
+        self._rpm = limits.effective_rpm
+        self._tpm = limits.effective_tpm
+        self._log: deque[Reservation] = deque()
+        self._paused_until = 0.0
+        self._lock = asyncio.Lock()
+        self.stats = LimiterStats()
+
+    # -- pure part ---------------------------------------------------------------------------
+    def _evict(self, now: float) -> None:
+        window = self.limits.window_s
+        # Reservations may be re-stamped later than newer ones; evict every expired one.
+        if self._log and any(r.at <= now - window for r in self._log):
+            self._log = deque(r for r in self._log if r.at > now - window)
+
+    def wait_time(self, tokens: int, now: float) -> float:
+        """Seconds until a request of ``tokens`` fits the window and no pause holds (0: now).
+
+        :param tokens: the request's token estimate
+        :param now: the current time
+        """
+        pause = max(0.0, self._paused_until - now)
+        self._evict(now)
+        used_r = len(self._log)
+        used_t = sum(r.tokens for r in self._log)
+        fits_r = self._rpm is None or used_r + 1 <= self._rpm
+        # A request larger than the whole TPM is let through alone in an empty window.
+        fits_t = self._tpm is None or used_t + tokens <= self._tpm or used_t == 0
+        if fits_r and fits_t:
+            return pause
+        window = self.limits.window_s
+        for r in sorted(self._log, key=lambda x: x.at):
+            used_r -= 1
+            used_t -= r.tokens
+            ok_r = self._rpm is None or used_r + 1 <= self._rpm
+            ok_t = self._tpm is None or used_t + tokens <= self._tpm or used_t == 0
+            if ok_r and ok_t:
+                return max(pause, r.at + window - now)
+        return max(pause, window)
+
+    def try_reserve(self, tokens: int, now: float) -> Reservation | None:
+        """Reserve a slot now if one is free (no waiting).
+
+        :param tokens: the request's token estimate
+        :param now: the current time
+        """
+        if self.wait_time(tokens, now) > 0:
+            return None
+        res = Reservation(now, max(0, tokens))
+        self._log.append(res)
+        self.stats.admitted += 1
+        return res
+
+    # -- async part --------------------------------------------------------------------------
+    async def acquire(self, tokens: int) -> Reservation:
+        """Wait until a request of ``tokens`` may go, then reserve it.
+
+        :param tokens: the request's token estimate
+        """
+        while True:
+            async with self._lock:
+                now = self.clock.now()
+                wait = self.wait_time(tokens, now)
+                if wait <= 0:
+                    res = Reservation(now, max(0, tokens))
+                    self._log.append(res)
+                    self.stats.admitted += 1
+                    return res
+            self.stats.waited_s += wait
+            await self.clock.sleep(wait)
+
+    def settle(self, reservation: Reservation, tokens: int | None = None) -> None:
+        """Correct a reservation once the call answered: actual tokens, completion time.
+
+        :param reservation: what :meth:`acquire` returned
+        :param tokens: tokens actually charged (``None``: keep the estimate)
+        """
+        reservation.at = max(reservation.at, self.clock.now())
+        if tokens is not None:
+            reservation.tokens = max(0, tokens)
+
+    def pause(self, seconds: float) -> None:
+        """Hold every worker for ``seconds`` from now (Retry-After, a reset).
+
+        :param seconds: how long
+        """
+        if seconds <= 0:
+            return
+        until = self.clock.now() + seconds
+        if until > self._paused_until:
+            self._paused_until = until
+            self.stats.pauses += 1
+            self.stats.paused_s = max(self.stats.paused_s, seconds)
+
+    def observe(self, headers: Mapping[str, str], retry_after: float | None = None) -> None:
+        """Apply what the provider said about its limits.
+
+        :param headers: response headers (any case), ``x-ratelimit-*`` read
+        :param retry_after: seconds from a ``Retry-After`` header, if any
+        """
+        h = {k.lower(): v for k, v in headers.items()}
+        if retry_after is not None:
+            self.pause(retry_after)
+        for kind, attr in (("requests", "_rpm"), ("tokens", "_tpm")):
+            limit = _int(h.get(f"x-ratelimit-limit-{kind}"))
+            current = getattr(self, attr)
+            if limit is not None and (current is None or limit < current):
+                setattr(self, attr, limit)
+                self.stats.limits_lowered.append(f"{kind}={limit}")
+            if _int(h.get(f"x-ratelimit-remaining-{kind}")) == 0:
+                reset = parse_duration(h.get(f"x-ratelimit-reset-{kind}"))
+                if reset:
+                    self.pause(reset)
+
+    @property
+    def in_window(self) -> tuple[int, int]:
+        """(requests, tokens) in the current window."""
+        self._evict(self.clock.now())
+        return len(self._log), sum(r.tokens for r in self._log)
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def parse_duration(value: str | None) -> float | None:
+    """Read an ``x-ratelimit-reset-*`` value (``"1.5s"``, ``"6m0s"``, ``"120ms"``, ``"2"``).
+
+    :param value: the header value
+    """
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def parse_retry_after(headers: Mapping[str, str], now_epoch: float | None = None) -> float | None:
+    """Read the wait a provider asked for: ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
+
+    :param headers: response headers (any case)
+    :param now_epoch: the current epoch seconds, for an HTTP-date value (default: now)
+    """
+    h = {k.lower(): v for k, v in headers.items()}
+    ms = h.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = h.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now_epoch is None else now_epoch))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry one synchronous request.
+
+    :param max_attempts: tries in all, the first included
+    :param initial_delay: seconds before the first retry
+    :param max_delay: cap on the backoff (not on a provider's Retry-After)
+    :param jitter: the backoff is multiplied by ``1 - jitter x U[0, 1)``
+    :param max_retry_after: a Retry-After above this is cut to it (a provider asking for an hour
+        should not hold a deadline run for an hour)
+    """
+
+    max_attempts: int = 5
+    initial_delay: float = 0.5
+    max_delay: float = 8.0
+    jitter: float = 0.25
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts={self.max_attempts}: give 1 or more.")
+        if self.initial_delay < 0 or self.max_delay < self.initial_delay:
+            raise ValueError(
+                f"initial_delay={self.initial_delay}, max_delay={self.max_delay}: need 0 <= initial <= max."
+            )
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"jitter={self.jitter}: give a share in [0, 1].")
+
+
+def retry_delay(
+    policy: RetryPolicy,
+    attempt: int,
+    outcome: str,
+    retry_after: float | None = None,
+    rng: random.Random | None = None,
+) -> float | None:
+    """Return seconds to wait before the next try, or ``None`` when there is none.
+
+    :param policy: the retry policy
+    :param attempt: tries made so far (1 after the first)
+    :param outcome: the last try's outcome; only ``failed_retryable`` is retried
+    :param retry_after: the provider's Retry-After in seconds, which wins when given
+    :param rng: random source for the jitter (seed it for deterministic tests)
+    """
+    if outcome not in RETRYABLE_OUTCOMES or attempt >= policy.max_attempts:
+        return None
+    if retry_after is not None:
+        return min(max(0.0, retry_after), policy.max_retry_after)
+    backoff: float = min(policy.initial_delay * 2.0 ** (attempt - 1), policy.max_delay)
+    u = rng.random() if rng is not None else random.random()
+    return backoff * (1 - policy.jitter * u)

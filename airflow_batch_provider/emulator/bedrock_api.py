@@ -1,0 +1,889 @@
+"""Amazon Bedrock batch inference control plane and ``InvokeModel``, reading and writing S3.
+
+Routes (REST paths and JSON shapes from botocore's ``bedrock`` 2023-04-20 and
+``bedrock-runtime`` 2023-09-30 service models, so that real boto3 and aiobotocore clients parse
+every answer):
+
+- ``POST /model-invocation-job`` (CreateModelInvocationJob): validates the arguments
+  (``ValidationException``), reads the input JSONL from S3 (one ``.jsonl`` object, or every
+  ``.jsonl`` object under a prefix) and answers ``{"jobArn"}``. A second create with the same
+  ``clientRequestToken`` answers the first job's ARN and creates nothing, as AWS does.
+- ``GET /model-invocation-job/{jobIdentifier}`` (GetModelInvocationJob; ARN or 12-character id)
+- ``GET /model-invocation-jobs`` (ListModelInvocationJobs: ``statusEquals``, ``nameContains``,
+  ``submitTimeAfter``/``Before``, ``sortOrder``, ``maxResults``, ``nextToken``)
+- ``POST /model-invocation-job/{jobIdentifier}/stop`` (StopModelInvocationJob)
+- ``POST /model/{modelId}/invoke`` (bedrock-runtime InvokeModel, synchronous)
+
+Status words over the shared lifecycle: ``validating`` is reported as ``Submitted``, then
+``Validating``, then ``Scheduled`` (thirds of the phase); ``in_progress`` and ``finalizing`` as
+``InProgress``; ``completed`` as ``Completed``; a job that fails validation as ``Failed`` with a
+``message``; an expiring job as ``PartiallyCompleted`` when it finished some records (its timeout
+passed mid-way) and ``Expired`` when it finished none; a stop as ``Stopping`` then ``Stopped``.
+
+Outputs are written to S3 once, when a job is first seen terminal, under
+``<outputDataConfig.s3Uri>/<job id>/``: one ``<input file name>.out`` per input file, with lines
+``{"recordId", "modelInput", "modelOutput"}`` or ``{"recordId", "modelInput", "error":
+{"errorCode", "errorMessage"}}`` in processing order, and ``manifest.json.out`` with
+``totalRecordCount``, ``processedRecordCount``, ``successRecordCount``, ``errorRecordCount``,
+``inputTokenCount`` and ``outputTokenCount``. Records a stopped or expired job never ran are in
+no file. A failed job writes nothing.
+
+Model families understood in ``modelInput`` (the ``InvokeModel`` body of each): ``anthropic.*``
+(Messages: ``anthropic_version``, ``max_tokens``, ``system``, ``messages``; output a ``message``
+with ``usage``, and prompt caching reported for ``cache_control`` system blocks),
+``amazon.nova-*`` (``messages-v1``: ``system``, ``messages``, ``inferenceConfig``) and
+``amazon.titan-embed-*`` (``inputText``; output ``embedding``). A region prefix (``us.``,
+``eu.``, ``apac.``, ``global.``) is accepted.
+
+Faults, in Bedrock's shapes: item faults become error lines with ``errorCode`` 500 / 429 / 400
+(``rate_500`` / ``rate_429`` / ``rate_400`` / ``rate_context_length``), ``rate_missing`` drops
+the line, ``rate_duplicate`` / ``rate_malformed`` damage it; ``expire_*`` gives
+``PartiallyCompleted`` / ``Expired``; ``fail_validation`` gives ``Failed``; ``retrieve_5xx_rate``
+answers GetModelInvocationJob with ``InternalServerException``; ``sync_429_rate``,
+``sync_500_rate`` and the rpm/tpm limiter answer InvokeModel with ``ThrottlingException`` (plus a
+``Retry-After`` header, an emulator convenience: AWS sends none) or ``InternalServerException``.
+
+S3 is reached through boto3 (imported lazily, here only) at :attr:`EmulatorConfig.s3_endpoint`.
+The minimum of :data:`MIN_RECORDS` records per job is enforced as AWS does: the job fails
+validation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any, Final
+from urllib.parse import unquote
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from airflow_batch_provider.emulator import model
+from airflow_batch_provider.emulator.app import ApiError
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.faults import retry_after_header
+from airflow_batch_provider.emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
+from airflow_batch_provider.emulator.store import EmulatorState
+
+PROVIDER: Final = "bedrock"
+ACCOUNT: Final = "123456789012"
+DEFAULT_REGION: Final = "us-east-1"
+#: Bedrock's default quota "Minimum number of records per batch inference job".
+MIN_RECORDS: Final = 100
+#: Bedrock's default quota "Records per input file per batch inference job".
+MAX_RECORDS_PER_FILE: Final = 50_000
+#: Bedrock's default quota "Batch inference input file size" (1 GB).
+MAX_FILE_BYTES: Final = 1_000_000_000
+STATUSES: Final = (
+    "Submitted",
+    "InProgress",
+    "Completed",
+    "Failed",
+    "Stopping",
+    "Stopped",
+    "PartiallyCompleted",
+    "Expired",
+    "Validating",
+    "Scheduled",
+)
+TERMINAL_STATUSES: Final = frozenset({"Completed", "Failed", "Stopped", "PartiallyCompleted", "Expired"})
+
+_JOB_NAME: Final = re.compile(r"^[a-zA-Z0-9]{1,63}(-*[a-zA-Z0-9\+\-\.]){0,63}$")
+_TOKEN: Final = re.compile(r"^[a-zA-Z0-9]{1,256}(-*[a-zA-Z0-9]){0,256}$")
+_ROLE: Final = re.compile(r"^arn:aws(-[^:]+)?:iam::([0-9]{12})?:role/.+$")
+_S3_URI: Final = re.compile(
+    r"^s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9](?:/[-!_*'().a-z0-9A-Z]+(?:/[-!_*'().a-z0-9A-Z]+)*)?/?$"
+)
+_JOB_ID: Final = re.compile(
+    r"^(arn:aws(-[^:]+)?:bedrock:(?P<region>[a-z0-9-]{1,20}):[0-9]{12}:model-invocation-job/)?(?P<id>[a-z0-9]{12})$"
+)
+_REGION_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
+_CREDENTIAL_REGION: Final = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[a-z0-9-]+)/")
+
+
+def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> ApiError:
+    """Return a rest-json error: the code in ``x-amzn-ErrorType`` and ``__type``, the message in the body."""
+    return ApiError(
+        status, {"__type": code, "message": message}, {"x-amzn-ErrorType": code, **(headers or {})}
+    )
+
+
+def _iso(ts: float) -> str:
+    return (
+        datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def _parse_iso(value: str) -> float:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError as exc:
+            raise _error(400, "ValidationException", f"Invalid timestamp {value!r}.") from exc
+
+
+def model_family(model_id: str) -> str | None:
+    """Return ``anthropic``, ``nova`` or ``titan-embed`` for a Bedrock model id, else ``None``.
+
+    :param model_id: e.g. ``anthropic.claude-3-5-haiku-20241022-v1:0`` or ``us.amazon.nova-lite-v1:0``
+    """
+    name = model_id.rsplit("/", 1)[-1]
+    for prefix in _REGION_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    if name.startswith("anthropic."):
+        return "anthropic"
+    if name.startswith("amazon.nova-"):
+        return "nova"
+    if name.startswith("amazon.titan-embed"):
+        return "titan-embed"
+    return None
+
+
+def _block_texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    out: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, Mapping) and isinstance(block.get("text"), str):
+                out.append(block["text"])
+            elif isinstance(block, str):
+                out.append(block)
+    return out
+
+
+class Prompt:
+    """A ``modelInput``, digested for the stand-in model, whatever its family.
+
+    :param family: the model family
+    :param body: the ``modelInput``
+    """
+
+    def __init__(self, family: str, body: Mapping[str, Any]) -> None:
+        self.family = family
+        self.system = ""
+        self.user = ""
+        self.input_tokens = 0
+        self.prefix_tokens = 0
+        self.prefix_key: str | None = None
+        self.cache_marked = False
+        self.max_tokens: int | None = None
+        if family == "titan-embed":
+            text = body.get("inputText")
+            self.user = text if isinstance(text, str) else ""
+            self.input_tokens = model.count_tokens(self.user)
+            return
+        system = body.get("system")
+        system_texts = _block_texts(system)
+        if isinstance(system, list):
+            self.cache_marked = any(isinstance(b, Mapping) and b.get("cache_control") for b in system)
+        messages = body.get("messages")
+        user_texts: list[str] = []
+        all_texts = list(system_texts)
+        if isinstance(messages, list):
+            for message in messages:
+                if not isinstance(message, Mapping):
+                    continue
+                texts = _block_texts(message.get("content"))
+                all_texts.extend(texts)
+                if message.get("role") == "user":
+                    user_texts.extend(texts)
+        self.system = model.join_texts(system_texts)
+        self.user = model.join_texts(user_texts)
+        self.input_tokens = sum(model.message_tokens(t) for t in all_texts)
+        self.prefix_tokens = sum(model.message_tokens(t) for t in system_texts)
+        self.prefix_key = model.prefix_key(system_texts) if system_texts else None
+        limit = (
+            body.get("max_tokens")
+            if family == "anthropic"
+            else (body.get("inferenceConfig") or {}).get("maxTokens")
+            if isinstance(body.get("inferenceConfig"), Mapping)
+            else None
+        )
+        self.max_tokens = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def request_error(family: str | None, body: Any, config: EmulatorConfig) -> dict[str, Any] | None:
+    """Return the error a ``modelInput`` causes by itself (``status``, ``code``, ``message``), or ``None``.
+
+    :param family: the model family (``None``: unknown model)
+    :param body: the ``modelInput``
+    :param config: emulator settings (context window)
+    """
+    if family is None:
+        return _natural(400, "ValidationException", "The provided model identifier is invalid.")
+    if not isinstance(body, Mapping):
+        return _natural(400, "ValidationException", "Malformed input request: modelInput must be an object.")
+    if family == "titan-embed":
+        if not isinstance(body.get("inputText"), str) or not body["inputText"]:
+            return _natural(
+                400, "ValidationException", "Malformed input request: #: required key [inputText] not found"
+            )
+    else:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _natural(
+                400, "ValidationException", "Malformed input request: #: required key [messages] not found"
+            )
+        if family == "anthropic":
+            if not isinstance(body.get("anthropic_version"), str):
+                return _natural(
+                    400,
+                    "ValidationException",
+                    "Malformed input request: #: required key [anthropic_version] not found",
+                )
+            if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+                return _natural(
+                    400,
+                    "ValidationException",
+                    "Malformed input request: #: required key [max_tokens] not found",
+                )
+            for i, message in enumerate(messages):
+                if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
+                    return _natural(
+                        400,
+                        "ValidationException",
+                        f"messages.{i}.role: Input should be 'user' or 'assistant'",
+                    )
+    if Prompt(family, body).input_tokens > config.context_window_tokens:
+        return _natural(400, "ValidationException", "Input is too long for requested model.")
+    return None
+
+
+def _natural(status: int, code: str, message: str) -> dict[str, Any]:
+    return {"status": status, "code": code, "message": message}
+
+
+def model_output(
+    family: str, model_id: str, body: Mapping[str, Any], *, message_id: str, cache: tuple[int, int]
+) -> tuple[dict[str, Any], int, int]:
+    """Answer a valid ``modelInput`` as the model family's ``InvokeModel`` response body.
+
+    :param family: the model family
+    :param model_id: the model id (echoed by Anthropic answers)
+    :param body: the ``modelInput``
+    :param message_id: the Anthropic message id
+    :param cache: ``(cache read, cache write)`` prompt tokens to report
+    :return: the body, input tokens (all of them) and output tokens
+    """
+    prompt = Prompt(family, body)
+    if family == "titan-embed":
+        dims = body.get("dimensions")
+        vector = model.embed(prompt.user, dims if isinstance(dims, int) else 1024)
+        return {"embedding": vector, "inputTextTokenCount": prompt.input_tokens}, prompt.input_tokens, 0
+    reply = model.respond(prompt.system or None, prompt.user, max_output_tokens=prompt.max_tokens)
+    read, write = cache
+    if family == "anthropic":
+        usage: dict[str, Any] = {
+            "input_tokens": prompt.input_tokens - read - write,
+            "output_tokens": reply.output_tokens,
+        }
+        if prompt.cache_marked:
+            usage["cache_read_input_tokens"] = read
+            usage["cache_creation_input_tokens"] = write
+        out: dict[str, Any] = {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model_id.rsplit("/", 1)[-1].split(".", 1)[-1].split(":")[0],
+            "content": [{"type": "text", "text": reply.text}],
+            "stop_reason": "max_tokens" if reply.truncated else "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        return out, prompt.input_tokens, reply.output_tokens
+    out = {
+        "output": {"message": {"role": "assistant", "content": [{"text": reply.text}]}},
+        "stopReason": "max_tokens" if reply.truncated else "end_turn",
+        "usage": {
+            "inputTokens": prompt.input_tokens - read,
+            "outputTokens": reply.output_tokens,
+            "totalTokens": prompt.input_tokens + reply.output_tokens,
+            "cacheReadInputTokenCount": read,
+            "cacheWriteInputTokenCount": 0,
+        },
+    }
+    return out, prompt.input_tokens, reply.output_tokens
+
+
+def _cache_for(prompt: Prompt, seen: set[str], config: EmulatorConfig) -> tuple[int, int]:
+    """Return ``(cache read, cache write)`` tokens: only ``cache_control``-marked Anthropic prefixes."""
+    if not prompt.cache_marked or prompt.prefix_key is None or prompt.prefix_tokens < config.cache_min_tokens:
+        return 0, 0
+    if prompt.prefix_key in seen:
+        return prompt.prefix_tokens, 0
+    seen.add(prompt.prefix_key)
+    return 0, prompt.prefix_tokens
+
+
+def _injected_error(item: JobItem) -> dict[str, Any] | None:
+    fault = item.decision.fault
+    if fault == "server_error":
+        return _natural(500, "InternalServerException", "Internal server error (emulated fault rate_500).")
+    if fault == "rate_limited":
+        return _natural(
+            429, "ThrottlingException", "Too many requests, please wait (emulated fault rate_429)."
+        )
+    if fault == "invalid_request":
+        return _natural(400, "ValidationException", "Malformed input request (emulated fault rate_400).")
+    if fault == "context_length":
+        return _natural(
+            400,
+            "ValidationException",
+            "Input is too long for requested model (emulated fault rate_context_length).",
+        )
+    return None
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    return bucket, key
+
+
+def _jsonl(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def build_router(state: EmulatorState) -> APIRouter:
+    """Return the Bedrock router bound to the emulator state.
+
+    :param state: the shared state
+    """
+    api = BedrockEmulator(state)
+    router = APIRouter()
+    router.add_api_route("/model-invocation-job", api.create_job, methods=["POST"])
+    router.add_api_route("/model-invocation-jobs", api.list_jobs, methods=["GET"])
+    router.add_api_route("/model-invocation-job/{identifier:path}/stop", api.stop_job, methods=["POST"])
+    router.add_api_route("/model-invocation-job/{identifier:path}", api.get_job, methods=["GET"])
+    router.add_api_route("/model/{model_id:path}/invoke", api.invoke_model, methods=["POST"])
+    return router
+
+
+class BedrockEmulator:
+    """The Bedrock handlers, bound to the shared state.
+
+    :param state: the shared state
+    """
+
+    def __init__(self, state: EmulatorState) -> None:
+        self.state = state
+        self._write_lock = threading.Lock()
+        self._s3_client: Any = None
+        self._s3_endpoint: str | None = None
+
+    # -- S3 ------------------------------------------------------------------------------------
+
+    def s3(self) -> Any:
+        """The boto3 S3 client for the configured endpoint (dummy credentials when none are set)."""
+        endpoint = self.state.config.s3_endpoint
+        if self._s3_client is None or endpoint != self._s3_endpoint:
+            import boto3
+
+            session = boto3.session.Session()
+            creds: dict[str, str] = {}
+            if session.get_credentials() is None:
+                creds = {"aws_access_key_id": "emulator", "aws_secret_access_key": "emulator"}
+            self._s3_client = session.client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=os.environ.get("AWS_DEFAULT_REGION", DEFAULT_REGION),
+                **creds,
+            )
+            self._s3_endpoint = endpoint
+        return self._s3_client
+
+    def _input_objects(self, uri: str) -> list[tuple[str, str, int]]:
+        """Return ``(bucket, key, size)`` of the input JSONL objects at an S3 URI."""
+        client = self.s3()
+        bucket, key = _split_s3(uri)
+        if key.endswith(".jsonl"):
+            head = client.head_object(Bucket=bucket, Key=key)
+            return [(bucket, key, int(head["ContentLength"]))]
+        prefix = key if not key or key.endswith("/") else key + "/"
+        found: list[tuple[str, str, int]] = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith(".jsonl"):
+                    found.append((bucket, obj["Key"], int(obj["Size"])))
+        return found
+
+    def _read_input(
+        self, uri: str, model_id: str, config: EmulatorConfig
+    ) -> tuple[list[JobItem], list[ValidationIssue], list[str], list[int]]:
+        """Read and check the input; return items, issues, input file names and each item's file."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        issues: list[ValidationIssue] = []
+        items: list[JobItem] = []
+        names: list[str] = []
+        item_file: list[int] = []
+        family = model_family(model_id)
+        try:
+            objects = self._input_objects(uri)
+        except (ClientError, BotoCoreError) as exc:
+            return (
+                [],
+                [ValidationIssue("input_unreadable", f"Unable to read the input at {uri}: {exc}")],
+                [],
+                [],
+            )
+        if not objects:
+            return [], [ValidationIssue("empty_input", f"No .jsonl input file found at {uri}.")], [], []
+        client = self.s3()
+        faults = config.faults
+        for file_index, (bucket, key, size) in enumerate(objects):
+            name = key.rsplit("/", 1)[-1]
+            names.append(name)
+            if size > MAX_FILE_BYTES:
+                issues.append(
+                    ValidationIssue(
+                        "file_too_large",
+                        f"Input file {name} is {size} bytes, above the {MAX_FILE_BYTES} byte quota per file.",
+                    )
+                )
+                continue
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            count = 0
+            for number, raw in enumerate(body.iter_lines(), start=1):
+                if not raw.strip():
+                    continue
+                count += 1
+                if count > MAX_RECORDS_PER_FILE:
+                    issues.append(
+                        ValidationIssue(
+                            "too_many_records",
+                            f"Input file {name} has more than {MAX_RECORDS_PER_FILE} records, the quota per file.",
+                            number,
+                        )
+                    )
+                    break
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    issues.append(
+                        ValidationIssue("invalid_json", f"Line {number} of {name} is not valid JSON.", number)
+                    )
+                    continue
+                if not isinstance(line, dict) or "modelInput" not in line:
+                    issues.append(
+                        ValidationIssue(
+                            "invalid_record",
+                            f"Line {number} of {name} has no modelInput.",
+                            number,
+                            "modelInput",
+                        )
+                    )
+                    continue
+                record_id = line.get("recordId")
+                if not isinstance(record_id, str) or not record_id:
+                    record_id = self.state.new_id("rec", 8).upper()
+                items.append(
+                    JobItem(
+                        custom_id=record_id,
+                        line=number,
+                        body=line["modelInput"],
+                        decision=faults.decide_item(config.seed, record_id),
+                        natural_error=request_error(family, line["modelInput"], config),
+                    )
+                )
+                item_file.append(file_index)
+        if not issues and len(items) < MIN_RECORDS:
+            issues.append(
+                ValidationIssue(
+                    "too_few_records",
+                    f"Batch job contains less records ({len(items)}) than the required minimum of: {MIN_RECORDS}",
+                )
+            )
+        return items, issues, names, item_file
+
+    # -- control plane -------------------------------------------------------------------------
+
+    @staticmethod
+    def _region(request: Request) -> str:
+        found = _CREDENTIAL_REGION.search(request.headers.get("authorization", ""))
+        return found.group("region") if found else DEFAULT_REGION
+
+    def _job(self, identifier: str) -> Job:
+        raw = unquote(identifier)
+        match = _JOB_ID.match(raw)
+        if match is None:
+            raise _error(
+                400,
+                "ValidationException",
+                f"1 validation error detected: Value '{raw}' at 'jobIdentifier' failed to satisfy constraint: "
+                "Member must satisfy regular expression pattern: ((arn:aws(-[^:]+)?:bedrock:[a-z0-9-]{1,20}:"
+                "[0-9]{12}:model-invocation-job/)?[a-z0-9]{12})",
+            )
+        job = self.state.jobs.get(match.group("id"), PROVIDER)
+        if job is None:
+            raise _error(404, "ResourceNotFoundException", f"The specified job {raw} was not found.")
+        return job
+
+    async def create_job(self, request: Request) -> JSONResponse:
+        """``POST /model-invocation-job`` (CreateModelInvocationJob)."""
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise _error(400, "SerializationException", f"Could not parse the request body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _error(400, "SerializationException", "The request body must be a JSON object.")
+        for name in ("jobName", "roleArn", "modelId", "inputDataConfig", "outputDataConfig"):
+            if name not in body:
+                raise _error(
+                    400, "ValidationException", f"1 validation error detected: '{name}' must not be null."
+                )
+        token = body.get("clientRequestToken")
+        if token is not None and (not isinstance(token, str) or not _TOKEN.match(token)):
+            raise _error(
+                400, "ValidationException", "Value at 'clientRequestToken' failed to satisfy the pattern."
+            )
+        if token is not None:
+            for existing in self.state.jobs.list(PROVIDER):
+                if existing.attrs.get("clientRequestToken") == token:
+                    self.state.bump(PROVIDER, "idempotent_replays")
+                    return JSONResponse({"jobArn": existing.attrs["jobArn"]})
+        name = body["jobName"]
+        if not isinstance(name, str) or not _JOB_NAME.match(name) or len(name) > 63:
+            raise _error(
+                400,
+                "ValidationException",
+                f"1 validation error detected: Value '{name}' at 'jobName' failed to satisfy constraint: Member must "
+                "have length less than or equal to 63 and satisfy regular expression pattern: "
+                "[a-zA-Z0-9]{1,63}(-*[a-zA-Z0-9\\+\\-\\.]){0,63}",
+            )
+        if not isinstance(body["roleArn"], str) or not _ROLE.match(body["roleArn"]):
+            raise _error(
+                400, "ValidationException", f"Value '{body['roleArn']}' at 'roleArn' is not a role ARN."
+            )
+        model_id = body["modelId"]
+        if not isinstance(model_id, str) or model_family(model_id) is None:
+            raise _error(
+                400,
+                "ValidationException",
+                f"The provided model identifier {model_id!r} is invalid or does not support batch inference "
+                "(the emulator knows anthropic.*, amazon.nova-* and amazon.titan-embed-*).",
+            )
+        in_uri = ((body.get("inputDataConfig") or {}).get("s3InputDataConfig") or {}).get("s3Uri")
+        out_uri = ((body.get("outputDataConfig") or {}).get("s3OutputDataConfig") or {}).get("s3Uri")
+        for label, uri in (
+            ("inputDataConfig.s3InputDataConfig.s3Uri", in_uri),
+            ("outputDataConfig.s3OutputDataConfig.s3Uri", out_uri),
+        ):
+            if not isinstance(uri, str) or not _S3_URI.match(uri):
+                raise _error(400, "ValidationException", f"Value {uri!r} at '{label}' is not a valid S3 URI.")
+        hours = body.get("timeoutDurationInHours")
+        if hours is not None and (not isinstance(hours, int) or not 24 <= hours <= 168):
+            raise _error(
+                400,
+                "ValidationException",
+                f"Value '{hours}' at 'timeoutDurationInHours' failed to satisfy constraint: Member must be between 24 and 168.",
+            )
+        state = self.state
+        config = state.config
+        forced_failure = state.consume_validation_failure()
+        items, issues, names, item_file = await run_in_threadpool(
+            self._read_input, str(in_uri), model_id, config
+        )
+        if forced_failure and not issues:
+            issues = [
+                ValidationIssue(
+                    "emulated_validation_failure", "Input validation failed (emulator fault fail_validation)."
+                )
+            ]
+        region = self._region(request)
+        with state.lock:
+            job_id = state.new_id("bj", 10)
+            arn = f"arn:aws:bedrock:{region}:{ACCOUNT}:model-invocation-job/{job_id}"
+            job = Job(
+                job_id=job_id,
+                provider=PROVIDER,
+                creation_index=state.jobs.next_index(PROVIDER),
+                created=state.now(),
+                items=items,
+                issues=issues,
+                config=config,
+                attrs={
+                    "jobArn": arn,
+                    "jobName": name,
+                    "modelId": model_id,
+                    "roleArn": body["roleArn"],
+                    "clientRequestToken": token,
+                    "inputDataConfig": body["inputDataConfig"],
+                    "outputDataConfig": body["outputDataConfig"],
+                    "timeoutDurationInHours": hours or 168,
+                    "input_names": names,
+                    "item_file": item_file,
+                },
+            )
+            state.jobs.add(job)
+            state.bump(PROVIDER, "batches_created")
+        return JSONResponse({"jobArn": arn})
+
+    def status_word(self, job: Job, view: JobView, now: float) -> str:
+        """Return the Bedrock status of a job's lifecycle view.
+
+        :param job: the job
+        :param view: its view at ``now``
+        :param now: the current time
+        """
+        status = view.status
+        if status == "validating":
+            third = (job.t_in_progress - job.created) / 3
+            if now < job.created + third:
+                return "Submitted"
+            return "Validating" if now < job.created + 2 * third else "Scheduled"
+        if status in ("in_progress", "finalizing"):
+            return "InProgress"
+        if status == "expired":
+            return "PartiallyCompleted" if job.done_count(now) > 0 else "Expired"
+        return {
+            "completed": "Completed",
+            "failed": "Failed",
+            "cancelling": "Stopping",
+            "cancelled": "Stopped",
+        }[status]
+
+    def job_json(self, job: Job, now: float) -> dict[str, Any]:
+        """Return the GetModelInvocationJob body (also a list summary), writing outputs on first terminal sight.
+
+        :param job: the job
+        :param now: the current time
+        """
+        with self.state.lock:
+            view = job.view(now)
+        word = self.status_word(job, view, now)
+        if view.terminal and job.results is None:
+            with self._write_lock:
+                if job.results is None:
+                    job.results = self._write_outputs(job, now, word)
+        attrs = job.attrs
+        data: dict[str, Any] = {
+            "jobArn": attrs["jobArn"],
+            "jobName": attrs["jobName"],
+            "modelId": attrs["modelId"],
+            "roleArn": attrs["roleArn"],
+            "status": word,
+            "submitTime": _iso(job.created),
+            "lastModifiedTime": _iso(max([job.created, *view.times.values()])),
+            "inputDataConfig": attrs["inputDataConfig"],
+            "outputDataConfig": attrs["outputDataConfig"],
+            "timeoutDurationInHours": attrs["timeoutDurationInHours"],
+            "jobExpirationTime": _iso(job.created + attrs["timeoutDurationInHours"] * 3600),
+            "totalRecordCount": view.total,
+            "processedRecordCount": view.completed + view.failed,
+            "successRecordCount": view.completed,
+            "errorRecordCount": view.failed,
+        }
+        if attrs.get("clientRequestToken"):
+            data["clientRequestToken"] = attrs["clientRequestToken"]
+        if view.terminal:
+            data["endTime"] = _iso(max([job.created, *view.times.values()]))
+        if word == "Failed":
+            data["message"] = "; ".join(i.message for i in job.issues[:5])
+        elif word == "PartiallyCompleted":
+            data["message"] = (
+                "The job timed out before all records were processed; the processed records are in the output."
+            )
+        elif word == "Expired":
+            data["message"] = "The job timed out before it started processing records."
+        return data
+
+    def _write_outputs(self, job: Job, now: float, word: str) -> dict[str, Any]:
+        """Render the ``.out`` files and the manifest of a job that just ended, and put them in S3."""
+        if word == "Failed":
+            return {"written": []}
+        out_uri = job.attrs["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
+        bucket, prefix = _split_s3(out_uri)
+        folder = "/".join(p for p in (prefix.strip("/"), job.id) if p)
+        names: list[str] = job.attrs["input_names"]
+        file_of = {id(item): f for item, f in zip(job.items, job.attrs["item_file"], strict=True)}
+        per_file: list[list[bytes]] = [[] for _ in names]
+        family = model_family(job.attrs["modelId"]) or "anthropic"
+        seen: set[str] = set()
+        counts = {"processed": 0, "success": 0, "error": 0, "input": 0, "output": 0}
+        for outcome in job.outcomes(now):
+            if outcome.end != "processed":
+                continue
+            item = outcome.item
+            counts["processed"] += 1
+            lines = per_file[file_of[id(item)]]
+            error = item.natural_error or _injected_error(item)
+            if error is not None:
+                counts["error"] += 1
+                lines.append(
+                    _jsonl(
+                        {
+                            "recordId": item.custom_id,
+                            "modelInput": item.body,
+                            "error": {"errorCode": error["status"], "errorMessage": error["message"]},
+                        }
+                    )
+                )
+                continue
+            counts["success"] += 1
+            prompt = Prompt(family, item.body)
+            output, used_in, used_out = model_output(
+                family,
+                job.attrs["modelId"],
+                item.body,
+                message_id=self.state.new_id("msg_bdrk_", 24),
+                cache=_cache_for(prompt, seen, job.config),
+            )
+            counts["input"] += used_in
+            counts["output"] += used_out
+            if item.decision.fault == "missing":
+                continue
+            line = _jsonl({"recordId": item.custom_id, "modelInput": item.body, "modelOutput": output})
+            if item.decision.malformed:
+                line = line[: max(1, len(line) // 2)] + b"\n"
+            lines.append(line)
+            if item.decision.duplicate:
+                lines.append(line)
+        client = self.s3()
+        written = []
+        for name, lines in zip(names, per_file, strict=True):
+            key = f"{folder}/{name}.out"
+            client.put_object(Bucket=bucket, Key=key, Body=b"".join(lines))
+            written.append(key)
+        manifest = {
+            "totalRecordCount": len(job.items),
+            "processedRecordCount": counts["processed"],
+            "successRecordCount": counts["success"],
+            "errorRecordCount": counts["error"],
+            "inputTokenCount": counts["input"],
+            "outputTokenCount": counts["output"],
+        }
+        client.put_object(
+            Bucket=bucket, Key=f"{folder}/manifest.json.out", Body=json.dumps(manifest).encode()
+        )
+        self.state.bump(PROVIDER, "outputs_written")
+        return {"written": written, "manifest": manifest}
+
+    def get_job(self, identifier: str) -> dict[str, Any]:
+        """``GET /model-invocation-job/{jobIdentifier}``; may answer an injected transient 500."""
+        state = self.state
+        counter = state.bump(PROVIDER, "retrieve_requests")
+        config = state.config
+        if config.faults.request_fails(config.seed, "retrieve", counter, config.faults.retrieve_5xx_rate):
+            state.bump(PROVIDER, "retrieve_5xx")
+            raise _error(
+                500, "InternalServerException", "Internal server error (emulated fault retrieve_5xx_rate)."
+            )
+        return self.job_json(self._job(identifier), state.now())
+
+    def list_jobs(self, request: Request) -> dict[str, Any]:
+        """``GET /model-invocation-jobs`` (ListModelInvocationJobs), newest first by default."""
+        q = request.query_params
+        now = self.state.now()
+        jobs = self.state.jobs.list(PROVIDER)
+        if q.get("sortOrder") == "Ascending":
+            jobs = jobs[::-1]
+        status = q.get("statusEquals")
+        if status is not None and status not in STATUSES:
+            raise _error(
+                400, "ValidationException", f"Value '{status}' at 'statusEquals' is not a job status."
+            )
+        name = q.get("nameContains")
+        after = _parse_iso(q["submitTimeAfter"]) if q.get("submitTimeAfter") else None
+        before = _parse_iso(q["submitTimeBefore"]) if q.get("submitTimeBefore") else None
+        try:
+            limit = int(q.get("maxResults", "1000"))
+            start = int(q.get("nextToken", "0"))
+        except ValueError as exc:
+            raise _error(400, "ValidationException", f"Invalid maxResults or nextToken: {exc}") from exc
+        if not 1 <= limit <= 1000:
+            raise _error(400, "ValidationException", "Value at 'maxResults' must be between 1 and 1000.")
+        selected = [
+            j
+            for j in jobs
+            if (name is None or name in j.attrs["jobName"])
+            and (after is None or j.created > after)
+            and (before is None or j.created < before)
+        ]
+        summaries = [self.job_json(j, now) for j in selected]
+        if status is not None:
+            summaries = [s for s in summaries if s["status"] == status]
+        page = summaries[start : start + limit]
+        out: dict[str, Any] = {"invocationJobSummaries": page}
+        if start + limit < len(summaries):
+            out["nextToken"] = str(start + limit)
+        return out
+
+    def stop_job(self, identifier: str) -> dict[str, Any]:
+        """``POST /model-invocation-job/{jobIdentifier}/stop`` (StopModelInvocationJob)."""
+        job = self._job(identifier)
+        now = self.state.now()
+        with self.state.lock:
+            view = job.view(now)
+            word = self.status_word(job, view, now)
+            if view.terminal or not job.request_cancel(now):
+                raise _error(
+                    400,
+                    "ValidationException",
+                    f"The job {job.attrs['jobArn']} is in status {word} and cannot be stopped.",
+                )
+        self.state.bump(PROVIDER, "batches_cancelled")
+        return {}
+
+    # -- runtime -------------------------------------------------------------------------------
+
+    async def invoke_model(self, model_id: str, request: Request) -> Response:
+        """``POST /model/{modelId}/invoke`` (bedrock-runtime InvokeModel)."""
+        model_id = unquote(model_id)
+        state = self.state
+        request_id = state.new_id("bedrock-req-", 32)
+        headers = {"x-amzn-RequestId": request_id}
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError as exc:
+            raise _error(400, "ValidationException", f"Malformed input request: {exc}", headers) from exc
+        family = model_family(model_id)
+        problem = request_error(family, body, state.config)
+        tokens = Prompt(family, body).input_tokens if family and isinstance(body, Mapping) else 0
+        counter = state.bump(PROVIDER, "sync_requests")
+        config = state.config
+        faults = config.faults
+        if faults.request_fails(config.seed, "sync429", counter, faults.sync_429_rate):
+            state.bump(PROVIDER, "sync_429")
+            wait = faults.sync_retry_after_s
+            raise _error(
+                429,
+                "ThrottlingException",
+                "Too many requests, please wait before trying again (emulated).",
+                {**headers, "Retry-After": retry_after_header(wait)},
+            )
+        if faults.request_fails(config.seed, "sync500", counter, faults.sync_500_rate):
+            state.bump(PROVIDER, "sync_500")
+            raise _error(500, "InternalServerException", "Internal server error (emulated).", headers)
+        window = config.scaled(config.timings.rate_window_s)
+        with state.lock:
+            decision = state.limiter.check(state.now(), tokens, faults.rpm_limit, faults.tpm_limit, window)
+        if not decision.allowed:
+            state.bump(PROVIDER, "sync_429")
+            raise _error(
+                429,
+                "ThrottlingException",
+                "Too many tokens or requests, please wait before trying again.",
+                {**headers, "Retry-After": retry_after_header(decision.retry_after_s)},
+            )
+        if problem is not None or family is None:
+            assert problem is not None
+            raise _error(problem["status"], problem["code"], problem["message"], headers)
+        prompt = Prompt(family, body)
+        with state.lock:
+            cache = _cache_for(prompt, state.seen_prefixes, config)
+        output, used_in, used_out = model_output(
+            family, model_id, body, message_id=state.new_id("msg_bdrk_", 24), cache=cache
+        )
+        headers["X-Amzn-Bedrock-Input-Token-Count"] = str(used_in)
+        headers["X-Amzn-Bedrock-Output-Token-Count"] = str(used_out)
+        return JSONResponse(output, headers=headers)

@@ -1,0 +1,292 @@
+"""The deadline branch: resolve the run's deadline, cancel and harvest open batches, route what is left.
+
+::
+
+    deadline -> prepare -> ... wait[] -> harvest[] -> download[] -> reconcile[] -> ...
+                                                    -> deadline_branch -> publish              (all done)
+                                                                       -> sync_fallback -> publish
+                                                                       -> keep_pending  -> publish
+                                                                       -> skip_unfinished -> publish
+
+- :class:`BatchDeadlineOperator` turns the DAG's :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`
+  into this run's deadline (an ISO timestamp in XCom) that sensors and later tasks read;
+- :class:`BatchDeadlineHarvestOperator` runs after each sensor: when the sensor returned at the
+  deadline, it cancels the batch and waits (bounded) for the cancelled state, so that the
+  download and reconcile that follow harvest what the batch finished; otherwise it passes through;
+- :class:`BatchDeadlineBranchOperator` routes: every item done, or the deadline not reached,
+  goes to publish; otherwise the DAG's policy task;
+- :class:`BatchDeadlineSettleOperator` is the ``publish_pending`` and ``skip`` policy task: it
+  moves the items still open to ``pending`` or ``skipped`` before publish.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseBranchOperator, BaseOperator
+
+from airflow_batch_provider.adapters.base import BatchRef, BatchStatus
+from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.hooks.ledger import LedgerHook
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.operators.batch import BatchBaseOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+#: Item states that are not done when the deadline comes (what the policy deals with).
+OPEN_AT_DEADLINE: tuple[str, ...] = (
+    "pending",
+    "staged",
+    "submitted",
+    "failed_retryable",
+    "expired",
+    "cancelled",
+    "fallback",
+)
+
+
+def _aware(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return None
+
+
+class BatchDeadlineOperator(BaseOperator):
+    """Resolve the DAG's deadline for this run; return it for the sensors and the branch.
+
+    A time of day is anchored to the run's logical date (or ``run_after``), an offset to the
+    run's start, so clearing and rerunning the task gives the same deadline.
+
+    :param spec: the deadline and its policy
+    """
+
+    ui_color = "#fbe3e4"
+
+    def __init__(self, *, spec: DeadlineSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        dag_run = context.get("dag_run")
+        now = datetime.now(timezone.utc)
+        start = _aware(getattr(dag_run, "start_date", None)) or now
+        logical = (
+            _aware(context.get("logical_date"))
+            or _aware(getattr(dag_run, "logical_date", None))
+            or _aware(getattr(dag_run, "run_after", None))
+        )
+        deadline = self.spec.resolve(start, logical)
+        stop_at = self.spec.stop_at(deadline)
+        self.log.info(
+            "%s: this run's deadline is %s (waiting stops at %s, %.0fs from now)",
+            self.spec.describe(),
+            deadline.isoformat(),
+            stop_at.isoformat(),
+            (stop_at - now).total_seconds(),
+        )
+        return {
+            "deadline": deadline.isoformat(),
+            "stop_at": stop_at.isoformat(),
+            "policy": self.spec.policy,
+            "margin_s": self.spec.margin_s,
+        }
+
+
+class BatchDeadlineHarvestOperator(BatchBaseOperator):
+    """After a sensor: cancel a batch the deadline cut short and wait until it is cancelled.
+
+    A batch the sensor saw finish passes through untouched. For one cut short (``deadline:
+    true`` in the sensor's result) the operator cancels it at the provider and polls, briefly
+    and bounded, until it is terminal: the provider then writes what the batch finished, and
+    ``batch_cancelled`` lines for the rest, which the download and reconcile tasks that follow
+    harvest. A batch that finished on its own meanwhile is simply harvested.
+
+    :param batch: the sensor's result for one job
+    :param harvest_timeout: seconds to wait for the cancelled state before going on without it
+        (its items then count as missing, hence open, and go to the deadline policy)
+    :param poll_interval: first interval between status reads, in seconds (doubles up to 10 s)
+    """
+
+    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "batch")
+    ui_color = "#fbe3e4"
+
+    def __init__(
+        self,
+        *,
+        batch: Mapping[str, Any],
+        harvest_timeout: float = 300.0,
+        poll_interval: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.batch = batch
+        self.harvest_timeout = harvest_timeout
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        batch = dict(self.batch)
+        if not batch.get("deadline"):
+            return batch
+        job_id = batch["job_id"]
+        ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
+        status = self._status(ref)
+        if status is None or not status.terminal:
+            try:
+                self.adapter.cancel(ref)
+                self.log.info("deadline: cancelled batch %s (job %s)", ref.batch_id, job_id)
+            except Exception as exc:  # the batch may have ended between the poll and the cancel
+                self.log.warning("cancel of batch %s refused: %s; reading its state", ref.batch_id, exc)
+            status = self._wait_terminal(ref)
+        if status is not None:
+            self.ledger.update_job(job_id, batch_state=status.state)
+        if status is None or not status.terminal:
+            self.log.warning(
+                "batch %s was not cancelled within %.0fs; its unfinished items count as missing and go to "
+                "the deadline policy. Raise harvest_timeout (or deadline_margin) to wait longer.",
+                ref.batch_id,
+                self.harvest_timeout,
+            )
+        else:
+            self.log.info(
+                "batch %s is %s: %d done, %d failed of %d; harvesting",
+                ref.batch_id,
+                status.state,
+                status.completed,
+                status.failed,
+                status.total,
+            )
+        return {**batch, "state": status.state if status else None, "harvested": True}
+
+    def _status(self, ref: BatchRef) -> BatchStatus | None:
+        try:
+            return self.adapter.status(ref)
+        except Exception as exc:
+            self.log.warning("status of batch %s: %s", ref.batch_id, exc)
+            return None
+
+    def _wait_terminal(self, ref: BatchRef) -> BatchStatus | None:
+        give_up = time.monotonic() + self.harvest_timeout
+        interval = self.poll_interval
+        status = self._status(ref)
+        while (status is None or not status.terminal) and time.monotonic() < give_up:
+            time.sleep(min(interval, max(0.0, give_up - time.monotonic())))
+            interval = min(interval * 2, 10.0)
+            status = self._status(ref)
+        return status
+
+
+class BatchDeadlineBranchOperator(BaseBranchOperator):
+    """Route the end of a run: publish when all is done, else the deadline policy's task.
+
+    Goes to ``publish_task_id`` when no item of the run is open (see :data:`OPEN_AT_DEADLINE`),
+    or when the deadline has not been reached (items that ran out of attempts then go to review
+    in publish, as without a deadline). Otherwise goes to ``policy_task_id``.
+
+    :param workload: the workload's name
+    :param ledger_conn_id: the ledger connection (``None``: embedded)
+    :param deadline: this run's deadline (ISO string, templated)
+    :param deadline_margin: seconds before the deadline at which waiting stopped
+    :param policy: the DAG's deadline policy (for the log)
+    :param publish_task_id: the publish task's full id
+    :param policy_task_id: the policy task's full id
+    """
+
+    template_fields: Sequence[str] = ("deadline",)
+    ui_color = "#fbe3e4"
+
+    def __init__(
+        self,
+        *,
+        workload: str,
+        ledger_conn_id: str | None,
+        deadline: str | datetime | None,
+        deadline_margin: float,
+        policy: str,
+        publish_task_id: str,
+        policy_task_id: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.workload = workload
+        self.ledger_conn_id = ledger_conn_id
+        self.deadline = deadline
+        self.deadline_margin = deadline_margin
+        self.policy = policy
+        self.publish_task_id = publish_task_id
+        self.policy_task_id = policy_task_id
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        """The ledger."""
+        return LedgerHook(self.ledger_conn_id).get_conn()
+
+    def choose_branch(self, context: Context) -> str:
+        counts = self.ledger.count_states(self.workload, context["run_id"])
+        still_open = {s: n for s, n in counts.items() if s in OPEN_AT_DEADLINE and n}
+        deadline = self.deadline if self.deadline else None
+        passed = deadline_passed(deadline, self.deadline_margin, datetime.now(timezone.utc))
+        self.log.info(
+            "items by state: %s; deadline %s (%s)", counts, deadline, "passed" if passed else "ahead"
+        )
+        if not still_open:
+            self.log.info("every item is done: publish")
+            return self.publish_task_id
+        if not passed:
+            self.log.info("deadline not reached; %s open items settle in publish", sum(still_open.values()))
+            return self.publish_task_id
+        self.log.info(
+            "deadline reached with %d items not done (%s): policy %s",
+            sum(still_open.values()),
+            still_open,
+            self.policy,
+        )
+        return self.policy_task_id
+
+
+class BatchDeadlineSettleOperator(BatchBaseOperator):
+    """The ``publish_pending`` and ``skip`` policy task: settle the items still open at the deadline.
+
+    Items that ran out of attempts, and permanent failures, go to ``review`` first (they did not
+    fail for lack of time); every other open item goes to ``state``, with the reason.
+
+    :param state: ``pending`` (published and reported as pending) or ``skipped``
+    :param max_attempts: the attempts cap (as in resubmit)
+    """
+
+    ui_color = "#fbe3e4"
+
+    def __init__(self, *, state: str, max_attempts: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if state not in ("pending", "skipped"):
+            raise ConfigurationError(
+                f"state={state!r}; the deadline settles items as 'pending' or 'skipped'."
+            )
+        self.state = state
+        self.max_attempts = max_attempts
+
+    def execute(self, context: Context) -> dict[str, int]:
+        run_id = context["run_id"]
+        _, to_review = self.ledger.retry_candidates(self.workload, run_id, self.max_attempts)
+        sources = [s for s in OPEN_AT_DEADLINE if s not in ("fallback", self.state)]
+        moved = self.ledger.transition(
+            self.workload,
+            run_id,
+            self.state,
+            sources,
+            error_code="deadline",
+            error_message=f"not done by the deadline; {self.state} by the DAG's deadline policy",
+        )
+        self.log.info(
+            "deadline: %d items -> %s, %d to review (attempts exhausted)", moved, self.state, to_review
+        )
+        return {self.state: moved, "review": to_review}

@@ -1,0 +1,220 @@
+"""Each deadline policy under ``airflow dags test``, against the emulator, with the deadline mid-batch.
+
+The emulator runs at time scale 1.0 with a 60-second ``in_progress`` phase, so one batch of 30
+items finishes an item every two seconds; the DAG's deadline is 15 seconds after the run starts,
+so it falls while the batch is running. Then the batch is cancelled and harvested, and the
+policy decides the rest. For every policy: each item ends in exactly one final state and route,
+every attempt that was paid for is in the report (nothing paid twice without being counted), and
+the policy's own outcome shows: fallback items at full price, pending items reported as pending,
+skipped items as skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batch_provider.core.pricing import PriceTable, cost
+from airflow_batch_provider.core.results import Usage
+from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
+from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.store import from_nusd, to_nusd
+
+pytestmark = pytest.mark.airflow_e2e
+
+ITEMS = 30
+DAG_FILE = """
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.pipeline import batch_inference_group
+
+PROMPT = PromptTemplate(
+    version="v1",
+    model="gpt-4o-mini",
+    system="Summarise the customer comment in five words.",
+    user="Comment {{{{ id }}}}: {{{{ text }}}}",
+    params={{"max_tokens": 24}},
+)
+
+
+def records(context):
+    for i in range({items}):
+        yield {{"id": f"c{{i:03d}}", "text": f"the parcel number {{i}} arrived late but intact"}}
+
+
+with DAG(dag_id="deadline_{policy}", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+    batch_inference_group(
+        workload="deadline_{policy}",
+        records=records,
+        prompt=PROMPT,
+        batch_conn_id="openai_batch_default",
+        max_attempts=2,
+        deadline="PT{deadline_s}S",
+        deadline_policy="{policy}",
+        harvest_timeout=30,
+        fallback_rpm=600,
+        fallback_tpm=200000,
+        fallback_concurrency=8,
+        deferrable=False,
+    )
+"""
+
+
+def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple[Ledger, str, float]:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"deadline_{policy}.py").write_text(
+        textwrap.dedent(DAG_FILE.format(policy=policy, items=ITEMS, deadline_s=15)), encoding="utf-8"
+    )
+    config = EmulatorConfig(
+        time_scale=1.0,
+        timings=Timings(validating_s=1.0, in_progress_s=60.0, finalizing_s=1.0, cancelling_s=2.0),
+    )
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with run_emulator(config) as url:
+        env = {
+            **airflow_home,
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW_CONN_OPENAI_BATCH_DEFAULT": json.dumps(
+                {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "sk-test"}
+            ),
+            "AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL": "0.5",
+            "AIRFLOW__BATCH_PROVIDER__POLL_FACTOR": "1.2",
+            "AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL": "2",
+            "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": ledger_url,
+            "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
+        }
+        airflow = Path(sys.executable).parent / "airflow"
+        started = time.monotonic()
+        result = subprocess.run(
+            [str(airflow), "dags", "test", f"deadline_{policy}"],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+    log = result.stdout + result.stderr
+    (tmp_path / "dags_test.log").write_text(log, encoding="utf-8")
+    assert result.returncode == 0, log[-6000:]
+    ledger = Ledger.from_url(ledger_url)
+    runs = ledger.runs(f"deadline_{policy}")
+    assert len(runs) == 1, log[-3000:]
+    return ledger, str(runs[0]["run_id"]), elapsed
+
+
+def _attempts(ledger: Ledger, workload: str) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(select(s.attempts).where(s.attempts.c.workload == workload)).mappings()
+        return [dict(r) for r in rows]
+
+
+def _report(tmp_path: Path, workload: str) -> dict[str, Any]:
+    found = list((tmp_path / "staging").rglob("report.json"))
+    assert len(found) == 1, found
+    report: dict[str, Any] = json.loads(found[0].read_text(encoding="utf-8"))
+    assert workload in str(found[0])
+    return report
+
+
+def _results(tmp_path: Path) -> list[dict[str, Any]]:
+    (path,) = list((tmp_path / "staging").rglob("results.jsonl"))
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _check_common(ledger: Ledger, workload: str, run_id: str, tmp_path: Path) -> dict[str, Any]:
+    """Every item in one final state and route; every paid attempt is in the report."""
+    states = ledger.count_states(workload, run_id)
+    assert sum(states.values()) == ITEMS
+    assert not set(states) & {"staged", "submitted", "fallback", "failed_retryable", "cancelled"}, states
+    results = _results(tmp_path)
+    assert sorted(r["id"] for r in results) == [f"c{i:03d}" for i in range(ITEMS)]
+    attempts = _attempts(ledger, workload)
+    # Each item has at most one usable (non-discarded, succeeded) attempt: never paid twice unseen.
+    usable: dict[tuple[str, str], int] = {}
+    for a in attempts:
+        if a["outcome"] == "succeeded" and not a["discarded"]:
+            key = (a["item_key"], a["prompt_version"])
+            usable[key] = usable.get(key, 0) + 1
+    assert all(n == 1 for n in usable.values()), usable
+    report = _report(tmp_path, workload)
+    paid_in_ledger = from_nusd(sum(int(a["cost_nusd"] or 0) for a in attempts))
+    assert Decimal(report["paid"]) == pytest.approx(paid_in_ledger, abs=Decimal("1e-8"))
+    assert report["items"] == ITEMS
+    assert sum(report["items_by_state"].values()) == ITEMS
+    # The deadline fell mid-batch: the batch finished some items and was cancelled for the rest.
+    jobs = ledger.jobs_for(workload, run_id)
+    assert jobs and jobs[0]["batch_state"] == "cancelled", jobs
+    batch_done = sum(
+        1 for a in attempts if a["mode"] == "batch" and a["outcome"] == "succeeded" and not a["discarded"]
+    )
+    assert 0 < batch_done < ITEMS, (batch_done, states)
+    assert sum(1 for a in attempts if a["outcome"] == "cancelled") == ITEMS - batch_done
+    return {"states": states, "report": report, "attempts": attempts, "batch_done": batch_done}
+
+
+def test_sync_fallback_finishes_every_item_and_prices_the_fallback_at_full_price(
+    airflow_home: dict[str, str], tmp_path: Path
+) -> None:
+    ledger, run_id, elapsed = _run_dag("sync_fallback", airflow_home, tmp_path)
+    out = _check_common(ledger, "deadline_sync_fallback", run_id, tmp_path)
+    assert out["states"] == {"succeeded": ITEMS}
+    routes = ledger.count_routes("deadline_sync_fallback", run_id)
+    fallback = routes.get(("succeeded", "fallback"), 0)
+    assert (
+        fallback == ITEMS - out["batch_done"] and routes.get(("succeeded", "batch"), 0) == out["batch_done"]
+    )
+    price = PriceTable.load().price("openai", "gpt-4o-mini")
+    sync = [a for a in out["attempts"] if a["mode"] == "sync"]
+    assert len(sync) == fallback
+    for a in sync:
+        usage = Usage(
+            a["input_tokens"], a["output_tokens"], a["cached_input_tokens"], a["cache_write_tokens"]
+        )
+        assert a["cost_nusd"] == to_nusd(cost(usage, price, "sync")) > to_nusd(cost(usage, price, "batch"))
+    report = out["report"]
+    assert report["items_by_route"]["fallback"] == fallback
+    assert Decimal(report["paid_by_kind"]["fallback"]) > 0
+    assert elapsed < 90
+
+
+def test_publish_pending_reports_the_unfinished_items_as_pending(
+    airflow_home: dict[str, str], tmp_path: Path
+) -> None:
+    ledger, run_id, elapsed = _run_dag("publish_pending", airflow_home, tmp_path)
+    out = _check_common(ledger, "deadline_publish_pending", run_id, tmp_path)
+    assert out["states"] == {"succeeded": out["batch_done"], "pending": ITEMS - out["batch_done"]}
+    assert not [a for a in out["attempts"] if a["mode"] == "sync"]
+    assert out["report"]["items_by_state"]["pending"] == ITEMS - out["batch_done"]
+    pending = [r for r in _results(tmp_path) if r["state"] == "pending"]
+    assert len(pending) == ITEMS - out["batch_done"] and all(r["output"] is None for r in pending)
+    assert elapsed < 90
+
+
+def test_skip_reports_the_unfinished_items_as_skipped(airflow_home: dict[str, str], tmp_path: Path) -> None:
+    ledger, run_id, elapsed = _run_dag("skip", airflow_home, tmp_path)
+    out = _check_common(ledger, "deadline_skip", run_id, tmp_path)
+    assert out["states"] == {"succeeded": out["batch_done"], "skipped": ITEMS - out["batch_done"]}
+    assert not [a for a in out["attempts"] if a["mode"] == "sync"]
+    assert out["report"]["items_by_state"]["skipped"] == ITEMS - out["batch_done"]
+    assert sum(1 for r in _results(tmp_path) if r["state"] == "skipped") == ITEMS - out["batch_done"]
+    assert elapsed < 90

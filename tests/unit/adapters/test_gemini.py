@@ -1,0 +1,532 @@
+"""The Gemini adapter's contract, through the real ``google-genai`` SDK over HTTP to the emulator.
+
+The emulator runs with the real clock at scale 1.0; tests move its clock forward
+(``POST /_emulator/clock``) instead of sleeping. Every response the adapter sees went through the
+SDK's own types, so a shape the SDK cannot parse fails here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
+from airflow_batch_provider.adapters.gemini import (
+    STATE_MAP,
+    GeminiBatchAdapter,
+    client_kwargs,
+    rest_request,
+    result_from_line,
+    state_of,
+    vertex_create_args,
+)
+from airflow_batch_provider.adapters.registry import adapter_class
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.results import ItemResult, MalformedLine
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.faults import FaultConfig
+from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import ConfigurationError
+
+pytest.importorskip("google.genai")
+
+MODEL = "gemini-2.5-flash"
+EMBED_MODEL = "gemini-embedding-001"
+SYSTEM = "Classify the sentiment and topic of the customer comment. Answer as JSON."
+FINISH_S = 30.0
+
+
+class Emu:
+    """A running emulator and helpers to drive it."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def advance(self, seconds: float) -> None:
+        httpx.post(f"{self.base_url}/_emulator/clock", json={"advance_s": seconds}).raise_for_status()
+
+    def configure(self, faults: dict[str, Any]) -> None:
+        httpx.put(f"{self.base_url}/_emulator/config", json={"faults": faults}).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.base_url}/_emulator/stats").json())
+
+    def adapter(self, **extra: Any) -> GeminiBatchAdapter:
+        return GeminiBatchAdapter(AdapterSettings(api_key="test-key", base_url=self.base_url, extra=extra))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with run_emulator(EmulatorConfig(seed=3)) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def emu(server: str) -> Emu:
+    httpx.post(f"{server}/_emulator/reset").raise_for_status()
+    return Emu(server)
+
+
+def chat(i: int, text: str | None = None, **params: Any) -> CanonicalRequest:
+    return CanonicalRequest(
+        app_id=f"c{i}",
+        prompt_version="v1",
+        model=MODEL,
+        system=SYSTEM,
+        messages=({"role": "user", "content": text or f"The app is great and fast, thanks! #{i}"},),
+        params=params,
+    )
+
+
+def embedding(i: int, **params: Any) -> CanonicalRequest:
+    return CanonicalRequest(
+        app_id=f"e{i}",
+        prompt_version="v1",
+        model=EMBED_MODEL,
+        kind="embedding",
+        messages=({"role": "user", "content": f"late delivery, broken package {i}"},),
+        params=params,
+    )
+
+
+def chunk(adapter: GeminiBatchAdapter, requests: Sequence[CanonicalRequest]) -> bytes:
+    return b"".join(adapter.format_line(r, f"id-{r.app_id}") + b"\n" for r in requests)
+
+
+def submit(
+    adapter: GeminiBatchAdapter, requests: Sequence[CanonicalRequest], key: str = "abp-key-1"
+) -> BatchRef:
+    data = chunk(adapter, requests)
+    ref = adapter.stage(io.BytesIO(data), f"{key}.jsonl", len(data))
+    return adapter.submit(ref, key, {"workload": "w"}, kind=requests[0].kind)
+
+
+def results(adapter: GeminiBatchAdapter, ref: BatchRef) -> list[ItemResult | MalformedLine]:
+    return list(adapter.iter_results(ref))
+
+
+def by_id(items: Sequence[ItemResult | MalformedLine]) -> dict[str, ItemResult]:
+    return {r.custom_id: r for r in items if isinstance(r, ItemResult)}
+
+
+# -- limits and formatting -----------------------------------------------------------------------
+
+
+def test_the_registry_finds_the_adapter_by_connection_type_with_batch_mode_limits() -> None:
+    cls = adapter_class("gemini_batch")
+    assert cls is GeminiBatchAdapter
+    assert (cls.name, cls.conn_type) == ("gemini", "gemini_batch")
+    assert cls.limits.max_requests == 50_000
+    assert cls.limits.max_bytes == 2 * 1024**3
+    assert cls.limits.usable_bytes < cls.limits.max_bytes
+
+
+def test_a_chat_line_is_a_keyed_generate_content_request_with_the_system_prompt_first() -> None:
+    request = CanonicalRequest(
+        app_id="a1",
+        prompt_version="v1",
+        model=MODEL,
+        system=SYSTEM,
+        messages=(
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "user", "content": "classify this"},
+        ),
+        params={
+            "max_tokens": 50,
+            "temperature": 0.0,
+            "stop": "END",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+            "thinking_config": {"thinking_budget": 0},
+        },
+    )
+    line = json.loads(GeminiBatchAdapter(AdapterSettings(api_key="k")).format_line(request, "cid-1"))
+    assert line["key"] == "cid-1"
+    body = line["request"]
+    assert list(body)[:3] == ["model", "contents", "systemInstruction"]
+    assert body["model"] == f"models/{MODEL}"
+    assert body["systemInstruction"] == {"parts": [{"text": SYSTEM}]}
+    assert [c["role"] for c in body["contents"]] == ["user", "model", "user"]
+    assert body["contents"][1]["parts"] == [{"text": "hi"}]
+    assert body["generationConfig"] == {
+        "maxOutputTokens": 50,
+        "temperature": 0.0,
+        "stopSequences": ["END"],
+        "responseMimeType": "application/json",
+        "responseJsonSchema": {"type": "object"},
+        "thinkingConfig": {"thinking_budget": 0},
+    }
+
+
+def test_an_embedding_line_maps_dimensions_and_refuses_a_parameter_gemini_does_not_know() -> None:
+    body = rest_request(embedding(1, dimensions=64, task_type="RETRIEVAL_DOCUMENT"))
+    assert body == {
+        "model": f"models/{EMBED_MODEL}",
+        "content": {"parts": [{"text": "late delivery, broken package 1"}]},
+        "outputDimensionality": 64,
+        "taskType": "RETRIEVAL_DOCUMENT",
+    }
+    with pytest.raises(ConfigurationError, match="encoding_format"):
+        rest_request(embedding(1, encoding_format="base64"))
+
+
+def test_a_connection_without_an_api_key_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="password"):
+        client_kwargs(AdapterSettings(api_key=None))
+
+
+# -- submit and idempotency ------------------------------------------------------------------------
+
+
+def test_a_second_submit_with_the_same_key_returns_the_same_batch_without_a_second_upload(emu: Emu) -> None:
+    adapter = emu.adapter()
+    first = submit(adapter, [chat(i) for i in range(3)])
+    again = submit(emu.adapter(), [chat(i) for i in range(3)])
+    assert again == first
+    assert first.batch_id.startswith("batches/")
+    assert emu.adapter().find("abp-key-1") == first
+    assert emu.adapter().find("abp-never-submitted") is None
+    stats = emu.stats()["counters"]
+    assert stats["gemini.batches_created"] == 1
+    assert stats["gemini.files_uploaded"] == 1  # the retry reused the upload of the same name and size
+
+
+def test_the_batch_model_comes_from_the_lines_and_a_missing_one_is_explained(emu: Emu) -> None:
+    adapter = emu.adapter()
+    with pytest.raises(ConfigurationError, match="no model known"):
+        adapter.submit(InputRef("file", "files/unknown"), "abp-k", {})
+    ref = submit(adapter, [chat(1)])
+    job = adapter.client.batches.get(name=ref.batch_id)
+    assert job.model == f"models/{MODEL}"
+    assert job.display_name == "abp-key-1"
+
+
+def test_a_chunk_that_is_not_seekable_is_spooled_and_uploaded(emu: Emu) -> None:
+    adapter = emu.adapter()
+    data = chunk(adapter, [chat(1), chat(2)])
+
+    class OneWay(io.RawIOBase):
+        def __init__(self) -> None:
+            self._inner = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            piece = self._inner.read(len(b))
+            b[: len(piece)] = piece
+            return len(piece)
+
+    ref = adapter.stage(io.BufferedReader(OneWay()), "abp-spooled.jsonl", len(data))
+    assert ref.kind == "file"
+    batch = adapter.submit(ref, "abp-spooled", {})
+    emu.advance(FINISH_S)
+    assert {r.custom_id for r in results(adapter, batch)} == {"id-c1", "id-c2"}
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("member", [m.value for m in __import__("google.genai.types").genai.types.JobState])
+def test_every_job_state_of_the_sdk_maps_to_a_neutral_state_explicitly(member: str) -> None:
+    suffix = member.removeprefix("JOB_STATE_")
+    assert suffix in STATE_MAP
+    assert state_of(member) == STATE_MAP[suffix]
+    assert state_of(f"BATCH_STATE_{suffix}") == STATE_MAP[suffix]
+
+
+def test_a_batch_walks_from_pending_through_running_to_succeeded(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(4)])
+    status = adapter.status(ref)
+    assert (status.state, status.raw_state, status.terminal) == ("validating", "JOB_STATE_PENDING", False)
+    emu.advance(5)
+    assert adapter.status(ref).state == "in_progress"
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.raw_state, status.terminal) == ("completed", "JOB_STATE_SUCCEEDED", True)
+
+
+def test_a_batch_that_fails_validation_is_failed_with_a_reason(emu: Emu) -> None:
+    emu.configure({"fail_validation": 1})
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(1)])
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert status.state == "failed"
+    assert status.raw_state == "JOB_STATE_FAILED"
+    assert status.reason and "JOB_STATE_FAILED" in status.reason
+    assert results(adapter, ref) == []
+
+
+async def test_the_async_status_client_reads_the_state_through_the_sdks_aio_client(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(1)])
+    client = adapter.async_client()
+    try:
+        assert (await client.status(ref)).state == "validating"
+        emu.advance(FINISH_S)
+        assert (await client.status(ref)).state == "completed"
+    finally:
+        await client.close()
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+def test_results_of_every_emulated_fault_map_to_the_neutral_outcomes(emu: Emu) -> None:
+    faults = {
+        "rate_500": 0.1,
+        "rate_429": 0.1,
+        "rate_400": 0.1,
+        "rate_context_length": 0.05,
+        "rate_missing": 0.05,
+        "rate_duplicate": 0.1,
+        "rate_malformed": 0.05,
+    }
+    emu.configure(faults)
+    adapter = emu.adapter()
+    requests = [chat(i) for i in range(120)]
+    ref = submit(adapter, requests)
+    emu.advance(FINISH_S)
+    assert adapter.status(ref).state == "completed"
+    parsed = results(adapter, ref)
+    config = FaultConfig.from_mapping(faults)
+    expected = {"server_error": "failed_retryable", "rate_limited": "failed_retryable"}
+    expected |= {"invalid_request": "failed_permanent", "context_length": "failed_permanent"}
+    counts: dict[str, int] = {}
+    for r in parsed:
+        if isinstance(r, ItemResult):
+            counts[r.custom_id] = counts.get(r.custom_id, 0) + 1
+    got = by_id(parsed)
+    malformed = [r for r in parsed if isinstance(r, MalformedLine)]
+    seen_kinds = set()
+    for request in requests:
+        cid = f"id-{request.app_id}"
+        decision = config.decide_item(3, cid)
+        if decision.fault == "missing" or decision.malformed:
+            assert cid not in got
+            seen_kinds.add("missing" if decision.fault == "missing" else "malformed")
+            continue
+        result = got[cid]
+        if decision.fault == "none":
+            assert result.outcome == "succeeded"
+            assert json.loads(result.output)["sentiment"] == "positive"
+            assert result.usage.input_tokens > 0 and result.usage.output_tokens > 0
+            assert result.raw["finish_reason"] == "STOP"
+            assert counts[cid] == (2 if decision.duplicate else 1)
+            seen_kinds.add("duplicate" if decision.duplicate else "none")
+        else:
+            assert result.outcome == expected[decision.fault], (cid, decision, result)
+            assert result.error_code in ("INTERNAL", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT")
+            assert result.error_message
+            seen_kinds.add(decision.fault)
+    assert len(malformed) == sum(config.decide_item(3, f"id-{r.app_id}").malformed for r in requests)
+    assert seen_kinds == {"none", "duplicate", "missing", "malformed", *expected}
+
+
+def test_the_shared_system_prompt_is_reported_as_implicitly_cached_after_its_first_use(emu: Emu) -> None:
+    long_system = SYSTEM + " Be careful with sarcasm." * 300
+    requests = [
+        CanonicalRequest(f"c{i}", "v1", MODEL, system=long_system, messages=({"role": "user", "content": f"ok {i}"},))
+        for i in range(5)
+    ]
+    adapter = emu.adapter()
+    ref = submit(adapter, requests)
+    emu.advance(FINISH_S)
+    usages = [r.usage for r in results(adapter, ref) if isinstance(r, ItemResult)]
+    assert len(usages) == 5
+    cached = sorted(u.cached_input_tokens for u in usages)
+    assert cached[0] == 0 and cached[1] > 1000  # the first one wrote the cache, the others read it
+    assert all(u.input_tokens < 20 for u in usages if u.cached_input_tokens)
+
+
+@pytest.mark.parametrize(
+    ("line", "outcome", "code"),
+    [
+        ({"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}, "failed_retryable", "RESOURCE_EXHAUSTED"),
+        ({"error": {"code": 500, "message": "boom"}}, "failed_retryable", "500"),
+        ({"error": {"code": 503, "message": "later", "status": "UNAVAILABLE"}}, "failed_retryable", "UNAVAILABLE"),
+        ({"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}, "failed_permanent", "INVALID_ARGUMENT"),
+        ({"error": {"code": 8, "message": "grpc quota"}}, "failed_retryable", "8"),
+        ({"error": {"code": 3, "message": "grpc bad argument"}}, "failed_permanent", "3"),
+        ({"status": {"code": 13, "message": "internal"}}, "failed_retryable", "13"),
+        ({"status": "Bad Request: invalid JSON schema"}, "failed_permanent", "error"),
+        ({"error": {"code": 499, "message": "x", "status": "CANCELLED"}}, "cancelled", "CANCELLED"),
+        ({"error": {"code": 504, "message": "x", "status": "DEADLINE_EXCEEDED"}}, "expired", "DEADLINE_EXCEEDED"),
+        ({"response": {"promptFeedback": {"blockReason": "SAFETY"}}}, "failed_permanent", "blocked:SAFETY"),
+        ({"response": {"candidates": [{"finishReason": "SAFETY"}]}}, "failed_permanent", "finish:SAFETY"),
+        ({"response": "not an object"}, "failed_retryable", "no_response"),
+    ],
+)
+def test_every_error_line_shape_maps_to_an_outcome(line: dict[str, Any], outcome: str, code: str) -> None:
+    result = result_from_line("k1", line)
+    assert (result.outcome, result.error_code) == (outcome, code)
+
+
+def test_a_success_line_keeps_text_without_thoughts_usage_with_cache_and_the_finish_reason() -> None:
+    line = {
+        "response": {
+            "candidates": [
+                {
+                    "content": {"parts": [{"text": "thinking...", "thought": True}, {"text": "{\"a\": 1}"}]},
+                    "finishReason": "MAX_TOKENS",
+                }
+            ],
+            "usageMetadata": {
+                "promptTokenCount": 1200,
+                "cachedContentTokenCount": 1024,
+                "candidatesTokenCount": 7,
+                "thoughtsTokenCount": 3,
+            },
+            "responseId": "r1",
+        }
+    }
+    result = result_from_line("k", line)
+    assert result.outcome == "succeeded"
+    assert result.output == '{"a": 1}'
+    assert (result.usage.input_tokens, result.usage.cached_input_tokens, result.usage.output_tokens) == (176, 1024, 10)
+    assert result.raw["finish_reason"] == "MAX_TOKENS"
+    vector = result_from_line("k", {"response": {"embedding": {"values": [0.5, 0.5]}, "tokenCount": 4}})
+    assert (vector.output, vector.usage.input_tokens) == ([0.5, 0.5], 4)
+
+
+def test_a_line_that_is_not_json_or_has_no_key_is_malformed_and_never_stops_the_stream() -> None:
+    adapter = GeminiBatchAdapter(AdapterSettings(api_key="k"))
+    data = b'{"key": "a", "response": {"candidates": []}\n{"response": {}}\n\n{"key": 7}\n{"key": "b", "error": {"code": 429}}\n'
+    parsed = list(adapter.parse_results(io.BytesIO(data)))
+    assert [type(p).__name__ for p in parsed] == ["MalformedLine", "MalformedLine", "MalformedLine", "ItemResult"]
+    assert [p.line_number for p in parsed if isinstance(p, MalformedLine)] == [1, 2, 4]
+    assert parsed[-1].outcome == "failed_retryable"  # type: ignore[union-attr]
+
+
+def test_an_expired_batch_keeps_what_it_finished_and_marks_the_rest_expired(emu: Emu) -> None:
+    emu.configure({"expire_batches": [0], "expire_after_fraction": 0.5})
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(10)])
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.raw_state) == ("expired", "JOB_STATE_EXPIRED")
+    outcomes = [r.outcome for r in results(adapter, ref) if isinstance(r, ItemResult)]
+    assert sorted(outcomes) == ["expired"] * 5 + ["succeeded"] * 5
+
+
+def test_cancel_stops_the_batch_and_its_unrun_items_come_back_cancelled(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(10)])
+    emu.advance(2.0 + 10 * 0.3)  # validating 2 s, then 3 of 10 seconds of work
+    adapter.cancel(ref)
+    assert adapter.status(ref).state == "in_progress"  # Gemini has no CANCELLING; still RUNNING
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.raw_state) == ("cancelled", "JOB_STATE_CANCELLED")
+    outcomes = sorted(r.outcome for r in results(adapter, ref) if isinstance(r, ItemResult))
+    assert outcomes == ["cancelled"] * 7 + ["succeeded"] * 3
+    adapter.cancel(ref)  # a finished batch: nothing to do, no error
+
+
+def test_a_small_chat_chunk_goes_inline_and_its_responses_come_back_as_keyed_lines(emu: Emu) -> None:
+    adapter = emu.adapter(inline_max_bytes=1_000_000)
+    ref = submit(adapter, [chat(i) for i in range(4)])
+    emu.advance(FINISH_S)
+    got = by_id(results(adapter, ref))
+    assert set(got) == {f"id-c{i}" for i in range(4)}
+    assert all(r.outcome == "succeeded" and r.usage.input_tokens > 0 for r in got.values())
+    assert emu.stats()["counters"].get("gemini.files_uploaded", 0) == 0
+    with pytest.raises(ConfigurationError, match="20 MB"):
+        _ = emu.adapter(inline_max_bytes=30 * 1024 * 1024).inline_max_bytes
+
+
+def test_an_embedding_batch_returns_a_vector_of_the_requested_dimension_per_item(emu: Emu) -> None:
+    adapter = emu.adapter(inline_max_bytes=1_000_000)  # embeddings always go by file
+    ref = submit(adapter, [embedding(i, dimensions=32) for i in range(6)])
+    emu.advance(FINISH_S)
+    got = by_id(results(adapter, ref))
+    assert len(got) == 6
+    for result in got.values():
+        assert result.outcome == "succeeded"
+        assert len(result.output) == 32
+        assert result.usage.input_tokens > 0
+    assert emu.stats()["counters"]["gemini.files_uploaded"] == 1
+
+
+# -- real-time -------------------------------------------------------------------------------
+
+
+async def test_realtime_answers_a_chat_request_with_usage(emu: Emu) -> None:
+    client = emu.adapter().realtime_client()
+    try:
+        reply = await client.complete(chat(1, max_tokens=200), "rt-1")
+    finally:
+        await client.close()
+    assert reply.retry_after is None
+    assert reply.result.custom_id == "rt-1"
+    assert reply.result.outcome == "succeeded"
+    assert json.loads(reply.result.output)["sentiment"] == "positive"
+    assert reply.result.usage.input_tokens > 0 and reply.result.usage.output_tokens > 0
+
+
+async def test_realtime_reports_a_429_as_retryable_with_the_retry_after_it_was_given(emu: Emu) -> None:
+    emu.configure({"sync_429_rate": 1.0, "sync_retry_after_s": 3})
+    client = emu.adapter().realtime_client()
+    try:
+        reply = await client.complete(chat(1), "rt-2")
+    finally:
+        await client.close()
+    assert reply.result.outcome == "failed_retryable"
+    assert reply.result.error_code == "RESOURCE_EXHAUSTED"
+    assert reply.retry_after == 3.0
+
+
+async def test_realtime_embeds_through_the_sdk(emu: Emu) -> None:
+    client = emu.adapter().realtime_client()
+    try:
+        reply = await client.complete(embedding(1, dimensions=16), "rt-3")
+    finally:
+        await client.close()
+    assert reply.result.outcome == "succeeded"
+    assert len(reply.result.output) == 16
+
+
+# -- Vertex AI (request building only: GCS is not available here) -------------------------------
+
+
+def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
+    settings = AdapterSettings(
+        extra={"vertexai": True, "project": "p1", "location": "us-central1", "gcs_prefix": "gs://b/llm"}
+    )
+    kwargs = client_kwargs(settings)
+    assert (kwargs["vertexai"], kwargs["project"], kwargs["location"]) == (True, "p1", "us-central1")
+    assert "api_key" not in kwargs and "api_version" not in kwargs["http_options"]
+    args = vertex_create_args("models/gemini-2.5-flash", "gs://b/llm/input/abp-k.jsonl", "abp-k", "gs://b/llm/")
+    assert args == {
+        "model": "gemini-2.5-flash",
+        "src": "gs://b/llm/input/abp-k.jsonl",
+        "config": {"display_name": "abp-k", "dest": "gs://b/llm/output/abp-k/"},
+    }
+    from google import genai
+    from google.genai import batches, types
+
+    # The body the SDK would POST to .../batchPredictionJobs (the private converter is the SDK's own)
+    client = genai.Client(**kwargs)
+    src = batches.t.t_batch_job_source(client._api_client, args["src"])
+    params = types._CreateBatchJobParameters(model=args["model"], src=src, config=args["config"])
+    body = batches._CreateBatchJobParameters_to_vertex(client._api_client, params)
+    assert body == {
+        "model": "publishers/google/models/gemini-2.5-flash",
+        "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": ["gs://b/llm/input/abp-k.jsonl"]}},
+        "displayName": "abp-k",
+        "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": "gs://b/llm/output/abp-k/"}},
+    }
+    with pytest.raises(ConfigurationError, match="project"):
+        client_kwargs(AdapterSettings(extra={"vertexai": True}))
+    with pytest.raises(ConfigurationError, match="gs://"):
+        vertex_create_args(MODEL, "files/x", "k", "gs://b")
+    adapter = GeminiBatchAdapter(AdapterSettings(extra={"vertexai": True, "project": "p", "location": "l"}))
+    with pytest.raises(ConfigurationError, match="gcs_prefix"):
+        adapter.stage(io.BytesIO(b"{}\n"), "x.jsonl", 3)

@@ -1,0 +1,159 @@
+"""The fallback's RPM + TPM limiter and retry rule, in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from airflow_batch_provider.core.ratelimit import (
+    RateLimiter,
+    RateLimits,
+    RetryPolicy,
+    VirtualClock,
+    parse_duration,
+    parse_retry_after,
+    retry_delay,
+)
+
+
+def _max_in_any_window(stamps: list[tuple[float, int]], window: float) -> tuple[int, int]:
+    """Most requests and most tokens admitted within any window starting at an admission."""
+    most_r = most_t = 0
+    for start, _ in stamps:
+        inside = [(t, n) for t, n in stamps if start <= t < start + window]
+        most_r = max(most_r, len(inside))
+        most_t = max(most_t, sum(n for _, n in inside))
+    return most_r, most_t
+
+
+async def _run(limiter: RateLimiter, clock: VirtualClock, sizes: list[int], workers: int) -> list[tuple[float, int]]:
+    stamps: list[tuple[float, int]] = []
+    queue = list(sizes)
+
+    async def worker() -> None:
+        while queue:
+            tokens = queue.pop(0)
+            res = await limiter.acquire(tokens)
+            stamps.append((clock.now(), tokens))
+            limiter.settle(res)
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return stamps
+
+
+async def test_the_limiter_holds_the_requests_per_minute() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=10), clock)
+    stamps = await _run(limiter, clock, [1] * 35, workers=8)
+    assert len(stamps) == 35
+    assert _max_in_any_window(stamps, 60.0)[0] == 10
+    # 35 requests at 10 a minute need three full windows of waiting, not more.
+    assert 180.0 <= clock.now() < 181.0
+
+
+async def test_the_limiter_holds_the_tokens_per_minute() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=1000, tpm=1000), clock)
+    stamps = await _run(limiter, clock, [300] * 10, workers=4)
+    _, most_tokens = _max_in_any_window(stamps, 60.0)
+    assert most_tokens <= 1000
+    assert most_tokens == 900  # three 300-token requests fit, a fourth does not
+
+
+async def test_actual_usage_corrects_the_estimate() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(tpm=1000), clock)
+    first = await limiter.acquire(900)
+    assert limiter.wait_time(500, clock.now()) == pytest.approx(60.0)
+    limiter.settle(first, tokens=200)  # the answer used far fewer tokens than estimated
+    assert limiter.wait_time(500, clock.now()) == 0.0
+    assert limiter.in_window == (1, 200)
+
+
+async def test_a_retry_after_pauses_every_worker_until_it_passes() -> None:
+    clock = VirtualClock(100.0)
+    limiter = RateLimiter(RateLimits(rpm=100), clock)
+    limiter.observe({"Retry-After": "7"}, retry_after=7.0)
+    stamps = await _run(limiter, clock, [1] * 3, workers=3)
+    assert all(t >= 107.0 for t, _ in stamps)
+    assert limiter.stats.pauses == 1
+
+
+async def test_a_remaining_count_of_zero_pauses_until_the_reset() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=100, tpm=10_000), clock)
+    limiter.observe({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m2.5s"})
+    assert limiter.wait_time(1, clock.now()) == pytest.approx(62.5)
+    limiter.observe({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "120ms"})
+    assert limiter.wait_time(1, clock.now()) == pytest.approx(62.5)  # the longer pause holds
+
+
+async def test_a_provider_limit_below_the_configured_one_lowers_it() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=100), clock)
+    limiter.observe({"x-ratelimit-limit-requests": "2", "x-ratelimit-limit-tokens": "5000"})
+    await limiter.acquire(1)
+    await limiter.acquire(1)
+    assert limiter.wait_time(1, clock.now()) == pytest.approx(60.0)
+    assert limiter.stats.limits_lowered == ["requests=2", "tokens=5000"]
+
+
+async def test_a_request_larger_than_the_whole_tpm_goes_alone() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(tpm=100), clock)
+    await limiter.acquire(500)
+    assert limiter.wait_time(1, clock.now()) == pytest.approx(60.0)
+
+
+def test_headroom_keeps_part_of_each_limit_spare() -> None:
+    limits = RateLimits(rpm=100, tpm=1000, headroom=0.9)
+    assert (limits.effective_rpm, limits.effective_tpm) == (90, 900)
+
+
+@pytest.mark.parametrize("bad", [{"rpm": 0}, {"tpm": -1}, {"window_s": 0}, {"headroom": 1.5}])
+def test_impossible_limits_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RateLimits(**bad)  # type: ignore[arg-type]
+
+
+def test_retry_after_wins_over_the_backoff() -> None:
+    policy = RetryPolicy(max_attempts=5, initial_delay=0.5, max_delay=8.0)
+    assert retry_delay(policy, 1, "failed_retryable", retry_after=3.0) == 3.0
+    assert retry_delay(policy, 1, "failed_retryable", retry_after=3600.0) == policy.max_retry_after
+
+
+def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
+    policy = RetryPolicy(max_attempts=10, initial_delay=0.5, max_delay=4.0, jitter=0.25)
+    rng = random.Random(7)
+    delays = [retry_delay(policy, n, "failed_retryable", rng=rng) for n in range(1, 7)]
+    ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    for delay, ceiling in zip(delays, ceilings):
+        assert delay is not None and 0.75 * ceiling <= delay <= ceiling
+    rng2 = random.Random(7)
+    assert delays == [retry_delay(policy, n, "failed_retryable", rng=rng2) for n in range(1, 7)]
+
+
+def test_only_retryable_outcomes_are_retried_and_only_up_to_the_cap() -> None:
+    policy = RetryPolicy(max_attempts=3)
+    assert retry_delay(policy, 1, "failed_permanent") is None
+    assert retry_delay(policy, 1, "succeeded") is None
+    assert retry_delay(policy, 1, "invalid_output") is None
+    assert retry_delay(policy, 3, "failed_retryable", retry_after=1.0) is None
+    assert retry_delay(policy, 2, "failed_retryable") is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1.5s", 1.5), ("6m0s", 360.0), ("120ms", 0.12), ("2", 2.0), ("1h2m", 3720.0), ("soon", None), (None, None)],
+)
+def test_rate_limit_reset_durations_are_read(text: str | None, seconds: float | None) -> None:
+    assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)
+
+
+def test_retry_after_is_read_from_milliseconds_seconds_or_a_date() -> None:
+    assert parse_retry_after({"Retry-After-Ms": "1500", "Retry-After": "9"}) == 1.5
+    assert parse_retry_after({"retry-after": "4"}) == 4.0
+    assert parse_retry_after({"retry-after": "Thu, 01 Jan 2026 00:00:10 GMT"}, now_epoch=1767225600.0) == 10.0
+    assert parse_retry_after({}) is None

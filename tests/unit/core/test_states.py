@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import pytest
+
+from airflow_batch_provider.core.states import (
+    FINAL_STATES,
+    ITEM_STATES,
+    OPEN_STATES,
+    RETRYABLE_STATES,
+    USABLE_STATES,
+    can_transition,
+    sources_of,
+)
+
+# Every move DESIGN.md ("Item states") describes, besides staying put and going back to pending.
+ALLOWED = [
+    # the normal path
+    ("pending", "staged"),
+    ("staged", "submitted"),
+    ("submitted", "succeeded"),
+    ("submitted", "failed_retryable"),
+    ("submitted", "failed_permanent"),
+    ("submitted", "expired"),
+    ("submitted", "cancelled"),
+    # skip unchanged
+    ("pending", "unchanged"),
+    # retryable and expired go back to staged in a new job, then to review when exhausted
+    ("failed_retryable", "staged"),
+    ("expired", "staged"),
+    ("failed_retryable", "review"),
+    ("expired", "review"),
+    ("failed_permanent", "review"),
+    # a record that cannot be sent goes to review before it is staged
+    ("pending", "review"),
+    # at the deadline open items go to fallback, then succeed or fail
+    ("pending", "fallback"),
+    ("staged", "fallback"),
+    ("submitted", "fallback"),
+    ("failed_retryable", "fallback"),
+    ("expired", "fallback"),
+    ("fallback", "succeeded"),
+    ("fallback", "failed_permanent"),
+    ("fallback", "failed_retryable"),
+    ("fallback", "review"),
+    # or are skipped by the DAG's policy
+    ("pending", "skipped"),
+    ("staged", "skipped"),
+    ("submitted", "skipped"),
+    ("failed_retryable", "skipped"),
+    ("expired", "skipped"),
+    # a late success for an older attempt is still taken while nothing usable exists
+    ("failed_retryable", "succeeded"),
+    ("expired", "succeeded"),
+    ("cancelled", "succeeded"),
+    # a batch cancelled at the deadline leaves its items to the same choices as an expired one
+    ("cancelled", "staged"),
+    ("cancelled", "fallback"),
+    ("cancelled", "skipped"),
+    ("cancelled", "review"),
+]
+
+FORBIDDEN = [
+    # nothing skips a step on the way out
+    ("pending", "submitted"),
+    ("pending", "succeeded"),
+    ("staged", "succeeded"),
+    ("staged", "failed_retryable"),
+    # settled states stay settled (only a changed input in a new run reopens them)
+    ("succeeded", "staged"),
+    ("succeeded", "failed_retryable"),
+    ("succeeded", "review"),
+    ("succeeded", "unchanged"),
+    ("unchanged", "staged"),
+    ("unchanged", "succeeded"),
+    ("review", "staged"),
+    ("review", "succeeded"),
+    ("skipped", "staged"),
+    ("skipped", "succeeded"),
+    # a permanent failure is never sent again
+    ("failed_permanent", "staged"),
+    ("failed_permanent", "fallback"),
+    ("failed_permanent", "succeeded"),
+    # unchanged is only decided before sending
+    ("submitted", "unchanged"),
+    ("staged", "unchanged"),
+    ("fallback", "unchanged"),
+    # a fallback item is not put back into a batch
+    ("fallback", "staged"),
+    ("fallback", "submitted"),
+]
+
+
+@pytest.mark.parametrize(("current", "target"), ALLOWED)
+def test_every_move_the_design_describes_is_allowed(current: str, target: str) -> None:
+    assert can_transition(current, target)
+
+
+@pytest.mark.parametrize(("current", "target"), FORBIDDEN)
+def test_moves_the_design_does_not_describe_are_refused(current: str, target: str) -> None:
+    assert not can_transition(current, target)
+
+
+@pytest.mark.parametrize("state", ITEM_STATES)
+def test_every_state_may_stay_where_it_is_so_reruns_are_idempotent(state: str) -> None:
+    assert can_transition(state, state)
+
+
+@pytest.mark.parametrize("state", ITEM_STATES)
+def test_every_state_may_go_back_to_pending_when_a_new_run_changes_the_input(state: str) -> None:
+    assert can_transition(state, "pending")
+
+
+@pytest.mark.parametrize(("current", "target"), [("pending", "bogus"), ("bogus", "pending"), ("x", "x")])
+def test_an_unknown_state_connects_to_nothing(current: str, target: str) -> None:
+    assert not can_transition(current, target)
+
+
+def test_the_listed_states_are_exactly_those_of_the_design() -> None:
+    assert set(ITEM_STATES) == {
+        "pending",
+        "staged",
+        "submitted",
+        "succeeded",
+        "failed_retryable",
+        "failed_permanent",
+        "expired",
+        "cancelled",
+        "review",
+        "fallback",
+        "skipped",
+        "unchanged",
+    }
+    assert len(ITEM_STATES) == len(set(ITEM_STATES))
+
+
+def test_sources_of_staged_are_the_states_that_may_be_sent_in_a_new_job() -> None:
+    assert sources_of("staged") == {"pending", "staged", "failed_retryable", "expired", "cancelled"}
+
+
+def test_sources_of_review_include_every_failure_but_no_success() -> None:
+    review = sources_of("review")
+    assert {"failed_retryable", "expired", "failed_permanent", "pending", "staged", "submitted"} <= review
+    assert not review & {"succeeded", "unchanged", "skipped"}
+
+
+def test_sources_of_pending_are_every_state() -> None:
+    assert sources_of("pending") == set(ITEM_STATES)
+
+
+def test_sources_of_agrees_with_can_transition_for_every_pair() -> None:
+    for target in ITEM_STATES:
+        assert sources_of(target) == {s for s in ITEM_STATES if can_transition(s, target)}
+
+
+def test_sources_of_an_unknown_state_is_empty() -> None:
+    assert sources_of("bogus") == frozenset()
+
+
+def test_usable_states_are_the_two_that_hold_an_output() -> None:
+    assert {"succeeded", "unchanged"} == USABLE_STATES
+
+
+def test_retryable_states_are_retryable_failures_and_expiry_and_may_go_back_to_staged() -> None:
+    assert {"failed_retryable", "expired"} == RETRYABLE_STATES
+    assert all(can_transition(s, "staged") for s in RETRYABLE_STATES)
+    assert not can_transition("failed_permanent", "staged")
+
+
+def test_final_states_include_every_usable_state_and_leave_no_open_one() -> None:
+    assert USABLE_STATES <= FINAL_STATES
+    assert {"review", "skipped"} <= FINAL_STATES
+    assert not FINAL_STATES & RETRYABLE_STATES
+    assert not FINAL_STATES & {"staged", "submitted", "fallback", "failed_permanent"}
+
+
+def test_settled_final_states_have_no_way_out_but_a_new_input() -> None:
+    for state in ("succeeded", "unchanged", "review", "skipped"):
+        assert {t for t in ITEM_STATES if can_transition(state, t)} == {state, "pending"}
+
+
+def test_open_states_are_work_in_flight_and_never_final_except_reported_pending() -> None:
+    assert {"pending", "staged", "submitted", "fallback"} == OPEN_STATES
+    assert {"pending"} == OPEN_STATES & FINAL_STATES
+    assert all(state in ITEM_STATES for state in FINAL_STATES | RETRYABLE_STATES | OPEN_STATES)

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import BigInteger, inspect, select, update
+
+from airflow_batch_provider.exceptions import LedgerError
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger import schema as s
+
+TABLES = {"abp_meta", "abp_items", "abp_jobs", "abp_attempts", "abp_runs", "abp_results"}
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    opened = Ledger.from_url(ledger_url)
+    try:
+        yield opened
+    finally:
+        opened.engine.dispose()
+
+
+def test_a_new_ledger_creates_every_table_and_records_the_schema_version(ledger: Ledger) -> None:
+    assert set(inspect(ledger.engine).get_table_names()) >= TABLES
+    assert ledger.schema_version == s.SCHEMA_VERSION
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(select(s.meta)).all()
+    assert [tuple(r) for r in rows] == [("schema_version", str(s.SCHEMA_VERSION))]
+
+
+def test_opening_a_ledger_again_keeps_one_version_row_and_the_data(ledger: Ledger, ledger_url: str) -> None:
+    ledger.start_run("wl", "r1", "openai", "gpt-4o-mini")
+    again = Ledger.from_url(ledger_url)
+    try:
+        again.ensure_schema()
+        assert again.schema_version == s.SCHEMA_VERSION
+        assert [r["run_id"] for r in again.runs("wl")] == ["r1"]
+        with again.engine.connect() as conn:
+            assert len(conn.execute(select(s.meta)).all()) == 1
+    finally:
+        again.engine.dispose()
+
+
+def test_a_ledger_written_by_a_newer_package_is_refused_with_the_fix(ledger: Ledger, ledger_url: str) -> None:
+    newer = s.SCHEMA_VERSION + 1
+    with ledger.engine.begin() as conn:
+        conn.execute(update(s.meta).where(s.meta.c.key == "schema_version").values(value=str(newer)))
+    with pytest.raises(LedgerError) as caught:
+        Ledger.from_url(ledger_url).engine.dispose()
+    message = str(caught.value)
+    assert f"schema version {newer} is newer than this package's {s.SCHEMA_VERSION}" in message
+    assert "upgrade airflow-batch-provider" in message
+
+
+def test_an_older_recorded_version_is_accepted(ledger: Ledger) -> None:
+    with ledger.engine.begin() as conn:
+        conn.execute(update(s.meta).where(s.meta.c.key == "schema_version").values(value="0"))
+    ledger.ensure_schema()
+
+
+def test_items_are_keyed_by_workload_item_key_and_prompt_version() -> None:
+    assert [c.name for c in s.items.primary_key] == ["workload", "item_key", "prompt_version"]
+    assert [c.name for c in s.attempts.primary_key] == ["job_id", "custom_id"]
+    assert [c.name for c in s.jobs.primary_key] == ["job_id"]
+    assert [c.name for c in s.published.primary_key] == ["workload", "item_key", "prompt_version"]
+
+
+def test_a_jobs_idempotency_key_is_unique() -> None:
+    assert s.jobs.c.idempotency_key.unique
+
+
+def test_money_is_stored_as_integer_nano_dollars() -> None:
+    money = [c for t in s.metadata.tables.values() for c in t.columns if c.name.endswith("_nusd")]
+    assert money
+    assert all(isinstance(c.type, BigInteger) for c in money)
+
+
+def test_custom_ids_and_item_keys_fit_their_columns() -> None:
+    assert s.items.c.item_key.type.length == 64  # type: ignore[attr-defined]
+    assert s.items.c.custom_id.type.length == 64  # type: ignore[attr-defined]
+    assert s.attempts.c.custom_id.type.length == 64  # type: ignore[attr-defined]
+
+
+def test_the_lookup_indexes_exist_in_the_database(ledger: Ledger) -> None:
+    found = {
+        ix["name"]
+        for table in ("abp_items", "abp_jobs", "abp_attempts")
+        for ix in inspect(ledger.engine).get_indexes(table)
+    }
+    assert {
+        "ix_abp_items_run_state",
+        "ix_abp_items_job",
+        "ix_abp_jobs_run",
+        "ix_abp_attempts_item",
+        "ix_abp_attempts_run",
+    } <= found
