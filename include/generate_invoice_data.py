@@ -134,9 +134,7 @@ def make_invoice(index: int, rng: random.Random) -> dict[str, Any]:
         unit = round(rng.uniform(4, 450), 2)
         amount = round(quantity * unit, 2)
         subtotal += amount
-        lines.append(
-            f"  {item}: {quantity} x {_money(currency, unit)} = {_money(currency, amount)}"
-        )
+        lines.append(f"  {item}: {quantity} x {_money(currency, unit)} = {_money(currency, amount)}")
     subtotal = round(subtotal, 2)
     tax = round(subtotal * CURRENCIES[currency][1], 2)
     total = round(subtotal + tax, 2)

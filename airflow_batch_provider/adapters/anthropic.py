@@ -606,10 +606,11 @@ class AnthropicBatchAdapter(BatchAdapter):
             raise ConfigurationError(
                 f"the Anthropic adapter posts requests inline; got a {input_ref.kind!r} input {input_ref.value!r}."
             )
+        path = Path(input_ref.value)
         found = self.find(key)
         if found is not None:
+            path.unlink(missing_ok=True)
             return found
-        path = Path(input_ref.value)
         if not path.is_file():
             raise ConfigurationError(
                 f"the spooled chunk {path} is gone; stage() the chunk again (in the same process) before submit."

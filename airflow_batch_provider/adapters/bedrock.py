@@ -36,7 +36,12 @@ are the AWS keys, else boto3's default credential chain; ``host`` (or extra
 prefix, or ``input_bucket`` + ``input_prefix``; required to stage), ``output_s3_uri`` (default
 ``<s3_uri>/output``), ``s3_endpoint_url``, ``bedrock_runtime_endpoint_url`` (default: the
 Bedrock endpoint override), ``aws_session_token``, ``timeout_hours`` (24 to 168, default 24),
-``min_records``, ``max_retries``.
+``min_records``, ``max_retries``, ``cache_system_prompt`` (mark the system prompt with Anthropic's
+``cache_control``), ``model_id``.
+
+The model id is needed when the job is created (``modelId``), but an Anthropic ``modelInput``
+does not carry it: :meth:`submit` takes it from ``metadata["model"]`` (the job's model, passed by
+the submit operator), else from the ``model_id`` extra.
 """
 
 from __future__ import annotations
@@ -578,6 +583,7 @@ class BedrockBatchAdapter(BatchAdapter):
                 raise
         with tempfile.SpooledTemporaryFile(max_size=64 * 1024 * 1024) as spool:
             records = 0
+            last = b""
             while block := chunk.read(1 << 20):
                 records += block.count(b"\n")
                 last = block[-1:]
@@ -630,7 +636,10 @@ class BedrockBatchAdapter(BatchAdapter):
             )
         model = str(metadata.get("model") or self.settings.extra.get("model_id") or "")
         if not model:
-            model = self._model_from_input(input_ref.value)
+            raise SubmitError(
+                f"job {key}: Bedrock needs the model id when the job is created and none was given; pass it "
+                "in the submit metadata as 'model', or set the connection extra model_id."
+            )
         request: dict[str, Any] = {
             "jobName": job_name(key),
             "roleArn": self.role_arn,
@@ -650,14 +659,6 @@ class BedrockBatchAdapter(BatchAdapter):
         response = self.bedrock.create_model_invocation_job(**request)
         del kind
         return BatchRef(self.name, str(response["jobArn"]), key)
-
-    def _model_from_input(self, uri: str) -> str:
-        """Read the model id from the staged chunk's first line (the chunk knows its model only there)."""
-        del uri
-        raise SubmitError(
-            "Bedrock needs the model id at job creation; pass it in the submit metadata as 'model' "
-            "or set the connection extra model_id."
-        )
 
     def find(self, key: str) -> BatchRef | None:
         name = job_name(key)

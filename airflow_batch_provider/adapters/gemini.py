@@ -633,7 +633,9 @@ class GeminiBatchAdapter(BatchAdapter):
     def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
         with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
             source: IO[bytes] = chunk
-            if not chunk.seekable():
+            # The SDK needs a seekable io.IOBase (it measures the size); object-store streams are
+            # often neither, so they are spooled (to disk past 64 MB).
+            if not isinstance(chunk, io.IOBase) or not chunk.seekable():
                 shutil.copyfileobj(chunk, spool)
                 spool.seek(0)
                 source = spool  # type: ignore[assignment]

@@ -500,7 +500,10 @@ class GeminiEmulator:
         file = body.get("file") if isinstance(body.get("file"), dict) else {}
         assert isinstance(file, dict)
         declared_raw = (
-            request.headers.get("x-goog-upload-header-content-length") or file.get("sizeBytes") or file.get("size_bytes") or 0
+            request.headers.get("x-goog-upload-header-content-length")
+            or file.get("sizeBytes")
+            or file.get("size_bytes")
+            or 0
         )
         try:
             declared = int(declared_raw)
@@ -525,7 +528,11 @@ class GeminiEmulator:
             expires_at=int(now + FILE_TTL_S),
             provider=PROVIDER,
         )
-        mime = request.headers.get("x-goog-upload-header-content-type") or file.get("mimeType") or file.get("mime_type")
+        mime = (
+            request.headers.get("x-goog-upload-header-content-type")
+            or file.get("mimeType")
+            or file.get("mime_type")
+        )
         if mime:
             self._mimes[file_id] = str(mime)
         upload_id = self.state.new_id("up", 32)

@@ -19,6 +19,9 @@ def settings_from_connection(conn: Any) -> AdapterSettings:
     :param conn: an Airflow connection
     """
     extra = dict(conn.extra_dejson or {})
+    if conn.login:
+        # e.g. an AWS access key id; adapters that need a login read it from extras
+        extra.setdefault("login", conn.login)
     base_url = conn.host or extra.pop("base_url", None)
     if base_url and conn.port and "://" in base_url and base_url.count(":") == 1:
         base_url = f"{base_url}:{conn.port}"

@@ -480,6 +480,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 "run_id": context["run_id"][:500],
                 "round": str(job["round"]),
                 "chunk": str(job["chunk_index"]),
+                "model": job["model"],
             }
             ref = self.adapter.submit(input_ref, key, metadata, kind=job["kind"])
             self.log.info("created batch %s for job %s (%d lines)", ref.batch_id, job["job_id"], job["lines"])

@@ -6,7 +6,7 @@ import io
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -137,7 +137,9 @@ def test_a_line_is_a_batch_request_with_a_cached_system_block_and_a_default_max_
 
 def test_max_tokens_and_stop_are_translated_and_caching_can_be_turned_off() -> None:
     adapter = AnthropicBatchAdapter(AdapterSettings(extra={"prompt_caching": False}))
-    params = json.loads(adapter.format_line(request("a", max_completion_tokens=50, stop="END"), "a"))["params"]
+    params = json.loads(adapter.format_line(request("a", max_completion_tokens=50, stop="END"), "a"))[
+        "params"
+    ]
     assert params["max_tokens"] == 50
     assert params["stop_sequences"] == ["END"]
     assert "cache_control" not in params["system"][0]
@@ -186,9 +188,12 @@ def test_the_chunker_splits_at_the_adapters_request_limit(tmp_path: Path) -> Non
     def sink(name: str) -> Any:
         return (tmp_path / name).open("wb")
 
+    def line_for(app_id: str) -> Callable[[str], bytes]:
+        return lambda cid: adapter.format_line(request(app_id), cid)
+
     with Chunker(adapter.limits, sink) as chunker:
         for i in range(7):
-            chunker.add(f"k{i}", str(i), 1, lambda cid, i=i: adapter.format_line(request(str(i)), cid))
+            chunker.add(f"k{i}", str(i), 1, line_for(str(i)))
     assert [c.lines for c in chunker.chunks] == [3, 3, 1]
 
 
@@ -230,6 +235,7 @@ def test_a_second_submit_with_the_same_key_returns_the_same_batch(env: Env) -> N
     assert first.batch_id.startswith("msgbatch_")
     assert adapter.find("abp-key-1") == first
     assert env.created() == 1
+    assert list((env.tmp / "abp-anthropic").iterdir()) == []  # spooled requests are cleaned up
 
 
 def test_a_lost_create_reply_is_recovered_from_the_ended_batchs_results(env: Env) -> None:
@@ -281,9 +287,7 @@ def test_submit_refuses_an_input_that_was_not_staged_inline(env: Env) -> None:
 # -- status ------------------------------------------------------------------------------------
 
 
-def fake_batch(
-    status: str, cancel: bool = False, **counts: int
-) -> SimpleNamespace:
+def fake_batch(status: str, cancel: bool = False, **counts: int) -> SimpleNamespace:
     base = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     return SimpleNamespace(
         processing_status=status,
@@ -511,7 +515,10 @@ async def test_an_overloaded_529_is_retryable_and_a_bad_request_is_permanent(env
         too_long = await client.complete(request("t", text="word " * 200_000), "t1")
     finally:
         await client.close()
-    assert (overloaded.result.outcome, overloaded.result.error_code) == ("failed_retryable", "overloaded_error")
+    assert (overloaded.result.outcome, overloaded.result.error_code) == (
+        "failed_retryable",
+        "overloaded_error",
+    )
     assert overloaded.result.raw["status_code"] == 529
     assert (too_long.result.outcome, too_long.result.error_code) == (
         "failed_permanent",
@@ -521,7 +528,9 @@ async def test_an_overloaded_529_is_retryable_and_a_bad_request_is_permanent(env
 
 
 async def test_an_unreachable_endpoint_is_a_retryable_result_not_an_exception(tmp_path: Path) -> None:
-    adapter = AnthropicBatchAdapter(AdapterSettings(api_key="k", base_url="http://127.0.0.1:9", extra={"timeout": 2}))
+    adapter = AnthropicBatchAdapter(
+        AdapterSettings(api_key="k", base_url="http://127.0.0.1:9", extra={"timeout": 2})
+    )
     client = adapter.realtime_client()
     try:
         reply = await client.complete(request("u"), "u1")

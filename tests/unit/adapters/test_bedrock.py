@@ -375,6 +375,19 @@ def test_a_chunk_below_the_minimum_is_refused_before_any_job_is_created(env: Env
     assert env.jobs_created() == 0
 
 
+def test_a_submit_without_a_model_id_is_refused_before_any_job_is_created(env: Env) -> None:
+    input_ref = env.chunk(MIN_RECORDS, "abp-nomodel")
+    with pytest.raises(SubmitError, match="model id"):
+        env.adapter.submit(input_ref, "abp-nomodel", {"workload": "test"})
+    assert env.jobs_created() == 0
+
+
+def test_the_model_id_extra_is_used_when_the_submit_metadata_has_no_model(env_factory: EnvFactory) -> None:
+    with env_factory(extra={"model_id": NOVA}) as env:
+        ref = env.adapter.submit(env.chunk(MIN_RECORDS, "abp-extra-model", NOVA), "abp-extra-model", {})
+        assert env.adapter.bedrock.get_model_invocation_job(jobIdentifier=ref.batch_id)["modelId"] == NOVA
+
+
 def test_the_minimum_follows_the_connections_min_records(env_factory: EnvFactory) -> None:
     with (
         env_factory(extra={"min_records": 200}) as env,

@@ -333,7 +333,9 @@ def test_results_of_every_emulated_fault_map_to_the_neutral_outcomes(emu: Emu) -
 def test_the_shared_system_prompt_is_reported_as_implicitly_cached_after_its_first_use(emu: Emu) -> None:
     long_system = SYSTEM + " Be careful with sarcasm." * 300
     requests = [
-        CanonicalRequest(f"c{i}", "v1", MODEL, system=long_system, messages=({"role": "user", "content": f"ok {i}"},))
+        CanonicalRequest(
+            f"c{i}", "v1", MODEL, system=long_system, messages=({"role": "user", "content": f"ok {i}"},)
+        )
         for i in range(5)
     ]
     adapter = emu.adapter()
@@ -349,16 +351,32 @@ def test_the_shared_system_prompt_is_reported_as_implicitly_cached_after_its_fir
 @pytest.mark.parametrize(
     ("line", "outcome", "code"),
     [
-        ({"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}, "failed_retryable", "RESOURCE_EXHAUSTED"),
+        (
+            {"error": {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED"}},
+            "failed_retryable",
+            "RESOURCE_EXHAUSTED",
+        ),
         ({"error": {"code": 500, "message": "boom"}}, "failed_retryable", "500"),
-        ({"error": {"code": 503, "message": "later", "status": "UNAVAILABLE"}}, "failed_retryable", "UNAVAILABLE"),
-        ({"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}, "failed_permanent", "INVALID_ARGUMENT"),
+        (
+            {"error": {"code": 503, "message": "later", "status": "UNAVAILABLE"}},
+            "failed_retryable",
+            "UNAVAILABLE",
+        ),
+        (
+            {"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}},
+            "failed_permanent",
+            "INVALID_ARGUMENT",
+        ),
         ({"error": {"code": 8, "message": "grpc quota"}}, "failed_retryable", "8"),
         ({"error": {"code": 3, "message": "grpc bad argument"}}, "failed_permanent", "3"),
         ({"status": {"code": 13, "message": "internal"}}, "failed_retryable", "13"),
         ({"status": "Bad Request: invalid JSON schema"}, "failed_permanent", "error"),
         ({"error": {"code": 499, "message": "x", "status": "CANCELLED"}}, "cancelled", "CANCELLED"),
-        ({"error": {"code": 504, "message": "x", "status": "DEADLINE_EXCEEDED"}}, "expired", "DEADLINE_EXCEEDED"),
+        (
+            {"error": {"code": 504, "message": "x", "status": "DEADLINE_EXCEEDED"}},
+            "expired",
+            "DEADLINE_EXCEEDED",
+        ),
         ({"response": {"promptFeedback": {"blockReason": "SAFETY"}}}, "failed_permanent", "blocked:SAFETY"),
         ({"response": {"candidates": [{"finishReason": "SAFETY"}]}}, "failed_permanent", "finish:SAFETY"),
         ({"response": "not an object"}, "failed_retryable", "no_response"),
@@ -374,7 +392,7 @@ def test_a_success_line_keeps_text_without_thoughts_usage_with_cache_and_the_fin
         "response": {
             "candidates": [
                 {
-                    "content": {"parts": [{"text": "thinking...", "thought": True}, {"text": "{\"a\": 1}"}]},
+                    "content": {"parts": [{"text": "thinking...", "thought": True}, {"text": '{"a": 1}'}]},
                     "finishReason": "MAX_TOKENS",
                 }
             ],
@@ -390,7 +408,11 @@ def test_a_success_line_keeps_text_without_thoughts_usage_with_cache_and_the_fin
     result = result_from_line("k", line)
     assert result.outcome == "succeeded"
     assert result.output == '{"a": 1}'
-    assert (result.usage.input_tokens, result.usage.cached_input_tokens, result.usage.output_tokens) == (176, 1024, 10)
+    assert (result.usage.input_tokens, result.usage.cached_input_tokens, result.usage.output_tokens) == (
+        176,
+        1024,
+        10,
+    )
     assert result.raw["finish_reason"] == "MAX_TOKENS"
     vector = result_from_line("k", {"response": {"embedding": {"values": [0.5, 0.5]}, "tokenCount": 4}})
     assert (vector.output, vector.usage.input_tokens) == ([0.5, 0.5], 4)
@@ -400,7 +422,12 @@ def test_a_line_that_is_not_json_or_has_no_key_is_malformed_and_never_stops_the_
     adapter = GeminiBatchAdapter(AdapterSettings(api_key="k"))
     data = b'{"key": "a", "response": {"candidates": []}\n{"response": {}}\n\n{"key": 7}\n{"key": "b", "error": {"code": 429}}\n'
     parsed = list(adapter.parse_results(io.BytesIO(data)))
-    assert [type(p).__name__ for p in parsed] == ["MalformedLine", "MalformedLine", "MalformedLine", "ItemResult"]
+    assert [type(p).__name__ for p in parsed] == [
+        "MalformedLine",
+        "MalformedLine",
+        "MalformedLine",
+        "ItemResult",
+    ]
     assert [p.line_number for p in parsed if isinstance(p, MalformedLine)] == [1, 2, 4]
     assert parsed[-1].outcome == "failed_retryable"  # type: ignore[union-attr]
 
@@ -503,7 +530,9 @@ def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
     kwargs = client_kwargs(settings)
     assert (kwargs["vertexai"], kwargs["project"], kwargs["location"]) == (True, "p1", "us-central1")
     assert "api_key" not in kwargs and "api_version" not in kwargs["http_options"]
-    args = vertex_create_args("models/gemini-2.5-flash", "gs://b/llm/input/abp-k.jsonl", "abp-k", "gs://b/llm/")
+    args = vertex_create_args(
+        "models/gemini-2.5-flash", "gs://b/llm/input/abp-k.jsonl", "abp-k", "gs://b/llm/"
+    )
     assert args == {
         "model": "gemini-2.5-flash",
         "src": "gs://b/llm/input/abp-k.jsonl",
@@ -521,7 +550,10 @@ def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
         "model": "publishers/google/models/gemini-2.5-flash",
         "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": ["gs://b/llm/input/abp-k.jsonl"]}},
         "displayName": "abp-k",
-        "outputConfig": {"predictionsFormat": "jsonl", "gcsDestination": {"outputUriPrefix": "gs://b/llm/output/abp-k/"}},
+        "outputConfig": {
+            "predictionsFormat": "jsonl",
+            "gcsDestination": {"outputUriPrefix": "gs://b/llm/output/abp-k/"},
+        },
     }
     with pytest.raises(ConfigurationError, match="project"):
         client_kwargs(AdapterSettings(extra={"vertexai": True}))

@@ -28,7 +28,9 @@ def _max_in_any_window(stamps: list[tuple[float, int]], window: float) -> tuple[
     return most_r, most_t
 
 
-async def _run(limiter: RateLimiter, clock: VirtualClock, sizes: list[int], workers: int) -> list[tuple[float, int]]:
+async def _run(
+    limiter: RateLimiter, clock: VirtualClock, sizes: list[int], workers: int
+) -> list[tuple[float, int]]:
     stamps: list[tuple[float, int]] = []
     queue = list(sizes)
 
@@ -146,7 +148,15 @@ def test_only_retryable_outcomes_are_retried_and_only_up_to_the_cap() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("1.5s", 1.5), ("6m0s", 360.0), ("120ms", 0.12), ("2", 2.0), ("1h2m", 3720.0), ("soon", None), (None, None)],
+    [
+        ("1.5s", 1.5),
+        ("6m0s", 360.0),
+        ("120ms", 0.12),
+        ("2", 2.0),
+        ("1h2m", 3720.0),
+        ("soon", None),
+        (None, None),
+    ],
 )
 def test_rate_limit_reset_durations_are_read(text: str | None, seconds: float | None) -> None:
     assert parse_duration(text) == (pytest.approx(seconds) if seconds is not None else None)

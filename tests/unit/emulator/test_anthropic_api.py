@@ -126,7 +126,9 @@ def test_a_cache_control_prefix_is_written_once_then_read_and_short_prefixes_are
     cached = [usage[f"c{i}"] for i in range(4)]
     assert sorted(u.cache_creation_input_tokens for u in cached) == [0, 0, 0, prefix]
     assert sorted(u.cache_read_input_tokens for u in cached) == [0, prefix, prefix, prefix]
-    assert all(u.input_tokens == message_tokens(requests[0]["params"]["messages"][0]["content"]) for u in cached)
+    assert all(
+        u.input_tokens == message_tokens(requests[0]["params"]["messages"][0]["content"]) for u in cached
+    )
     for name in ("plain", "short"):
         assert usage[name].cache_creation_input_tokens == usage[name].cache_read_input_tokens == 0
 
@@ -256,8 +258,12 @@ def test_retrieve_can_answer_a_transient_api_error(emu: Emu) -> None:
 def test_messages_answers_a_message_and_remembers_cache_prefixes(emu: Emu) -> None:
     system = [{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}]
     messages = [{"role": "user", "content": "Invoice No: INV-9 total €12.00"}]
-    first = emu.client.messages.create(model="claude-haiku-4-5", max_tokens=200, system=system, messages=messages)
-    second = emu.client.messages.create(model="claude-haiku-4-5", max_tokens=200, system=system, messages=messages)
+    first = emu.client.messages.create(
+        model="claude-haiku-4-5", max_tokens=200, system=system, messages=messages
+    )
+    second = emu.client.messages.create(
+        model="claude-haiku-4-5", max_tokens=200, system=system, messages=messages
+    )
     assert first.usage.cache_creation_input_tokens == count_tokens(LONG_SYSTEM)
     assert second.usage.cache_read_input_tokens == count_tokens(LONG_SYSTEM)
     assert second.usage.service_tier == "standard"

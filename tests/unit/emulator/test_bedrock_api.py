@@ -449,3 +449,11 @@ def test_the_rpm_limiter_throttles_invoke_model(bedrock_factory: BedrockFactory)
         with pytest.raises(ClientError) as exc:
             bedrock.runtime.invoke_model(modelId=CLAUDE, body=body)
         assert error_code(exc) == "ThrottlingException"
+
+
+def test_the_command_line_takes_the_s3_endpoint() -> None:
+    from airflow_batch_provider.emulator.__main__ import _parse_args, build_config
+
+    config = build_config(_parse_args(["--s3-endpoint", "http://127.0.0.1:9000"]))
+    assert config.s3_endpoint == "http://127.0.0.1:9000"
+    assert build_config(_parse_args([])).s3_endpoint is None

@@ -38,12 +38,16 @@ class Gem:
         self.http.post("/_emulator/clock", json={"advance_s": seconds}).raise_for_status()
 
     def upload(self, data: bytes, name: str = "in.jsonl") -> str:
-        file = self.sdk.files.upload(file=io.BytesIO(data), config={"mime_type": "jsonl", "display_name": name})
+        file = self.sdk.files.upload(
+            file=io.BytesIO(data), config={"mime_type": "jsonl", "display_name": name}
+        )
         assert file.name
         return file.name
 
     def create(self, data: bytes, display_name: str = "job") -> str:
-        job = self.sdk.batches.create(model=MODEL, src=self.upload(data), config={"display_name": display_name})
+        job = self.sdk.batches.create(
+            model=MODEL, src=self.upload(data), config={"display_name": display_name}
+        )
         assert job.name
         return job.name
 
@@ -81,12 +85,18 @@ def test_a_resumable_upload_takes_its_bytes_in_several_commands_and_checks_offse
     assert start.status_code == 200 and start.headers["x-goog-upload-status"] == "active"
     url = start.headers["x-goog-upload-url"]
     assert url.startswith(f"{gem.base}/upload/{V}/files?upload_id=")
-    first = gem.http.post(url, content=b"01234", headers={"X-Goog-Upload-Command": "upload", "X-Goog-Upload-Offset": "0"})
+    first = gem.http.post(
+        url, content=b"01234", headers={"X-Goog-Upload-Command": "upload", "X-Goog-Upload-Offset": "0"}
+    )
     assert first.headers["x-goog-upload-status"] == "active"
-    wrong = gem.http.post(url, content=b"56789", headers={"X-Goog-Upload-Command": "upload", "X-Goog-Upload-Offset": "3"})
+    wrong = gem.http.post(
+        url, content=b"56789", headers={"X-Goog-Upload-Command": "upload", "X-Goog-Upload-Offset": "3"}
+    )
     assert wrong.status_code == 400 and wrong.json()["error"]["status"] == "INVALID_ARGUMENT"
     final = gem.http.post(
-        url, content=b"56789", headers={"X-Goog-Upload-Command": "upload, finalize", "X-Goog-Upload-Offset": "5"}
+        url,
+        content=b"56789",
+        headers={"X-Goog-Upload-Command": "upload, finalize", "X-Goog-Upload-Offset": "5"},
     )
     assert final.headers["x-goog-upload-status"] == "final"
     file = types.File.model_validate(final.json()["file"])
@@ -100,12 +110,17 @@ def test_a_resumable_upload_takes_its_bytes_in_several_commands_and_checks_offse
 
 
 def test_a_batch_is_an_operation_with_string_batch_stats_and_a_responses_file_when_done(gem: Gem) -> None:
-    name = gem.create(line("a") + line("b") + line("c"), "stats")
+    json_mode = {"generationConfig": {"responseMimeType": "application/json"}}
+    name = gem.create(line("a", **json_mode) + line("b", **json_mode) + line("c", **json_mode), "stats")
     raw = gem.http.get(f"/{V}/{name}").json()
     assert raw["name"] == name and raw["done"] is False
     meta = raw["metadata"]
     assert meta["@type"].endswith("GenerateContentBatch")
-    assert (meta["state"], meta["displayName"], meta["model"]) == ("BATCH_STATE_PENDING", "stats", f"models/{MODEL}")
+    assert (meta["state"], meta["displayName"], meta["model"]) == (
+        "BATCH_STATE_PENDING",
+        "stats",
+        f"models/{MODEL}",
+    )
     assert meta["batchStats"] == {
         "requestCount": "3",
         "successfulRequestCount": "0",
@@ -161,7 +176,9 @@ def test_a_request_that_is_invalid_by_itself_fails_alone_in_the_responses_file(g
     gem.advance(30.0)
     job = gem.sdk.batches.get(name=name)
     assert job.state == types.JobState.JOB_STATE_SUCCEEDED and job.dest and job.dest.file_name
-    lines = {x["key"]: x for x in map(json.loads, gem.sdk.files.download(file=job.dest.file_name).splitlines())}
+    lines = {
+        x["key"]: x for x in map(json.loads, gem.sdk.files.download(file=job.dest.file_name).splitlines())
+    }
     assert "response" in lines["ok"]
     assert lines["empty"]["error"] == {
         "code": 400,
@@ -189,7 +206,12 @@ def test_inline_requests_come_back_inline_with_their_metadata(gem: Gem) -> None:
 
 def test_an_embedding_batch_answers_vectors_of_the_asked_dimension(gem: Gem) -> None:
     data = b"".join(
-        json.dumps({"key": f"e{i}", "request": {"content": {"parts": [{"text": f"text {i}"}]}, "outputDimensionality": 8}}).encode()
+        json.dumps(
+            {
+                "key": f"e{i}",
+                "request": {"content": {"parts": [{"text": f"text {i}"}]}, "outputDimensionality": 8},
+            }
+        ).encode()
         + b"\n"
         for i in range(3)
     )
@@ -248,14 +270,19 @@ def test_the_synchronous_endpoints_answer_through_the_sdk_with_implicit_caching(
         model="gemini-embedding-001", contents=["a b", "c d"], config={"output_dimensionality": 4}
     )
     assert embedded.embeddings and [len(e.values or []) for e in embedded.embeddings] == [4, 4]
-    single = gem.http.post(f"/{V}/models/gemini-embedding-001:embedContent", json={"content": {"parts": [{"text": "x"}]}})
+    single = gem.http.post(
+        f"/{V}/models/gemini-embedding-001:embedContent", json={"content": {"parts": [{"text": "x"}]}}
+    )
     assert len(single.json()["embedding"]["values"]) == 256
 
 
 def test_an_injected_429_carries_retry_info_and_a_retry_after_header(gem: Gem) -> None:
-    gem.http.put("/_emulator/config", json={"faults": {"sync_429_rate": 1.0, "sync_retry_after_s": 2}}).raise_for_status()
+    gem.http.put(
+        "/_emulator/config", json={"faults": {"sync_429_rate": 1.0, "sync_retry_after_s": 2}}
+    ).raise_for_status()
     answer = gem.http.post(
-        f"/{V}/models/{MODEL}:generateContent", json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+        f"/{V}/models/{MODEL}:generateContent",
+        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
     )
     assert answer.status_code == 429 and answer.headers["retry-after"] == "2"
     error = answer.json()["error"]

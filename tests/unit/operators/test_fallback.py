@@ -83,7 +83,9 @@ def _sync_requests(url: str) -> int:
 
 def _seed(ledger: Ledger, texts: dict[str, str]) -> None:
     ledger.start_run(WORKLOAD, RUN, "openai", PROMPT.model)
-    items = [PreparedItem(app_id, PROMPT.render({"id": app_id, "text": text})) for app_id, text in texts.items()]
+    items = [
+        PreparedItem(app_id, PROMPT.render({"id": app_id, "text": text})) for app_id, text in texts.items()
+    ]
     ledger.upsert_items(WORKLOAD, RUN, items)
 
 
@@ -121,7 +123,9 @@ def _usage(a: dict[str, Any]) -> Usage:
     return Usage(a["input_tokens"], a["output_tokens"], a["cached_input_tokens"], a["cache_write_tokens"])
 
 
-async def test_open_items_succeed_through_the_real_time_api_at_full_price(ledger: Ledger, emulator: str) -> None:
+async def test_open_items_succeed_through_the_real_time_api_at_full_price(
+    ledger: Ledger, emulator: str
+) -> None:
     _seed(ledger, {f"c{i}": f"comment number {i} is fine" for i in range(6)})
     summary = await _fallback(ledger, emulator, _open_rows(ledger))
     assert summary["sent"] == 6 and summary["succeeded"] == 6
@@ -132,9 +136,10 @@ async def test_open_items_succeed_through_the_real_time_api_at_full_price(ledger
     for a in attempts:
         assert a["outcome"] == "succeeded" and a["input_tokens"] > 0 and a["output_tokens"] > 0
         assert a["cost_nusd"] == to_nusd(cost(_usage(a), PRICE, "sync"))
-        assert a["cost_nusd"] == 2 * to_nusd(cost(_usage(a), PRICE, "batch")) or abs(
-            a["cost_nusd"] - 2 * to_nusd(cost(_usage(a), PRICE, "batch"))
-        ) <= 1
+        assert (
+            a["cost_nusd"] == 2 * to_nusd(cost(_usage(a), PRICE, "batch"))
+            or abs(a["cost_nusd"] - 2 * to_nusd(cost(_usage(a), PRICE, "batch"))) <= 1
+        )
     report = build_report(ledger, WORKLOAD, RUN, "openai", None)
     assert report["items_by_route"]["fallback"] == 6
     assert Decimal(report["paid_by_kind"]["fallback"]) == Decimal(report["paid"]) > 0
@@ -166,7 +171,9 @@ async def test_a_permanent_failure_goes_to_review_without_retries(ledger: Ledger
     assert len(failed) == 1 and failed[0]["cost_nusd"] == 0
 
 
-async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(ledger: Ledger, emulator: str) -> None:
+async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(
+    ledger: Ledger, emulator: str
+) -> None:
     # The provider allows 3 requests per 3-second window; the fallback is told 600 a minute, so
     # the provider's 429s (with Retry-After) and its rate-limit headers must hold it back.
     _put_faults(emulator, {"rpm_limit": 3})
@@ -178,7 +185,9 @@ async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(ledger:
     assert len(_attempts(ledger)) == 7  # a 429 is a retry within one attempt, not a new row
 
 
-async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(ledger: Ledger, emulator: str) -> None:
+async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(
+    ledger: Ledger, emulator: str
+) -> None:
     _seed(ledger, {"c0": "late one", "c1": "other"})
     job = {
         "job_id": "wl:run1:r1:c00000",
@@ -211,7 +220,11 @@ async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(
     assert stats.late == 1 and stats.applied == 0
     assert ledger.count_routes(WORKLOAD, RUN) == {("succeeded", "fallback"): 2}  # still one row each
     batch = [a for a in _attempts(ledger) if a["mode"] == "batch" and a["outcome"] == "succeeded"]
-    assert len(batch) == 1 and batch[0]["discarded"] and batch[0]["cost_nusd"] == to_nusd(cost(late, PRICE, "batch"))
+    assert (
+        len(batch) == 1
+        and batch[0]["discarded"]
+        and batch[0]["cost_nusd"] == to_nusd(cost(late, PRICE, "batch"))
+    )
     report = build_report(ledger, WORKLOAD, RUN, "openai", None)
     assert Decimal(report["paid_by_kind"]["discarded"]) == cost(late, PRICE, "batch")
     total = sum(a["cost_nusd"] for a in _attempts(ledger))

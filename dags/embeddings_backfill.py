@@ -1,0 +1,124 @@
+"""Embeddings backfill: every customer comment gets a vector, at batch prices.
+
+Runs through Gemini Batch Mode (``gemini-embedding-001``) on the ``gemini_batch_default``
+connection, or through any other provider with an embeddings batch endpoint: the provider is the
+connection, and the model goes with it. Both are Airflow Variables, read when the file is parsed
+(the connection's adapter and the prompt's model shape the task group), and settable from the
+environment as Airflow does for every Variable:
+
+- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_CONN_ID`` (default ``gemini_batch_default``)
+- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_MODEL`` (default ``gemini-embedding-001``; e.g.
+  ``text-embedding-3-small`` with an ``openai_batch`` connection)
+- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_DIMENSIONS`` (default 256; OpenAI's ``dimensions``, mapped to
+  Gemini's ``outputDimensionality``)
+- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_LIMIT`` (default 0: every comment; a smaller number embeds the
+  first N only)
+
+Unchanged comments are not embedded again. Vectors land in the ledger's results table and in
+``results.jsonl`` (as each item's ``output``) through the standard publish step; a last task
+writes them once more as ``vectors.jsonl`` (``{"id", "vector"}`` per line, succeeded items only)
+next to the run's report in staging, the file a vector index loader reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, Asset, task
+
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.pipeline import batch_inference_group
+
+INCLUDE = Path(__file__).resolve().parents[1] / "include"
+DATASET = INCLUDE / "data" / "feedback_comments.jsonl"
+WORKLOAD = "embeddings_backfill"
+
+
+def setting(name: str, default: str) -> str:
+    """Return the Airflow Variable ``embeddings_backfill_<name>`` as set in the environment.
+
+    :param name: the setting's short name
+    :param default: its value when unset
+    """
+    return os.environ.get(f"AIRFLOW_VAR_{WORKLOAD.upper()}_{name.upper()}", default)
+
+
+CONN_ID = setting("conn_id", "gemini_batch_default")
+MODEL = setting("model", "gemini-embedding-001")
+DIMENSIONS = int(setting("dimensions", "256"))
+LIMIT = int(setting("limit", "0"))
+
+PROMPT = PromptTemplate(
+    name="feedback comment embedding",
+    version="emb-v1",
+    model=MODEL,
+    kind="embedding",
+    user="{{ product }}: {{ comment }}",
+    params={"dimensions": DIMENSIONS},
+    output_format="vector",
+)
+
+
+def load_comments(context: Any) -> Iterator[dict[str, Any]]:
+    """Yield the comments to embed (the sample set is generated on first use)."""
+    spec = importlib.util.spec_from_file_location(
+        "generate_feedback_data", INCLUDE / "generate_feedback_data.py"
+    )
+    assert spec and spec.loader
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    path = generator.ensure_dataset(DATASET, n=3000, seed=7)
+    with open(path, encoding="utf-8") as fh:
+        rows = (json.loads(line) for line in fh if line.strip())
+        yield from (itertools.islice(rows, LIMIT) if LIMIT > 0 else rows)
+
+
+@task
+def write_vectors(run_id: str | None = None) -> dict[str, Any]:
+    """Write the run's vectors to ``vectors.jsonl`` in staging and return its path and size."""
+    from airflow_batch_provider.hooks.ledger import LedgerHook
+    from airflow_batch_provider.staging import Staging
+
+    assert run_id is not None
+    ledger = LedgerHook(None).get_conn()
+    staging = Staging()
+    target = staging.run_dir(WORKLOAD, run_id) / "vectors.jsonl"
+    count = 0
+    with staging.writer(target) as fh:
+        for row in ledger.iter_items(
+            WORKLOAD, run_id, states=["succeeded"], columns=["app_id", "output_json"]
+        ):
+            vector = json.loads(row["output_json"]) if row["output_json"] else None
+            if not vector:
+                continue
+            fh.write(json.dumps({"id": row["app_id"], "vector": vector}).encode("utf-8") + b"\n")
+            count += 1
+    return {"path": str(target), "vectors": count, "dimensions": DIMENSIONS, "model": MODEL}
+
+
+with DAG(
+    dag_id="embeddings_backfill",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["llm-batch", "embeddings", "gemini", "openai"],
+    doc_md=__doc__,
+):
+    group = batch_inference_group(
+        workload=WORKLOAD,
+        records=load_comments,
+        prompt=PROMPT,
+        batch_conn_id=CONN_ID,
+        max_attempts=3,
+        max_requests_per_chunk=1000,
+        outlets=[Asset(name="feedback_comment_vectors", uri="abp://embeddings_backfill/results")],
+    )
+    group >> write_vectors()

@@ -1,0 +1,252 @@
+"""The OpenAI adapter through the real `openai` SDK against the emulator over HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
+from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.results import ItemResult, MalformedLine
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.testing import run_emulator
+
+CHAT = CanonicalRequest(
+    app_id="a1",
+    prompt_version="v1",
+    model="gpt-4o-mini",
+    system="You label sentiment.",
+    messages=({"role": "user", "content": "I love it"},),
+    params={"max_tokens": 20},
+)
+EMBED = CanonicalRequest(
+    app_id="e1",
+    prompt_version="v1",
+    model="text-embedding-3-small",
+    kind="embedding",
+    messages=({"role": "user", "content": "hello world"},),
+)
+
+
+@pytest.fixture
+def emulator() -> Iterator[str]:
+    with run_emulator(EmulatorConfig(time_scale=0.02)) as url:
+        yield url
+
+
+def adapter_for(url: str, **extra: object) -> OpenAIBatchAdapter:
+    return OpenAIBatchAdapter(AdapterSettings(api_key="sk-test", base_url=f"{url}/v1", extra=extra))
+
+
+def stats(url: str) -> dict[str, object]:
+    return dict(httpx.get(f"{url}/_emulator/stats").json())
+
+
+def advance(url: str, seconds: float) -> None:
+    httpx.post(f"{url}/_emulator/clock", json={"advance_s": seconds}).raise_for_status()
+
+
+def stage_lines(adapter: OpenAIBatchAdapter, requests: list[CanonicalRequest], name: str) -> InputRef:
+    data = b"".join(adapter.format_line(r, f"{r.app_id}__a1c0") + b"\n" for r in requests)
+    return adapter.stage(io.BytesIO(data), name, len(data))
+
+
+def test_the_limits_are_openais_documented_ones() -> None:
+    limits = OpenAIBatchAdapter.limits
+    assert (limits.max_requests, limits.max_bytes) == (50_000, 200 * 1024 * 1024)
+    assert limits.usable_bytes < limits.max_bytes
+
+
+def test_a_chat_line_puts_the_shared_system_prompt_first() -> None:
+    line = json.loads(adapter_for("http://x").format_line(CHAT, "a1__a1c0"))
+    assert line["custom_id"] == "a1__a1c0"
+    assert (line["method"], line["url"]) == ("POST", "/v1/chat/completions")
+    assert line["body"]["messages"][0] == {"role": "system", "content": "You label sentiment."}
+    assert line["body"]["max_tokens"] == 20
+
+
+def test_an_embedding_line_targets_the_embeddings_endpoint() -> None:
+    line = json.loads(adapter_for("http://x").format_line(EMBED, "e1__a1c0"))
+    assert line["url"] == "/v1/embeddings"
+    assert line["body"] == {"model": "text-embedding-3-small", "input": "hello world"}
+
+
+def test_azure_lines_use_the_deployment_relative_url() -> None:
+    azure = OpenAIBatchAdapter(AdapterSettings("k", "https://x.openai.azure.com", {"api_type": "azure"}))
+    assert json.loads(azure.format_line(CHAT, "a1__a1c0"))["url"] == "/chat/completions"
+
+
+def test_a_second_upload_of_the_same_chunk_reuses_the_file(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    first = stage_lines(adapter, [CHAT], "abp-key1.jsonl")
+    second = stage_lines(adapter, [CHAT], "abp-key1.jsonl")
+    assert first == second
+    assert stats(emulator)["files_uploaded"] == 1
+
+
+def test_submitting_twice_with_one_key_creates_one_batch(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = stage_lines(adapter, [CHAT], "abp-key2.jsonl")
+    first = adapter.submit(ref, "abp-key2", {"workload": "w"})
+    second = adapter.submit(ref, "abp-key2", {"workload": "w"})
+    assert first == second
+    assert adapter.find("abp-key2") == first
+    assert adapter.find("abp-unknown") is None
+    assert stats(emulator)["batches_created"] == 1
+
+
+def test_status_walks_through_the_lifecycle_to_completed_with_counts(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(
+        stage_lines(adapter, [CHAT, replace(CHAT, app_id="a2")], "k3.jsonl"),
+        "k3",
+        {},
+    )
+    seen = {adapter.status(ref).state}
+    for _ in range(40):
+        advance(emulator, 0.05)
+        status = adapter.status(ref)
+        seen.add(status.state)
+        if status.terminal:
+            break
+    assert status.state == "completed" and status.terminal
+    assert (status.total, status.completed, status.failed) == (2, 2, 0)
+    assert {"validating", "completed"} <= seen
+
+
+def test_results_stream_from_the_output_file_with_usage(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "k4.jsonl"), "k4", {})
+    advance(emulator, 60)
+    assert adapter.status(ref).state == "completed"
+    results = list(adapter.iter_results(ref))
+    assert len(results) == 1
+    (res,) = results
+    assert isinstance(res, ItemResult) and res.outcome == "succeeded"
+    assert res.custom_id == "a1__a1c0"
+    assert res.usage.input_tokens > 0 and res.usage.output_tokens > 0
+
+
+def test_a_failed_validation_reports_the_providers_reason(emulator: str) -> None:
+    httpx.put(f"{emulator}/_emulator/config", json={"faults": {"fail_validation": 1}}).raise_for_status()
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "k5.jsonl"), "k5", {})
+    advance(emulator, 60)
+    status = adapter.status(ref)
+    assert status.state == "failed" and status.reason
+
+
+def test_cancel_ends_the_batch_cancelled(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "k6.jsonl"), "k6", {})
+    adapter.cancel(ref)
+    assert adapter.status(ref).state in {"cancelling", "cancelled"}
+    advance(emulator, 60)
+    assert adapter.status(ref).state == "cancelled"
+
+
+async def test_the_async_client_reads_the_same_status(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "k7.jsonl"), "k7", {})
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert status == adapter.status(ref)
+
+
+def test_every_result_line_shape_maps_to_a_neutral_outcome() -> None:
+    lines = [
+        {
+            "custom_id": "ok__a1c0",
+            "response": {
+                "status_code": 200,
+                "body": {
+                    "object": "chat.completion",
+                    "choices": [{"message": {"content": '{"x": 1}'}, "finish_reason": "stop"}],
+                    "usage": {
+                        "prompt_tokens": 1100,
+                        "completion_tokens": 5,
+                        "prompt_tokens_details": {"cached_tokens": 1024},
+                    },
+                },
+            },
+            "error": None,
+        },
+        {
+            "custom_id": "emb__a1c0",
+            "response": {
+                "status_code": 200,
+                "body": {
+                    "object": "list",
+                    "data": [{"embedding": [0.1, 0.2]}],
+                    "usage": {"prompt_tokens": 3},
+                },
+            },
+            "error": None,
+        },
+        {
+            "custom_id": "r429__a1c0",
+            "response": {
+                "status_code": 429,
+                "body": {"error": {"code": "rate_limit_exceeded", "message": "slow down"}},
+            },
+            "error": None,
+        },
+        {
+            "custom_id": "r500__a1c0",
+            "response": {"status_code": 500, "body": {"error": {"type": "server_error", "message": "oops"}}},
+            "error": None,
+        },
+        {
+            "custom_id": "ctx__a1c0",
+            "response": {
+                "status_code": 400,
+                "body": {"error": {"code": "context_length_exceeded", "message": "too long"}},
+            },
+            "error": None,
+        },
+        {
+            "custom_id": "exp__a1c0",
+            "response": None,
+            "error": {"code": "batch_expired", "message": "expired"},
+        },
+        {
+            "custom_id": "can__a1c0",
+            "response": None,
+            "error": {"code": "batch_cancelled", "message": "cancelled"},
+        },
+    ]
+    data = (
+        b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        + b'{"custom_id": "broken__a1c0", "resp\n'
+    )
+    parsed = list(adapter_for("http://x").parse_results(io.BytesIO(data)))
+    outcomes = {p.custom_id: p.outcome for p in parsed if isinstance(p, ItemResult)}
+    assert outcomes == {
+        "ok__a1c0": "succeeded",
+        "emb__a1c0": "succeeded",
+        "r429__a1c0": "failed_retryable",
+        "r500__a1c0": "failed_retryable",
+        "ctx__a1c0": "failed_permanent",
+        "exp__a1c0": "expired",
+        "can__a1c0": "cancelled",
+    }
+    ok = next(p for p in parsed if isinstance(p, ItemResult) and p.custom_id == "ok__a1c0")
+    assert (ok.usage.input_tokens, ok.usage.cached_input_tokens, ok.usage.output_tokens) == (76, 1024, 5)
+    emb = next(p for p in parsed if isinstance(p, ItemResult) and p.custom_id == "emb__a1c0")
+    assert emb.output == [0.1, 0.2]
+    (bad,) = [p for p in parsed if isinstance(p, MalformedLine)]
+    assert bad.line_number == 8
+
+
+def test_a_batch_ref_survives_a_round_trip_through_xcom() -> None:
+    ref = BatchRef("openai", "batch_1", "abp-k")
+    assert BatchRef.from_dict(json.loads(json.dumps(ref.to_dict()))) == ref
