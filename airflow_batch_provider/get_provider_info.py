@@ -86,6 +86,11 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         "s3://my-bucket/llm-batch",
                     ),
+                    "staging_conn_id": _option(
+                        "Connection of the object store behind staging_root (e.g. aws_default).",
+                        "",
+                        "aws_default",
+                    ),
                     "pricing_override": _option(
                         "A JSON file (or JSON text) merged over the shipped price table.",
                         "",

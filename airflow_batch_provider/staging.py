@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.exceptions import StagingError
-from airflow_batch_provider.settings import default_staging_root
+from airflow_batch_provider.settings import default_staging_root, get_setting
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -33,13 +33,25 @@ class Staging:
     """Where chunks, downloads and reports live.
 
     :param root: a URL (``file:///...``, ``s3://bucket/prefix``, ``gs://...``); default from config
-    :param conn_id: the object store connection (e.g. ``aws_default``) for non-local roots
+    :param conn_id: the object store connection (e.g. ``aws_default``) for non-local roots;
+        default ``[batch_provider] staging_conn_id``
     """
 
     def __init__(self, root: str | None = None, conn_id: str | None = None) -> None:
         from airflow.sdk import ObjectStoragePath
 
+        conn_id = conn_id or get_setting("staging_conn_id", "") or None
         self.root = ObjectStoragePath(root or default_staging_root(), conn_id=conn_id)
+        self.conn_id = conn_id
+
+    def at(self, url: str) -> Any:
+        """Return a staged file's ``ObjectStoragePath`` from the URL the ledger recorded.
+
+        :param url: e.g. ``s3://bucket/prefix/w/run/round-1/chunk-00000.jsonl``
+        """
+        from airflow.sdk import ObjectStoragePath
+
+        return ObjectStoragePath(url, conn_id=self.conn_id)
 
     def path(self, *parts: str) -> Any:
         """Return ``root/part/...`` as an ``ObjectStoragePath``.

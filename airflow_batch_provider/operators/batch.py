@@ -469,7 +469,7 @@ class BatchSubmitOperator(BatchBaseOperator):
             return {**out, "batch_id": job["batch_id"], "submitted_at": _epoch(job["submitted_at"])}
         found = self.adapter.find(key)
         if found is None:
-            path = self.staging.root.__class__(job["staged_path"], conn_id=self.staging_conn_id)
+            path = self.staging.at(job["staged_path"])
             self.staging.verify(path, job["input_sha256"])
             self.ledger.update_job(job["job_id"], state="submitting")
             with path.open("rb") as fh:
@@ -566,7 +566,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             for column in ("output_path", "error_path"):
                 if not job[column]:
                     continue
-                path = self.staging.root.__class__(job[column], conn_id=self.staging_conn_id)
+                path = self.staging.at(job[column])
                 with path.open("rb") as fh:
                     for res in self.adapter.parse_results(fh):
                         if isinstance(res, MalformedLine):

@@ -539,11 +539,11 @@ def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
         "config": {"display_name": "abp-k", "dest": "gs://b/llm/output/abp-k/"},
     }
     from google import genai
-    from google.genai import batches, types
+    from google.genai import _transformers, batches, types
 
     # The body the SDK would POST to .../batchPredictionJobs (the private converter is the SDK's own)
     client = genai.Client(**kwargs)
-    src = batches.t.t_batch_job_source(client._api_client, args["src"])
+    src = _transformers.t_batch_job_source(client._api_client, args["src"])
     params = types._CreateBatchJobParameters(model=args["model"], src=src, config=args["config"])
     body = batches._CreateBatchJobParameters_to_vertex(client._api_client, params)
     assert body == {

@@ -131,7 +131,7 @@ def test_backoff_grows_exponentially_with_bounded_jitter() -> None:
     rng = random.Random(7)
     delays = [retry_delay(policy, n, "failed_retryable", rng=rng) for n in range(1, 7)]
     ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    for delay, ceiling in zip(delays, ceilings):
+    for delay, ceiling in zip(delays, ceilings, strict=True):
         assert delay is not None and 0.75 * ceiling <= delay <= ceiling
     rng2 = random.Random(7)
     assert delays == [retry_delay(policy, n, "failed_retryable", rng=rng2) for n in range(1, 7)]

@@ -19,8 +19,9 @@ import pytest
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 
-genai = pytest.importorskip("google.genai")
-from google.genai import errors, types  # noqa: E402
+pytest.importorskip("google.genai")
+from google import genai
+from google.genai import errors, types
 
 V = "v1beta"
 MODEL = "gemini-2.5-flash"
@@ -106,11 +107,11 @@ def test_a_resumable_upload_takes_its_bytes_in_several_commands_and_checks_offse
         "application/jsonl",
         types.FileState.ACTIVE,
     )
-    assert gem.sdk.files.get(name=file.name).size_bytes == 10
+    assert gem.sdk.files.get(name=file.name or "").size_bytes == 10
 
 
 def test_a_batch_is_an_operation_with_string_batch_stats_and_a_responses_file_when_done(gem: Gem) -> None:
-    json_mode = {"generationConfig": {"responseMimeType": "application/json"}}
+    json_mode: dict[str, Any] = {"generationConfig": {"responseMimeType": "application/json"}}
     name = gem.create(line("a", **json_mode) + line("b", **json_mode) + line("c", **json_mode), "stats")
     raw = gem.http.get(f"/{V}/{name}").json()
     assert raw["name"] == name and raw["done"] is False
@@ -191,8 +192,8 @@ def test_inline_requests_come_back_inline_with_their_metadata(gem: Gem) -> None:
     job = gem.sdk.batches.create(
         model=MODEL,
         src=[
-            {"contents": [{"role": "user", "parts": [{"text": "great, thanks"}]}], "metadata": {"key": "x1"}},
-            {"contents": [{"role": "user", "parts": [{"text": "awful"}]}], "metadata": {"key": "x2"}},
+            types.InlinedRequest(contents="great, thanks", metadata={"key": "x1"}),
+            types.InlinedRequest(contents="awful", metadata={"key": "x2"}),
         ],
         config={"display_name": "inline"},
     )

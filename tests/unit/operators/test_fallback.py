@@ -7,6 +7,7 @@ is SQLite in the test's folder.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
@@ -24,7 +25,6 @@ from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
-from airflow_batch_provider.emulator.faults import FaultConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
@@ -174,11 +174,14 @@ async def test_a_permanent_failure_goes_to_review_without_retries(ledger: Ledger
 async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(
     ledger: Ledger, emulator: str
 ) -> None:
-    # The provider allows 3 requests per 3-second window; the fallback is told 600 a minute, so
-    # the provider's 429s (with Retry-After) and its rate-limit headers must hold it back.
+    # The provider allows 3 requests per window (3 s: the emulator's minute at time scale 0.05);
+    # the fallback is told 600 per window, so the provider's 429s (with Retry-After) and its
+    # rate-limit headers must hold it back.
     _put_faults(emulator, {"rpm_limit": 3})
     _seed(ledger, {f"c{i}": f"comment {i}" for i in range(7)})
-    summary = await _fallback(ledger, emulator, _open_rows(ledger), concurrency=4)
+    started = time.monotonic()
+    summary = await _fallback(ledger, emulator, _open_rows(ledger), concurrency=4, window_s=3.0)
+    assert time.monotonic() - started < 20
     assert summary["succeeded"] == 7
     assert summary["provider_pauses"] >= 1
     assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 7}
@@ -189,8 +192,9 @@ async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(
     ledger: Ledger, emulator: str
 ) -> None:
     _seed(ledger, {"c0": "late one", "c1": "other"})
-    job = {
-        "job_id": "wl:run1:r1:c00000",
+    job_id = "wl:run1:r1:c00000"
+    job: dict[str, Any] = {
+        "job_id": job_id,
         "workload": WORKLOAD,
         "run_id": RUN,
         "round": 1,
@@ -208,12 +212,12 @@ async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(
     ledger.record_job(
         job, [(rows[a]["item_key"], "v1", f"{rows[a]['item_key']}__a1c0", 1) for a in ("c0", "c1")]
     )
-    ledger.mark_submitted(job["job_id"], "batch_x", "file_x")
+    ledger.mark_submitted(job_id, "batch_x", "file_x")
     await _fallback(ledger, emulator, _open_rows(ledger))
     assert ledger.count_routes(WORKLOAD, RUN) == {("succeeded", "fallback"): 2}
     late = Usage(input_tokens=20, output_tokens=5)
     stats = ledger.apply_results(
-        job["job_id"],
+        job_id,
         [ItemResult("c0__a1c0", "succeeded", output="late answer", usage=late)],
         lambda u: cost(u, PRICE, "batch"),
     )
