@@ -1,7 +1,10 @@
 """Gemini Developer API (``generativelanguage``, ``v1beta``) batch, file and model endpoints.
 
 The routes are the ones the ``google-genai`` SDK calls when its ``base_url`` points at the
-emulator (``genai.Client(api_key=..., http_options=types.HttpOptions(base_url=<emulator>))``):
+emulator (``genai.Client(api_key=..., http_options=types.HttpOptions(base_url=<emulator>,
+api_version="v1beta"))``). Only ``v1beta`` is served, the version that documents Batch Mode: the
+SDK's own default (``v1``) would collide with the OpenAI routes under ``/v1``, so clients pin it
+(the adapter does):
 
 - ``POST /upload/v1beta/files``: the resumable upload protocol. A ``start`` command (JSON body
   ``{"file": {"displayName", "mimeType", "sizeBytes"}}``) answers an ``x-goog-upload-url``; the
