@@ -73,9 +73,20 @@ class Outcome:
     succeeded: int
 
     def per_window(self) -> tuple[float, float]:
-        """Achieved requests and tokens per window, over the whole run."""
-        windows = self.elapsed_s / WINDOW_S
-        return len(self.stamps) / windows, sum(t for _, t in self.stamps) / windows
+        """Steady-state requests and tokens per window.
+
+        A sliding window admits a full window's worth at once at the start, so the rate is taken
+        after the first window: what was admitted after it, over the time from it to the last
+        admission.
+        """
+        if len(self.stamps) < 2:
+            return float(len(self.stamps)), float(sum(t for _, t in self.stamps))
+        first = self.stamps[0][0]
+        later = [(t, n) for t, n in self.stamps if t >= first + WINDOW_S]
+        span = self.stamps[-1][0] - first
+        if not later or span <= 0:
+            return float(len(self.stamps)), float(sum(n for _, n in self.stamps))
+        return len(later) / span * WINDOW_S, sum(n for _, n in later) / span * WINDOW_S
 
     def peak(self) -> tuple[int, int]:
         """Most admitted requests and tokens inside any window starting at an admission."""

@@ -1,0 +1,106 @@
+"""The status sensor's two paths (worker polling and deferral) share one decision object."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_batch_provider.adapters.base import AdapterSettings
+from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.core.policy import PollPolicy
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import BatchFailedError, PollError
+from airflow_batch_provider.sensors.batch import BatchStatusSensor
+from airflow_batch_provider.triggers.batch import BatchStatusTrigger
+
+REQUEST = CanonicalRequest("a1", "v1", "gpt-4o-mini", messages=({"role": "user", "content": "great"},))
+FAST = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05)
+
+
+@pytest.fixture
+def emulator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    with run_emulator(EmulatorConfig(time_scale=0.02)) as url:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_SENSOR_EMU",
+            json.dumps({"conn_type": "openai_batch", "host": f"{url}/v1", "password": "k"}),
+        )
+        yield url
+
+
+def submitted(url: str, key: str) -> dict[str, Any]:
+    adapter = OpenAIBatchAdapter(AdapterSettings("k", f"{url}/v1"))
+    data = adapter.format_line(REQUEST, "a1__a1c0") + b"\n"
+    ref = adapter.submit(adapter.stage(io.BytesIO(data), f"{key}.jsonl", len(data)), key, {})
+    return {
+        "job_id": f"job-{key}",
+        "batch_id": ref.batch_id,
+        "idempotency_key": key,
+        "submitted_at": time.time(),
+    }
+
+
+def sensor(batch: dict[str, Any], **kw: Any) -> BatchStatusSensor:
+    return BatchStatusSensor(task_id="wait", batch=batch, batch_conn_id="sensor_emu", poll=FAST, **kw)
+
+
+def test_polling_in_the_worker_returns_the_terminal_state_and_counts(emulator: str) -> None:
+    result = sensor(submitted(emulator, "k1"), deferrable=False).execute({})  # type: ignore[arg-type]
+    assert result["state"] == "completed"
+    assert result["deadline"] is False
+    assert result["counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+
+def test_a_batch_that_failed_validation_fails_the_task_with_the_providers_reason(emulator: str) -> None:
+    httpx.put(f"{emulator}/_emulator/config", json={"faults": {"fail_validation": 1}}).raise_for_status()
+    with pytest.raises(BatchFailedError, match=r"failed at the provider before running: .*emulated"):
+        sensor(submitted(emulator, "k2"), deferrable=False).execute({})  # type: ignore[arg-type]
+
+
+def test_the_deadline_ends_the_wait_without_failing(emulator: str) -> None:
+    httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
+    past = "2026-01-01T00:00:00+00:00"
+    result = sensor(submitted(emulator, "k3"), deferrable=False, deadline=past).execute({})  # type: ignore[arg-type]
+    assert result["deadline"] is True
+    assert result["state"] in {"validating", "in_progress"}
+
+
+def test_the_deferrable_path_hands_the_same_policy_to_the_trigger(emulator: str) -> None:
+    httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
+    batch = submitted(emulator, "k4")
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor(batch).execute({})  # type: ignore[arg-type]
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, BatchStatusTrigger)
+    assert trigger.batch_id == batch["batch_id"]
+    assert PollPolicy.from_dict(trigger.policy).initial_interval == FAST.initial_interval
+    assert deferred.value.method_name == "execute_complete"
+
+
+def test_a_trigger_that_gave_up_fails_the_task_with_its_reason(emulator: str) -> None:
+    event = {"status": "give_up", "batch": None, "reason": "6 status errors in a row (limit 5)", "polls": 6}
+    with pytest.raises(
+        PollError, match=r"stopped waiting for batch .*: 6 status errors in a row \(limit 5\)\."
+    ):
+        sensor(submitted(emulator, "k5")).execute_complete({}, event)  # type: ignore[arg-type]
+
+
+def test_a_finished_trigger_event_resumes_with_the_batch_state(emulator: str) -> None:
+    batch = submitted(emulator, "k6")
+    event = {
+        "status": "done",
+        "batch": {"state": "expired", "total": 4, "completed": 2, "failed": 0},
+        "polls": 3,
+    }
+    result = sensor(batch).execute_complete({}, event)  # type: ignore[arg-type]
+    assert (result["state"], result["counts"]["completed"]) == ("expired", 2)

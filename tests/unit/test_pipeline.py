@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pendulum
+import pytest
+from airflow.sdk import DAG
+
+from airflow_batch_provider.core.policy import PollPolicy
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.pipeline import batch_inference_group, default_poll_policy
+
+PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}")
+
+
+def build(**kw: object) -> DAG:
+    with DAG("t", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        batch_inference_group(workload="w", records="file:///x.jsonl", prompt=PROMPT, batch_conn_id="c", **kw)  # type: ignore[arg-type]
+    return dag
+
+
+def test_one_round_per_attempt_then_publish() -> None:
+    dag = build(max_attempts=3, poll=PollPolicy(initial_interval=1))
+    ids = set(dag.task_ids)
+    for suffix in ("", "_2", "_3"):
+        assert {f"w.submit{suffix}", f"w.wait{suffix}", f"w.download{suffix}", f"w.reconcile{suffix}"} <= ids
+    assert {"w.prepare", "w.resubmit_2", "w.resubmit_3", "w.publish"} <= ids
+    assert "w.resubmit_4" not in ids
+
+
+def test_rounds_with_nothing_to_resubmit_do_not_block_the_rest() -> None:
+    dag = build(max_attempts=2)
+    assert dag.get_task("w.resubmit_2").trigger_rule == "none_failed"
+    assert dag.get_task("w.publish").trigger_rule == "none_failed"
+    assert dag.get_task("w.wait").partial_kwargs["deferrable"] is True
+
+
+def test_max_attempts_below_one_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="max_attempts=0"):
+        build(max_attempts=0)
+
+
+def test_the_default_poll_policy_comes_from_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL", "7")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL", "70")
+    policy = default_poll_policy()
+    assert (policy.initial_interval, policy.max_interval) == (7.0, 70.0)

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_batch_provider.exceptions import StagingError
+from airflow_batch_provider.staging import Staging, run_key
+
+
+def test_a_run_key_is_path_safe_readable_and_distinct_per_run() -> None:
+    a, b = run_key("manual__2026-11-29T14:44:44+00:00"), run_key("manual__2026-11-29T14:44:45+00:00")
+    assert a != b
+    assert a.startswith("manual__2026-11-29T14-44-44-00-00-")
+    assert all(c.isalnum() or c in "-_." for c in a)
+
+
+def test_a_written_file_verifies_and_a_changed_one_is_refused(tmp_path: Path) -> None:
+    staging = Staging(f"file://{tmp_path}")
+    path = staging.run_dir("w", "run-1") / "round-1" / "chunk-00000.jsonl"
+    with staging.writer(path) as fh:
+        fh.write(b'{"a": 1}\n')
+    digest = Staging.sha256(path)
+    staging.verify(staging.at(str(path)), digest)
+    Path(str(path).removeprefix("file://")).write_bytes(b'{"a": 2}\n')
+    with pytest.raises(StagingError, match="changed since it was staged"):
+        staging.verify(path, digest)
+
+
+def test_a_missing_chunk_is_refused_with_the_remedy(tmp_path: Path) -> None:
+    staging = Staging(f"file://{tmp_path}")
+    with pytest.raises(StagingError, match="clear the prepare task"):
+        staging.verify(staging.path("nope.jsonl"), "0" * 64)
+
+
+def test_the_default_root_comes_from_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path}/staged")
+    assert str(Staging().root).endswith("/staged")
