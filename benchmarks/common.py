@@ -1,0 +1,218 @@
+"""Shared helpers for the benchmarks: timing, traced memory, result rows, the machine.
+
+Every benchmark module is ``benchmarks/bench_<name>.py`` and exposes ``run(size: str) -> dict``,
+with ``size`` one of :data:`SIZES` (``tiny`` is for the smoke test only). The dict it returns has:
+
+- ``name``: the benchmark's name;
+- ``size``: the size it ran at;
+- ``params``: what it ran with (item counts, chunk sizes, databases);
+- ``rows``: a list of :func:`row` dicts, one figure each, each compared with a baseline measured
+  in the same run (``ratio`` = subject / baseline, for the metric named in the row);
+- ``skipped``: a list of ``{"case": ..., "reason": ...}`` for what could not run here;
+- ``notes``: sentences a reader needs to read the figures.
+
+Figures are never asserted anywhere: speed and memory are ratios against a baseline measured in
+the same process, so that a slow or busy machine moves both sides together.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sqlite3
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+SIZES: Final[tuple[str, ...]] = ("tiny", "small", "default")
+REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
+
+
+def ensure_repo_on_path() -> None:
+    """Make ``tests.support`` and the package importable when a benchmark runs as a script."""
+    root = str(REPO_ROOT)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def check_size(size: str) -> None:
+    """Refuse an unknown size with the list of known ones.
+
+    :param size: the requested size
+    :raises ValueError: the size is unknown
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown benchmark size {size!r}; use one of {', '.join(SIZES)}.")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Best and all wall-clock times of one piece of work.
+
+    :param best_s: the shortest run, in seconds (the least disturbed by other load)
+    :param all_s: every run, in seconds
+    """
+
+    best_s: float
+    all_s: tuple[float, ...]
+
+    @property
+    def spread(self) -> float:
+        """Slowest over fastest run (1.0 = no noise seen; only meaningful with 2+ runs)."""
+        return max(self.all_s) / self.best_s if self.best_s > 0 else 1.0
+
+
+def timed(work: Callable[[], object], repeat: int = 1, setup: Callable[[], object] | None = None) -> Timing:
+    """Time ``work`` ``repeat`` times, calling ``setup`` (untimed) before each run.
+
+    :param work: the measured work
+    :param repeat: how many runs
+    :param setup: untimed preparation before each run (a fresh database, say)
+    """
+    runs: list[float] = []
+    for _ in range(max(1, repeat)):
+        if setup is not None:
+            setup()
+        gc.collect()
+        start = time.perf_counter()
+        work()
+        runs.append(time.perf_counter() - start)
+    return Timing(min(runs), tuple(runs))
+
+
+def traced_peak(work: Callable[[], T]) -> tuple[int, T]:
+    """Run ``work`` under :mod:`tracemalloc` and return (peak bytes above the start, its result).
+
+    Only Python allocations are traced: SQLite's and libpq's own buffers are not counted.
+
+    :param work: the measured work
+    """
+    gc.collect()
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        result = work()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return max(0, peak - before), result
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    """Return value / baseline, or ``None`` when either is missing or the baseline is zero.
+
+    :param value: the subject's figure
+    :param baseline: the baseline's figure
+    """
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return value / baseline
+
+
+def row(
+    case: str,
+    metric: str,
+    value: float | None,
+    baseline: float | None = None,
+    *,
+    subject: str = "",
+    baseline_name: str = "",
+    note: str = "",
+) -> dict[str, Any]:
+    """One figure of a benchmark, with its baseline and their ratio.
+
+    :param case: what was measured (e.g. ``upsert new, sqlite``)
+    :param metric: unit of ``value`` and ``baseline`` (``lines/s``, ``rows/s``, ``MiB``)
+    :param value: the subject's figure
+    :param baseline: the baseline's figure, measured in the same run
+    :param subject: the code measured
+    :param baseline_name: the baseline's code
+    :param note: anything a reader needs for this one figure
+    """
+    return {
+        "case": case,
+        "metric": metric,
+        "value": value,
+        "baseline": baseline,
+        "ratio": ratio(value, baseline),
+        "subject": subject,
+        "baseline_name": baseline_name,
+        "note": note,
+    }
+
+
+def per_s(count: int, seconds: float) -> float:
+    """Return a rate, guarding against a zero duration.
+
+    :param count: items processed
+    :param seconds: elapsed seconds
+    """
+    return count / seconds if seconds > 0 else float("inf")
+
+
+def mib(nbytes: int) -> float:
+    """Bytes to MiB.
+
+    :param nbytes: a byte count
+    """
+    return nbytes / (1024 * 1024)
+
+
+def machine() -> dict[str, Any]:
+    """Describe where the figures were measured: CPUs, memory, load, Python, SQLite."""
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+    try:
+        info["load_avg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        info["load_avg_1_5_15"] = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_total_gib"] = round(int(line.split()[1]) / (1024 * 1024), 1)
+                break
+    except OSError:
+        pass
+    return info
+
+
+def result(
+    name: str,
+    size: str,
+    params: dict[str, Any],
+    rows: list[dict[str, Any]],
+    skipped: list[dict[str, str]] | None = None,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Assemble what ``run(size)`` returns.
+
+    :param name: the benchmark's name
+    :param size: the size it ran at
+    :param params: what it ran with
+    :param rows: the figures (see :func:`row`)
+    :param skipped: cases that could not run, with the reason
+    :param notes: sentences a reader needs
+    """
+    return {
+        "name": name,
+        "size": size,
+        "params": params,
+        "rows": rows,
+        "skipped": skipped or [],
+        "notes": notes or [],
+    }
