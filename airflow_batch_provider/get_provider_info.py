@@ -35,7 +35,14 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [
-            {"integration-name": "LLM Batch", "python-modules": ["airflow_batch_provider.operators.batch"]}
+            {
+                "integration-name": "LLM Batch",
+                "python-modules": [
+                    "airflow_batch_provider.operators.batch",
+                    "airflow_batch_provider.operators.deadline",
+                    "airflow_batch_provider.operators.fallback",
+                ],
+            }
         ],
         "sensors": [
             {"integration-name": "LLM Batch", "python-modules": ["airflow_batch_provider.sensors.batch"]}
@@ -49,6 +56,9 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_batch_provider.hooks.batch",
                     "airflow_batch_provider.hooks.ledger",
+                    "airflow_batch_provider.hooks.anthropic",
+                    "airflow_batch_provider.hooks.gemini",
+                    "airflow_batch_provider.hooks.bedrock",
                 ],
             }
         ],
@@ -95,6 +105,17 @@ def get_provider_info() -> dict[str, Any]:
                         "A JSON file (or JSON text) merged over the shipped price table.",
                         "",
                         "/opt/airflow/prices.json",
+                    ),
+                    "fallback_rpm": _option(
+                        "Requests per minute of the synchronous fallback (real-time API, full price).",
+                        "500",
+                        type_="integer",
+                    ),
+                    "fallback_tpm": _option(
+                        "Tokens per minute of the synchronous fallback.", "200000", type_="integer"
+                    ),
+                    "fallback_concurrency": _option(
+                        "Requests in flight in the synchronous fallback.", "16", type_="integer"
                     ),
                     "poll_initial_interval": _option(
                         "Seconds before the second status poll.", "30", type_="float"

@@ -184,7 +184,9 @@ def batch_inference_group(
                 )
                 last >> resubmit
                 manifests = resubmit.output
-            submit = BatchSubmitOperator.partial(task_id=f"submit{suffix}", **common).expand(job=manifests)
+            submit = BatchSubmitOperator.partial(
+                task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
+            ).expand(job=manifests)
             wait = BatchStatusSensor.partial(
                 task_id=f"wait{suffix}",
                 batch_conn_id=batch_conn_id,

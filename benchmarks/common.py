@@ -58,10 +58,12 @@ class Timing:
 
     :param best_s: the shortest run, in seconds (the least disturbed by other load)
     :param all_s: every run, in seconds
+    :param last: what the last run returned
     """
 
     best_s: float
     all_s: tuple[float, ...]
+    last: Any = None
 
     @property
     def spread(self) -> float:
@@ -77,14 +79,15 @@ def timed(work: Callable[[], object], repeat: int = 1, setup: Callable[[], objec
     :param setup: untimed preparation before each run (a fresh database, say)
     """
     runs: list[float] = []
+    last: object = None
     for _ in range(max(1, repeat)):
         if setup is not None:
             setup()
         gc.collect()
         start = time.perf_counter()
-        work()
+        last = work()
         runs.append(time.perf_counter() - start)
-    return Timing(min(runs), tuple(runs))
+    return Timing(min(runs), tuple(runs), last)
 
 
 def traced_peak(work: Callable[[], T]) -> tuple[int, T]:
@@ -216,3 +219,39 @@ def result(
         "skipped": skipped or [],
         "notes": notes or [],
     }
+
+
+_PG: dict[str, Any] = {}
+
+
+def postgres_url() -> tuple[str | None, str]:
+    """Return (a PostgreSQL URL, how it was found) or (``None``, why not), once per process.
+
+    ``ABP_BENCH_PG_URL`` names a server to use; ``ABP_BENCH_PG=0`` skips PostgreSQL; otherwise a
+    throw-away server is started with ``tests/support/postgres.py`` (stopped at exit). That server
+    runs with ``fsync=off`` and ``synchronous_commit=off``: its write figures are optimistic next
+    to a durable production server.
+    """
+    if "url" in _PG:
+        return _PG["url"], _PG["how"]
+    url: str | None
+    if os.environ.get("ABP_BENCH_PG_URL"):
+        url, how = os.environ["ABP_BENCH_PG_URL"], "ABP_BENCH_PG_URL"
+    elif os.environ.get("ABP_BENCH_PG") == "0":
+        url, how = None, "ABP_BENCH_PG=0"
+    else:
+        ensure_repo_on_path()
+        try:
+            from tests.support.postgres import PostgresUnavailable, start_postgres
+        except ImportError as exc:
+            url, how = None, f"tests.support.postgres cannot be imported ({exc})"
+        else:
+            try:
+                server = start_postgres()
+            except (PostgresUnavailable, OSError) as exc:
+                url, how = None, str(exc).splitlines()[0]
+            else:
+                _PG["server"] = server
+                url, how = server.url, f"throw-away server from {server.bin_dir} (fsync=off)"
+    _PG["url"], _PG["how"] = url, how
+    return url, how

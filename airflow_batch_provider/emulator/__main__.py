@@ -40,7 +40,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", type=Path, help="keep file bytes in this directory instead of memory")
     parser.add_argument("--api-key", help="require this bearer token (default: accept any)")
-    parser.add_argument("--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output")
+    parser.add_argument(
+        "--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output"
+    )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     return parser.parse_args(argv)
 

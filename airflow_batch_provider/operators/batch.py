@@ -449,19 +449,39 @@ class BatchSubmitOperator(BatchBaseOperator):
     job's idempotency key (a create whose reply was lost); only then does it upload (reusing an
     upload of the same name and size) and create.
 
+    A chunk smaller than the provider's minimum job size (Bedrock: 100 records) is not padded and
+    not merged across rounds: its items go through the provider's real-time API right here, at
+    full price, rate-limited like the deadline fallback, and the job is marked ``sync``. The
+    downstream tasks of that chunk pass through.
+
     :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param prompt: the workload's prompt (output validation on the synchronous path)
+    :param pricing_override: pricing file path or dict (synchronous path)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
 
-    def __init__(self, *, job: Mapping[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        job: Mapping[str, Any],
+        prompt: PromptTemplate | str | None = None,
+        pricing_override: str | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.job = job
+        self.prompt = prompt
+        self.pricing_override = pricing_override
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.job(self.job["job_id"])
         key = job["idempotency_key"]
         out = {"job_id": job["job_id"], "provider": self.adapter.name, "idempotency_key": key}
+        if job["state"] == "sync" or (
+            not job["batch_id"] and job["lines"] < self.adapter.limits.min_requests
+        ):
+            return {**out, **self.send_synchronously(context, job)}
         if job["batch_id"]:
             self.log.info(
                 "job %s already submitted as batch %s; re-attaching", job["job_id"], job["batch_id"]
@@ -493,6 +513,57 @@ class BatchSubmitOperator(BatchBaseOperator):
         )
         return {**out, "batch_id": ref.batch_id, "submitted_at": time.time()}
 
+    def send_synchronously(self, context: Context, job: Mapping[str, Any]) -> dict[str, Any]:
+        """Send a below-minimum chunk's items through the real-time API (idempotent per item).
+
+        :param context: the task context
+        :param job: the ledger job row
+        """
+        import asyncio
+
+        from airflow_batch_provider.core.pricing import PriceTable
+        from airflow_batch_provider.operators.fallback import fallback_settings, run_fallback
+
+        if self.prompt is None:
+            raise ConfigurationError(
+                f"job {job['job_id']} has {job['lines']} lines, below {self.adapter.name}'s minimum of "
+                f"{self.adapter.limits.min_requests} per batch, and must go through the real-time API, which "
+                "needs the prompt: pass prompt= to BatchSubmitOperator (batch_inference_group does)."
+            )
+        template = (
+            self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
+        )
+        self.log.warning(
+            "job %s has %d lines, below %s's minimum of %d per batch: sending them through the real-time "
+            "API at full price instead of padding the batch",
+            job["job_id"],
+            job["lines"],
+            self.adapter.name,
+            self.adapter.limits.min_requests,
+        )
+        self.ledger.update_job(job["job_id"], state="sync")
+        columns = ["app_id", "request_json", "state", "job_id"]
+        rows = [
+            r
+            for r in self.ledger.iter_items(self.workload, context["run_id"], columns=columns)
+            if r["job_id"] == job["job_id"] and r["state"] in ("staged", "fallback")
+        ]
+        summary = asyncio.run(
+            run_fallback(
+                ledger=self.ledger,
+                workload=self.workload,
+                run_id=context["run_id"],
+                provider=self.adapter.name,
+                client=self.adapter.realtime_client(),
+                rows=rows,
+                template=template,
+                settings=fallback_settings(),
+                prices=PriceTable.load(self.pricing_override),
+            )
+        )
+        self.log.info("synchronous path for job %s: %s", job["job_id"], summary)
+        return {"batch_id": None, "route": "sync", "submitted_at": time.time()}
+
 
 class BatchDownloadOperator(BatchBaseOperator):
     """Stream a finished batch's output and error files into staging (once).
@@ -508,6 +579,8 @@ class BatchDownloadOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.job(self.batch["job_id"])
+        if job["state"] == "sync":
+            return dict(self.batch)  # sent through the real-time API: no files
         ref = BatchRef(self.adapter.name, job["batch_id"], job["idempotency_key"])
         folder = self.staging.run_dir(self.workload, context["run_id"]) / f"round-{job['round']}"
         paths: dict[str, str | None] = {}
@@ -559,6 +632,9 @@ class BatchReconcileOperator(BatchBaseOperator):
             self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
         )
         job = self.ledger.job(self.batch["job_id"])
+        if job["state"] == "sync":
+            self.log.info("job %s went through the real-time API; its items are settled", job["job_id"])
+            return {"job_id": job["job_id"], "route": "sync"}
         cost_of = batch_pricer(self.adapter.name, job["model"], self.pricing_override)
         malformed: list[MalformedLine] = []
 
@@ -789,7 +865,7 @@ def build_report(
     :param provider: provider name for pricing
     :param pricing_override: pricing override
     """
-    from airflow_batch_provider.core.cost import AttemptRecord, ItemCostRecord, compute_run_cost
+    from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
     from airflow_batch_provider.core.pricing import PriceTable
 
     def records() -> Iterator[ItemCostRecord]:
@@ -799,7 +875,11 @@ def build_report(
                     usage=a["usage"],
                     mode=a["mode"],
                     discarded=a["discarded"],
-                    reason=a["error_code"] if a["discarded"] else None,
+                    # A discarded success (a late or second answer for an item that already had
+                    # one) is paid twice; the same work done synchronously would be paid once.
+                    reason=(DUPLICATE if a["outcome"] == "succeeded" else a["error_code"])
+                    if a["discarded"]
+                    else None,
                 )
                 for a in row["attempts"]
             )

@@ -113,13 +113,8 @@ class SyncFallbackOperator(BatchBaseOperator):
 
     def settings(self) -> FallbackSettings:
         """The limits, from the arguments or the ``[batch_provider]`` config."""
-        return FallbackSettings(
-            rpm=self.rpm if self.rpm is not None else int(get_setting("fallback_rpm", "500")),
-            tpm=self.tpm if self.tpm is not None else int(get_setting("fallback_tpm", "200000")),
-            concurrency=self.concurrency or int(get_setting("fallback_concurrency", "16")),
-            window_s=self.window_s,
-            headroom=self.headroom,
-            retry=self.retry,
+        return fallback_settings(
+            self.rpm, self.tpm, self.concurrency, self.window_s, self.headroom, self.retry
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -159,6 +154,35 @@ class SyncFallbackOperator(BatchBaseOperator):
         )
         self.log.info("fallback done: %s", summary)
         return summary
+
+
+def fallback_settings(
+    rpm: int | None = None,
+    tpm: int | None = None,
+    concurrency: int | None = None,
+    window_s: float = 60.0,
+    headroom: float = 1.0,
+    retry: RetryPolicy | None = None,
+) -> FallbackSettings:
+    """Fallback limits from the arguments, else from the ``[batch_provider]`` config.
+
+    Options ``fallback_rpm``, ``fallback_tpm`` and ``fallback_concurrency`` (500, 200000, 16).
+
+    :param rpm: requests per minute
+    :param tpm: tokens per minute
+    :param concurrency: requests in flight
+    :param window_s: the rate window in seconds
+    :param headroom: share of the limits used
+    :param retry: retry policy per item
+    """
+    return FallbackSettings(
+        rpm=rpm if rpm is not None else int(get_setting("fallback_rpm", "500")),
+        tpm=tpm if tpm is not None else int(get_setting("fallback_tpm", "200000")),
+        concurrency=concurrency or int(get_setting("fallback_concurrency", "16")),
+        window_s=window_s,
+        headroom=headroom,
+        retry=retry or RetryPolicy(),
+    )
 
 
 async def run_fallback(

@@ -78,14 +78,21 @@ def switch(
                 "model_id": BEDROCK_MODEL,
             },
         }
-        for provider, model in (("openai", OPENAI_MODEL), ("bedrock", BEDROCK_MODEL)):
-            tmp = tmp_path_factory.mktemp(provider)
+        runs = (
+            ("openai", OPENAI_MODEL, "150"),
+            ("bedrock", BEDROCK_MODEL, "150"),
+            ("bedrock_small", BEDROCK_MODEL, "250"),
+        )
+        for name, model, chunk in runs:
+            provider = name.removesuffix("_small")
+            tmp = tmp_path_factory.mktemp(name)
             env = batch_env(airflow_home, tmp, {"llm_batch": connections[provider]})
             env.update(
                 {
                     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "tests" / "dags" / "dags"),
                     "ABP_SWITCH_RECORDS": records,
                     "ABP_SWITCH_MODEL": model,
+                    "ABP_SWITCH_CHUNK": chunk,
                     "AWS_ACCESS_KEY_ID": "testing",
                     "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_DEFAULT_REGION": "us-east-1",
@@ -95,7 +102,7 @@ def switch(
             assert proc.returncode == 0, tail(proc)
             ledger = Ledger.from_url(env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"])
             (latest,) = ledger.runs(WORKLOAD, limit=1)
-            result.runs[provider] = {
+            result.runs[name] = {
                 "ledger": ledger,
                 "run_id": latest["run_id"],
                 "env": env,
@@ -123,7 +130,8 @@ def test_each_run_went_through_its_own_provider_with_its_own_model(switch: Switc
     bedrock_jobs = switch.runs["bedrock"]["ledger"].jobs_for(WORKLOAD, switch.runs["bedrock"]["run_id"])
     assert all(j["batch_id"].startswith("arn:aws:bedrock:us-east-1:") for j in bedrock_jobs)
     counters = switch.runs["stats"]["counters"]
-    assert counters["openai.batches_created"] == 2 and counters["bedrock.batches_created"] == 2
+    # 2 for the OpenAI run; 2 for the Bedrock run and 1 (the 250-line chunk) for the small-remainder run
+    assert counters["openai.batches_created"] == 2 and counters["bedrock.batches_created"] == 3
 
 
 def test_the_bedrock_run_staged_its_input_and_read_its_output_in_s3(switch: Switch) -> None:
@@ -164,3 +172,18 @@ def test_the_dag_code_names_no_provider(switch: Switch) -> None:
     for word in ("openai", "bedrock", "anthropic", "gpt-", "claude"):
         assert word not in code.lower(), word
     assert switch.runs["openai"]["run_id"] and switch.runs["bedrock"]["run_id"]
+
+
+def test_a_chunk_below_bedrocks_minimum_goes_through_the_real_time_api_at_full_price(switch: Switch) -> None:
+    run = switch.runs["bedrock_small"]
+    ledger = run["ledger"]
+    assert ledger.count_states(WORKLOAD, run["run_id"]) == {"succeeded": ITEMS}
+    jobs = {j["lines"]: j for j in ledger.jobs_for(WORKLOAD, run["run_id"])}
+    assert set(jobs) == {250, 50}
+    assert jobs[50]["state"] == "sync" and jobs[50]["batch_id"] is None
+    assert jobs[250]["batch_id"].startswith("arn:aws:bedrock:")
+    routes = ledger.count_routes(WORKLOAD, run["run_id"])
+    assert routes == {("succeeded", "batch"): 250, ("succeeded", "fallback"): 50}
+    assert "below bedrock's minimum of 100 per batch" in run["output"]
+    totals = ledger.attempt_totals(WORKLOAD, run["run_id"])
+    assert sum(t["lines"] for t in totals if t["mode"] == "sync") == 50

@@ -4,7 +4,8 @@ The DAG code never names a provider: ``batch_conn_id`` is fixed (``llm_batch``) 
 connection's type picks the adapter. The only other thing that changes with the provider is the
 model id, read here from ``ABP_SWITCH_MODEL`` (OpenAI ``gpt-4o-mini``, Bedrock
 ``anthropic.claude-3-5-haiku-20241022-v1:0``); the records file comes from ``ABP_SWITCH_RECORDS``.
-Chunks hold 150 requests so that every Bedrock job stays above its 100-record minimum.
+Chunks hold 150 requests (``ABP_SWITCH_CHUNK``) so that every Bedrock job stays above its
+100-record minimum; a smaller remainder goes through the real-time API.
 """
 
 from __future__ import annotations
@@ -35,5 +36,5 @@ with DAG(
         prompt=replace(template, model=os.environ.get("ABP_SWITCH_MODEL", template.model)),
         batch_conn_id="llm_batch",
         max_attempts=1,
-        max_requests_per_chunk=150,
+        max_requests_per_chunk=int(os.environ.get("ABP_SWITCH_CHUNK", "150")),
     )

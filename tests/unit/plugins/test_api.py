@@ -1,0 +1,425 @@
+"""The LLM batch page over a real ledger: SQLite files (and PostgreSQL) written through the Ledger API."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
+
+from airflow_batch_provider.core.custom_ids import item_key, make_custom_id
+from airflow_batch_provider.core.pricing import PriceTable, cost
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.operators.batch import build_report
+from airflow_batch_provider.plugins.api import (
+    STATE_ORDER,
+    bar_segments,
+    create_app,
+    money,
+    open_readonly,
+    readonly_url,
+    share,
+)
+
+MODEL = "gpt-4o-mini"
+WL = "feedback"
+RUN = "scheduled__2026-11-29T02:00:00+00:00"
+HOSTILE_WL = '<script>alert("wl")</script>'
+HOSTILE_APP = '"><img src=x onerror=alert(1)>'
+USAGE = Usage(input_tokens=500, output_tokens=20)
+
+
+def cost_of(usage: Usage) -> Decimal:
+    """Batch price of gpt-4o-mini from the shipped table, as the download task prices lines."""
+    return cost(usage, PriceTable.load(None).price("openai", MODEL), "batch")
+
+
+def prep(app_id: str) -> PreparedItem:
+    return PreparedItem(
+        item_key(app_id),
+        CanonicalRequest(
+            app_id=app_id,
+            prompt_version="v1",
+            model=MODEL,
+            system="Label the comment.",
+            messages=({"role": "user", "content": f"comment {app_id}"},),
+            params={"max_tokens": 20},
+        ),
+    )
+
+
+def stage_and_submit(
+    ledger: Ledger, workload: str, run_id: str, app_ids: list[str], round_: int, batch_id: str
+) -> tuple[str, dict[str, str]]:
+    """Record one job the way the prepare/resubmit tasks do, then mark it submitted."""
+    job_id = f"{workload}:{run_id}:r{round_}:c00000"
+    cids = {}
+    placements = []
+    for app_id in app_ids:
+        attempt = round_
+        cid = make_custom_id(item_key(app_id), attempt, 0)
+        cids[app_id] = cid
+        placements.append((item_key(app_id), "v1", cid, attempt))
+    ledger.record_job(
+        {
+            "job_id": job_id,
+            "workload": workload,
+            "run_id": run_id,
+            "round": round_,
+            "chunk_index": 0,
+            "provider": "openai",
+            "model": MODEL,
+            "idempotency_key": f"key-{job_id}",
+            "staged_path": f"/secret-bucket/{job_id}.jsonl",
+            "input_sha256": "0" * 64,
+            "lines": len(placements),
+            "size_bytes": 100 * len(placements),
+        },
+        placements,
+    )
+    ledger.mark_submitted(job_id, batch_id, f"file-{batch_id}")
+    return job_id, cids
+
+
+@dataclass(frozen=True)
+class Seeded:
+    url: str
+    report: dict[str, Any]
+
+
+def seed_finished_run(ledger: Ledger, workload: str = WL, hostile_app: bool = False) -> dict[str, Any]:
+    """Ten items: 7 succeed in round 1, 1 fails retryably and succeeds in round 2, 1 fails for good,
+    1 is missing from every result file; then the run is published like the publish task does."""
+    ids = [f"c{i:02d}" for i in range(9)] + [HOSTILE_APP if hostile_app else "c09"]
+    ledger.start_run(workload, RUN, "openai", MODEL)
+    ledger.upsert_items(workload, RUN, [prep(a) for a in ids])
+    job1, cids = stage_and_submit(ledger, workload, RUN, ids, 1, "batch_round1_abc")
+    results = [ItemResult(cids[a], "succeeded", output={"label": "ok"}, usage=USAGE) for a in ids[:7]]
+    results.append(
+        ItemResult(cids[ids[7]], "failed_retryable", usage=Usage(), error_code="500", error_message="boom")
+    )
+    results.append(
+        ItemResult(
+            cids[ids[9]], "failed_permanent", usage=Usage(), error_code="400", error_message="<bad request>"
+        )
+    )
+    ledger.apply_results(job1, results, cost_of)
+    missing = ledger.mark_missing(job1)
+    assert missing == 1
+    ledger.update_job(
+        job1,
+        state="reconciled",
+        batch_state="completed",
+        result_lines=9,
+        malformed_lines=1,
+        duplicate_lines=2,
+        missing=missing,
+    )
+    ledger.transition(workload, RUN, "staged", ["failed_retryable"], keys=[(item_key(ids[7]), "v1")])
+    job2, cids2 = stage_and_submit(ledger, workload, RUN, [ids[7]], 2, "batch_round2_def")
+    ledger.apply_results(
+        job2, [ItemResult(cids2[ids[7]], "succeeded", output={"label": "ok"}, usage=USAGE)], cost_of
+    )
+    ledger.update_job(job2, state="reconciled", batch_state="completed", result_lines=1)
+    # publish: exhausted/permanent items to review, then the report
+    ledger.retry_candidates(workload, RUN, max_attempts=1)
+    report = build_report(ledger, workload, RUN, "openai", None)
+    ledger.finish_run(workload, RUN, report)
+    return report
+
+
+@pytest.fixture
+def seeded(ledger_url: str) -> Iterator[Seeded]:
+    writer = Ledger.from_url(ledger_url)
+    try:
+        report = seed_finished_run(writer)
+    finally:
+        writer.engine.dispose()
+    yield Seeded(ledger_url, report)
+    open_readonly(ledger_url).engine.dispose()
+    open_readonly.cache_clear()
+
+
+def client_for(url: str) -> TestClient:
+    return TestClient(create_app(lambda _conn_id: open_readonly(url), authenticate=False))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> Iterator[str]:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    yield url
+    open_readonly.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------ JSON
+
+
+def test_the_runs_endpoint_returns_the_published_figures(seeded: Seeded) -> None:
+    report = seeded.report
+    body = client_for(seeded.url).get("/api/runs", params={"workload": WL, "limit": 5}).json()
+
+    assert len(body["runs"]) == 1
+    run = body["runs"][0]
+    assert (run["workload"], run["run_id"], run["provider"], run["model"]) == (WL, RUN, "openai", MODEL)
+    assert run["finished"] is True
+    assert run["items"] == 10
+    assert run["usable_results"] == 8
+    assert run["states"] == {"succeeded": 8, "review": 2}
+    assert run["paid"] == report["paid"]
+    assert run["cost_per_usable_result"] == report["cost_per_usable_result"]
+    # the figures are the ledger's: 8 successful lines of 500 in / 20 out at batch price (the failed
+    # lines carried no usage), over 8 usable results
+    assert Decimal(run["paid"]) == 8 * cost_of(USAGE)
+    assert Decimal(run["cost_per_usable_result"]) == cost_of(USAGE)
+
+
+def test_the_run_endpoint_returns_states_routes_jobs_and_report(seeded: Seeded) -> None:
+    resp = client_for(seeded.url).get(f"/api/runs/{WL}/{quote(RUN, safe='')}")
+
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["states"] == {"succeeded": 8, "review": 2}
+    # as the report counts them: every item in exactly one route, review items included
+    assert body["routes"] == {"batch": 9, "resubmitted": 1}
+    assert body["routes"] == {k: v for k, v in seeded.report["items_by_route"].items() if v}
+    assert [(j["round"], j["batch_id"], j["lines"], j["result_lines"]) for j in body["jobs"]] == [
+        (1, "batch_round1_abc", 10, 9),
+        (2, "batch_round2_def", 1, 1),
+    ]
+    first = body["jobs"][0]
+    assert (first["malformed_lines"], first["duplicate_lines"], first["missing"]) == (1, 2, 1)
+    assert body["report"] == seeded.report
+    assert Decimal(body["paid_so_far"]) == Decimal(seeded.report["paid"])
+    assert body["attention"]["total"] == 2
+    assert {(i["state"], i["error_code"]) for i in body["attention"]["sample"]} == {
+        ("review", "400"),
+        ("review", "missing"),
+    }
+    # staging paths and provider file ids stay out of the page
+    dumped = json.dumps(body)
+    assert "secret-bucket" not in dumped
+    assert "file-batch_round1_abc" not in dumped
+
+
+def test_an_unknown_run_is_404_in_json_and_html(seeded: Seeded) -> None:
+    client = client_for(seeded.url)
+
+    assert client.get(f"/api/runs/{WL}/no-such-run").status_code == 404
+    assert client.get("/api/runs/no-such-workload/" + quote(RUN, safe="")).status_code == 404
+    page = client.get("/run", params={"workload": WL, "run_id": "no-such-run"})
+    assert page.status_code == 404
+    assert "no-such-run" in page.text
+
+
+# ------------------------------------------------------------------------------------------ HTML
+
+
+def test_the_page_shows_the_run_its_counts_and_its_cost_per_usable_result(seeded: Seeded) -> None:
+    report = seeded.report
+    resp = client_for(seeded.url).get("/")
+
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/html")
+    page = resp.text
+    assert WL in page
+    assert RUN in page
+    assert "batch_round1_abc" in page and "batch_round2_def" in page
+    assert re.search(r"succeeded <b>8</b>", page)
+    assert re.search(r"review <b>2</b>", page)
+    assert money(report["cost_per_usable_result"]) in page
+    assert money(report["paid"]) in page
+    assert money(report["sync_equivalent"]) in page
+    assert money(report["savings"]) in page
+    # a finished run is not refreshed
+    assert 'http-equiv="refresh"' not in page
+
+
+def test_the_run_page_and_the_dag_run_tab_show_the_same_run(seeded: Seeded) -> None:
+    client = client_for(seeded.url)
+    run_page = client.get("/run", params={"workload": WL, "run_id": RUN})
+    # the Airflow UI fills {RUN_ID} with encodeURIComponent: '+' arrives as %2B
+    tab = client.get(f"/dag-run?dag_id=nightly&run_id={quote(RUN, safe='')}")
+
+    for resp in (run_page, tab):
+        assert resp.status_code == 200
+        assert "batch_round1_abc" in resp.text
+        assert money(seeded.report["cost_per_usable_result"]) in resp.text
+    empty = client.get("/dag-run", params={"dag_id": "other", "run_id": "manual__elsewhere"})
+    assert empty.status_code == 200
+    assert "No batch workload recorded" in empty.text
+
+
+def test_hostile_workload_and_app_ids_are_escaped(sqlite_url: str) -> None:
+    writer = Ledger.from_url(sqlite_url)
+    seed_finished_run(writer, workload=HOSTILE_WL, hostile_app=True)
+    writer.engine.dispose()
+    client = client_for(sqlite_url)
+
+    pages = [
+        client.get("/").text,
+        client.get("/run", params={"workload": HOSTILE_WL, "run_id": RUN}).text,
+        client.get("/dag-run", params={"run_id": RUN}).text,
+        client.get("/", params={"workload": HOSTILE_WL}).text,
+    ]
+    for page in pages:
+        assert "<script" not in page
+        assert "<img" not in page
+        assert "<bad request>" not in page
+    assert "&lt;script&gt;alert(&#34;wl&#34;)&lt;/script&gt;" in pages[0]
+    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in pages[1]
+    assert "&lt;bad request&gt;" in pages[1]
+    # links carry the hostile name URL-encoded inside an escaped attribute
+    assert "workload=%3Cscript%3Ealert%28%22wl%22%29%3C%2Fscript%3E" in pages[0]
+    resp = client.get("/api/runs", params={"workload": HOSTILE_WL}).json()
+    assert resp["runs"][0]["workload"] == HOSTILE_WL
+
+
+def test_the_page_loads_nothing_external_and_runs_no_script(seeded: Seeded) -> None:
+    resp = client_for(seeded.url).get("/")
+    page = resp.text
+
+    assert "<script" not in page.lower()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    csp = resp.headers["content-security-policy"]
+    assert "default-src 'none'" in csp
+    assert "script-src" not in csp
+    assert "frame-ancestors 'self'" in csp
+    assert resp.headers["x-content-type-options"] == "nosniff"
+
+
+def test_links_keep_the_mount_prefix(seeded: Seeded) -> None:
+    parent = FastAPI()
+    parent.mount("/llm-batch", create_app(lambda _c: open_readonly(seeded.url), authenticate=False))
+    client = TestClient(parent)
+
+    page = client.get("/llm-batch/").text
+    expected = "/llm-batch/run?" + urlencode({"workload": WL, "run_id": RUN}).replace("&", "&amp;")
+    assert expected in page
+    assert client.get("/llm-batch/run", params={"workload": WL, "run_id": RUN}).status_code == 200
+    assert client.get("/llm-batch/icon.svg").headers["content-type"].startswith("image/svg+xml")
+
+
+# ------------------------------------------------------------------------------------------ live runs
+
+
+def test_an_unfinished_run_refreshes_and_shows_what_it_paid_so_far(sqlite_url: str) -> None:
+    writer = Ledger.from_url(sqlite_url)
+    ids = [f"c{i}" for i in range(6)]
+    writer.start_run(WL, RUN, "openai", MODEL)
+    writer.upsert_items(WL, RUN, [prep(a) for a in ids])
+    job, cids = stage_and_submit(writer, WL, RUN, ids[:4], 1, "batch_live")
+    writer.apply_results(job, [ItemResult(cids["c0"], "succeeded", output="x", usage=USAGE)], cost_of)
+    writer.engine.dispose()
+    client = client_for(sqlite_url)
+
+    detail = client.get(f"/api/runs/{WL}/{quote(RUN, safe='')}").json()
+    assert detail["finished"] is False
+    assert detail["report"] is None
+    assert detail["states"] == {"succeeded": 1, "submitted": 3, "pending": 2}
+    assert detail["open_items"] == 5
+    assert Decimal(detail["paid_so_far"]) == cost_of(USAGE)
+    page = client.get("/").text
+    assert '<meta http-equiv="refresh" content="15">' in page
+    assert "running" in page
+    assert money(str(cost_of(USAGE))) in page
+
+
+# ------------------------------------------------------------------------------------------ read-only
+
+
+def test_the_app_opens_sqlite_read_only_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "ledger.sqlite"
+    url = f"sqlite:///{missing}"
+    resp = client_for(url).get("/")
+
+    assert resp.status_code == 503
+    assert not missing.exists()
+    assert not missing.parent.exists()
+    assert str(tmp_path) not in resp.text
+    # an empty database file: the page says so, and no table appears
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    url = f"sqlite:///{empty}"
+    page = client_for(url).get("/")
+    assert page.status_code == 200
+    assert "No run recorded" in page.text
+    assert client_for(url).get("/api/runs").json() == {"runs": []}
+    assert inspect(open_readonly(url).engine).get_table_names() == []
+    open_readonly.cache_clear()
+
+
+def test_the_read_only_engine_refuses_writes(seeded: Seeded) -> None:
+    engine = open_readonly(seeded.url).engine
+    with pytest.raises(Exception, match=r"(?i)read.?only"), engine.begin() as conn:
+        conn.execute(text("DELETE FROM abp_runs"))
+    assert client_for(seeded.url).get("/api/runs").json()["runs"][0]["run_id"] == RUN
+
+
+def test_a_ledger_that_cannot_be_opened_is_reported_without_its_url() -> None:
+    secret = "postgresql://admin:hunter2@db.internal:5432/ledger"
+
+    def broken(_conn_id: str | None) -> Ledger:
+        raise RuntimeError(f"could not connect to {secret}")
+
+    client = TestClient(create_app(broken, authenticate=False))
+    page = client.get("/", params={"conn_id": "ledger_prod"})
+    api = client.get("/api/runs")
+
+    assert page.status_code == api.status_code == 503
+    for text_ in (page.text, api.text):
+        assert "hunter2" not in text_ and "db.internal" not in text_
+    assert "ledger_prod" in page.text
+    assert "RuntimeError" in api.json()["detail"]
+
+
+def test_a_connection_id_that_is_not_an_id_is_refused(seeded: Seeded) -> None:
+    resp = client_for(seeded.url).get("/api/runs", params={"conn_id": "x; DROP TABLE"})
+    assert resp.status_code == 400
+
+
+def test_readonly_urls_per_backend() -> None:
+    url, kwargs = readonly_url("sqlite:////data/ledger.sqlite")
+    parsed = make_url(url)
+    assert parsed.database == "file:/data/ledger.sqlite"
+    assert dict(parsed.query) == {"mode": "ro", "uri": "true"}
+    url, kwargs = readonly_url("postgresql+psycopg2://u:p@h:5432/ledger")
+    assert url == "postgresql+psycopg2://u:p@h:5432/ledger"
+    assert kwargs["connect_args"]["options"] == "-c default_transaction_read_only=on"
+
+
+# ------------------------------------------------------------------------------------------ formatting
+
+
+def test_the_bar_keeps_every_state_visible_and_its_total_width() -> None:
+    segments = bar_segments({"review": 1, "succeeded": 2999, "pending": 0})
+
+    assert [s["state"] for s in segments] == ["succeeded", "review"]
+    assert segments[1]["width"] >= 0.6
+    assert sum(s["width"] for s in segments) == pytest.approx(100, abs=0.01)
+    assert segments[1]["x"] == pytest.approx(segments[0]["width"], abs=0.01)
+    assert [s["share"] for s in segments] == ["99.9%", "<0.1%"]
+    assert bar_segments({}) == []
+    assert set(STATE_ORDER) >= {"succeeded", "unchanged", "review"}
+
+
+def test_money_keeps_fractions_of_a_cent_readable() -> None:
+    assert money("1234.5") == "$1,234.50"
+    assert money("0.1389") == "$0.1389"
+    assert money("0.0000463") == "$0.0000463"
+    assert money("0") == "$0.00"
+    assert money(None) == "n/a"
+    assert share(2999, 3000) == "99.9%"
+    assert share(3000, 3000) == "100%"
