@@ -22,8 +22,6 @@ next to the run's report in staging, the file a vector index loader reads.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -32,12 +30,12 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import DAG, Asset, task
+from sample_data import generated_records
 
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
-DATASET = INCLUDE / "data" / "feedback_comments.jsonl"
 WORKLOAD = "embeddings_backfill"
 
 
@@ -68,16 +66,7 @@ PROMPT = PromptTemplate(
 
 def load_comments(context: Any) -> Iterator[dict[str, Any]]:
     """Yield the comments to embed (the sample set is generated on first use)."""
-    spec = importlib.util.spec_from_file_location(
-        "generate_feedback_data", INCLUDE / "generate_feedback_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    path = generator.ensure_dataset(DATASET, n=3000, seed=7)
-    with open(path, encoding="utf-8") as fh:
-        rows = (json.loads(line) for line in fh if line.strip())
-        yield from (itertools.islice(rows, LIMIT) if LIMIT > 0 else rows)
+    return generated_records("generate_feedback_data", "feedback_comments.jsonl", n=3000, seed=7, limit=LIMIT)
 
 
 @task

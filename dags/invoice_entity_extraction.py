@@ -14,34 +14,23 @@ Moving the workload to another provider is a connection change (and the prompt's
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pendulum
 from airflow.sdk import DAG, Asset
+from sample_data import generated_records
 
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
-DATASET = INCLUDE / "data" / "invoices.jsonl"
 DATASET_SIZE = 600
 
 
 def load_invoices(context: Any) -> Iterator[dict[str, Any]]:
     """Yield the invoices to extract (the sample set is generated on first use)."""
-    spec = importlib.util.spec_from_file_location(
-        "generate_invoice_data", INCLUDE / "generate_invoice_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    path = generator.ensure_dataset(DATASET, n=DATASET_SIZE, seed=11)
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            yield json.loads(line)
+    return generated_records("generate_invoice_data", "invoices.jsonl", n=DATASET_SIZE, seed=11)
 
 
 with DAG(

@@ -15,33 +15,22 @@ picked up by the next run) or ``skip``. There is no default: a DAG with a deadli
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pendulum
 from airflow.sdk import DAG, Asset
+from sample_data import generated_records
 
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
-DATASET = INCLUDE / "data" / "feedback_comments.jsonl"
 
 
 def load_comments(context: Any) -> Iterator[dict[str, Any]]:
     """Yield the comments to label (the sample set is generated on first use)."""
-    spec = importlib.util.spec_from_file_location(
-        "generate_feedback_data", INCLUDE / "generate_feedback_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    path = generator.ensure_dataset(DATASET, n=3000, seed=7)
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            yield json.loads(line)
+    return generated_records("generate_feedback_data", "feedback_comments.jsonl", n=3000, seed=7)
 
 
 with DAG(

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+# BundleDagBag, as the DAG processor and the task runner use: the DAG folder is on sys.path.
 CODE = (
-    "import json; from airflow.dag_processing.dagbag import DagBag\n"
-    "bag = DagBag()\n"
+    "import json; from pathlib import Path\n"
+    "from airflow.configuration import conf\n"
+    "from airflow.dag_processing.dagbag import BundleDagBag\n"
+    "folder = Path(conf.get('core', 'dags_folder'))\n"
+    "bag = BundleDagBag(dag_folder=folder, bundle_path=folder)\n"
     "print(json.dumps({'errors': {k: v[-2000:] for k, v in bag.import_errors.items()},"
     " 'dags': {d.dag_id: {'tags': sorted(d.tags), 'tasks': [t.task_id for t in d.tasks],"
     " 'catchup': d.catchup} for d in bag.dags.values()}}))\n"
@@ -41,7 +46,7 @@ def test_a_broken_dag_file_is_reported_as_an_import_error(
 ) -> None:
     (tmp_path / "broken.py").write_text("from airflow.sdk import DAG\nraise RuntimeError('boom')\n")
     found = load_dagbag({**airflow_home, "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path)})
-    assert list(found["errors"]) == [str(tmp_path / "broken.py")]
+    assert [Path(k).name for k in found["errors"]] == ["broken.py"]
 
 
 def test_every_dag_has_tags_no_catchup_and_the_batch_tasks(dagbag: dict[str, Any]) -> None:
