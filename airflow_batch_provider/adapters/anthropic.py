@@ -85,6 +85,7 @@ from airflow_batch_provider.adapters.base import (
     InputRef,
     Limits,
     RealtimeReply,
+    parse_jsonl_results,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage
@@ -729,25 +730,9 @@ class AnthropicBatchAdapter(BatchAdapter):
         return written
 
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
-        for number, raw in enumerate(lines, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            custom_id: str | None = None
-            try:
-                line = json.loads(text)
-                custom_id = line.get("custom_id") if isinstance(line, dict) else None
-                if not isinstance(custom_id, str):
-                    raise TypeError("custom_id is not a string")
-                result = line["result"]
-                yield self._result(custom_id, result)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                yield MalformedLine(
-                    number,
-                    f"{type(exc).__name__}: {exc}",
-                    text[:200].decode("utf-8", "replace"),
-                    custom_id if isinstance(custom_id, str) else None,
-                )
+        return parse_jsonl_results(
+            lines, "custom_id", lambda custom_id, line: self._result(custom_id, line["result"])
+        )
 
     @staticmethod
     def _result(custom_id: str, result: Mapping[str, Any]) -> ItemResult:

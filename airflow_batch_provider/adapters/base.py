@@ -7,8 +7,9 @@ connection and hand it to the adapter.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar, Final, Literal, get_args
 
@@ -301,3 +302,43 @@ class BatchAdapter(ABC):
                 if self.download(ref, kind, buf):  # type: ignore[arg-type]
                     buf.seek(0)
                     yield from self.parse_results(buf)
+
+
+def parse_jsonl_results(
+    lines: IO[bytes],
+    id_field: str,
+    to_result: Callable[[str, Mapping[str, Any]], ItemResult],
+    skip: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> Iterator[ItemResult | MalformedLine]:
+    """Stream a provider's JSONL result file into results, one line at a time.
+
+    A line that is not a JSON object, has no string id, or that ``to_result`` cannot read
+    (``ValueError``, ``KeyError``, ``TypeError``, ``AttributeError``) becomes a
+    :class:`MalformedLine` with its number, the reason, an excerpt and the id when it was readable.
+
+    :param lines: readable binary stream of JSONL
+    :param id_field: the key that holds the custom id (``custom_id``, ``key``, ``recordId``)
+    :param to_result: turns one parsed line into a result
+    :param skip: says which lines are not results (e.g. a manifest read through the same stream)
+    """
+    for number, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if not text:
+            continue
+        custom_id: str | None = None
+        try:
+            line = json.loads(text)
+            if not isinstance(line, Mapping):
+                raise TypeError("line is not a JSON object")
+            if skip is not None and skip(line):
+                continue
+            found = line[id_field]
+            if not isinstance(found, str):
+                raise TypeError(f"{id_field} is not a string")
+            custom_id = found
+            result = to_result(custom_id, line)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            excerpt = text[:200].decode("utf-8", "replace")
+            yield MalformedLine(number, f"{type(exc).__name__}: {exc}", excerpt, custom_id)
+            continue
+        yield result

@@ -65,6 +65,7 @@ from airflow_batch_provider.adapters.base import (
     InputRef,
     Limits,
     RealtimeReply,
+    parse_jsonl_results,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
@@ -730,34 +731,8 @@ class BedrockBatchAdapter(BatchAdapter):
         return dict(data) if isinstance(data, Mapping) else None
 
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
-        for number, raw in enumerate(lines, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            custom_id: str | None = None
-            try:
-                line = json.loads(text)
-                if not isinstance(line, Mapping):
-                    raise TypeError("line is not a JSON object")
-                if "recordId" not in line and "totalRecordCount" in line:
-                    continue  # a manifest.json.out read through the same stream
-                custom_id = line["recordId"]
-                if not isinstance(custom_id, str):
-                    raise TypeError("recordId is not a string")
-                error = line.get("error")
-                if error is not None:
-                    if not isinstance(error, Mapping):
-                        error = {"errorCode": None, "errorMessage": str(error)}
-                    yield error_result(custom_id, error)
-                    continue
-                output = line["modelOutput"]
-                if not isinstance(output, Mapping):
-                    raise TypeError("modelOutput is not an object")
-                yield output_result(custom_id, output)
-            except (ValueError, KeyError, TypeError) as exc:
-                yield MalformedLine(
-                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace"), custom_id
-                )
+        # a manifest.json.out read through the same stream is not a result line
+        return parse_jsonl_results(lines, "recordId", _line_result, skip=_is_manifest)
 
     def cancel(self, ref: BatchRef) -> None:
         from botocore.exceptions import ClientError
@@ -769,3 +744,19 @@ class BedrockBatchAdapter(BatchAdapter):
             if code in ("ValidationException", "ConflictException") and self.status(ref).terminal:
                 return  # it ended before the stop arrived: completed work stays downloadable
             raise
+
+
+def _is_manifest(line: Mapping[str, Any]) -> bool:
+    return "recordId" not in line and "totalRecordCount" in line
+
+
+def _line_result(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
+    error = line.get("error")
+    if error is not None:
+        if not isinstance(error, Mapping):
+            error = {"errorCode": None, "errorMessage": str(error)}
+        return error_result(custom_id, error)
+    output = line["modelOutput"]
+    if not isinstance(output, Mapping):
+        raise TypeError("modelOutput is not an object")
+    return output_result(custom_id, output)

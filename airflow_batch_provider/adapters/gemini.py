@@ -82,6 +82,7 @@ from airflow_batch_provider.adapters.base import (
     InputRef,
     Limits,
     RealtimeReply,
+    parse_jsonl_results,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
@@ -810,21 +811,7 @@ class GeminiBatchAdapter(BatchAdapter):
                 shutil.copyfileobj(src, writer, 1 << 20)
 
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
-        for number, raw in enumerate(lines, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                line = json.loads(text)
-                key = line["key"]
-                if not isinstance(key, str):
-                    raise TypeError("key is not a string")
-            except (ValueError, KeyError, TypeError) as exc:
-                yield MalformedLine(
-                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace")
-                )
-                continue
-            yield result_from_line(key, line)
+        return parse_jsonl_results(lines, "key", result_from_line)
 
     def cancel(self, ref: BatchRef) -> None:
         from google.genai import errors

@@ -26,6 +26,7 @@ from airflow_batch_provider.adapters.base import (
     InputRef,
     Limits,
     RealtimeReply,
+    parse_jsonl_results,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
@@ -299,21 +300,7 @@ class OpenAIBatchAdapter(BatchAdapter):
         return written
 
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
-        for number, raw in enumerate(lines, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                line = json.loads(text)
-                custom_id = line["custom_id"]
-                if not isinstance(custom_id, str):
-                    raise TypeError("custom_id is not a string")
-            except (ValueError, KeyError, TypeError) as exc:
-                yield MalformedLine(
-                    number, f"{type(exc).__name__}: {exc}", text[:200].decode("utf-8", "replace")
-                )
-                continue
-            yield self._result(custom_id, line)
+        return parse_jsonl_results(lines, "custom_id", self._result)
 
     @staticmethod
     def _result(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
