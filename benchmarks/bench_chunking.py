@@ -36,13 +36,13 @@ from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.chunking import Chunker, ChunkInfo
 from airflow_batch_provider.core.custom_ids import make_custom_id
-from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 
 #: size -> (items for throughput, items N for the memory runs, timing repeats)
 SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (2_000, 1_000, 1),
     "small": (20_000, 10_000, 2),
-    "default": (200_000, 50_000, 3),
+    "default": (200_000, 50_000, 2),
 }
 POOL = 1024
 SYSTEM = (
@@ -105,6 +105,7 @@ WORDS = [
 ]
 
 
+@functools.cache
 def _pool() -> list[CanonicalRequest]:
     rnd = random.Random(7)
     out = []
@@ -208,6 +209,51 @@ def run_naive(n: int, folder: Path, pool: list[CanonicalRequest], max_requests: 
     return chunks
 
 
+TEMPLATE = PromptTemplate(
+    version="bench-v1",
+    model="gpt-4o-mini",
+    system=SYSTEM,
+    user="Comment from a {{ channel }} customer: {{ text }}",
+    params={"max_tokens": 60, "temperature": 0},
+)
+
+
+def _records(n: int) -> Iterator[dict[str, str]]:
+    texts = [str(r.messages[0]["content"]) for r in _pool()]
+    for i in range(n):
+        yield {"id": f"c{i:09d}", "channel": "web" if i % 3 else "app", "text": texts[i % POOL]}
+
+
+def render_template(n: int) -> int:
+    """The subject: records rendered by the prompt template (strict undefined, sandboxed).
+
+    :param n: records
+    """
+    return sum(1 for i, rec in enumerate(_records(n)) if TEMPLATE.render(rec, i) is not None)
+
+
+def render_baseline(n: int) -> int:
+    """The floor: the same requests built with an f-string.
+
+    :param n: records
+    """
+    count = 0
+    for rec in _records(n):
+        CanonicalRequest(
+            app_id=str(rec["id"]),
+            prompt_version=TEMPLATE.version,
+            model=TEMPLATE.model,
+            kind=TEMPLATE.kind,
+            system=TEMPLATE.system,
+            messages=(
+                {"role": "user", "content": f"Comment from a {rec['channel']} customer: {rec['text']}"},
+            ),
+            params=dict(TEMPLATE.params),
+        )
+        count += 1
+    return count
+
+
 def _fresh(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -254,6 +300,22 @@ def run(size: str = "default") -> dict[str, Any]:
             )
         )
 
+        # Rendering records into requests (before the ledger and the Chunker), on a quarter of N.
+        n_render = max(1, n // 4)
+        t_render = timed(lambda: render_template(n_render), repeat)
+        t_format = timed(lambda: render_baseline(n_render), repeat)
+        rows.append(
+            row(
+                f"render {n_render:,} records into requests",
+                "records/s",
+                per_s(n_render, t_render.best_s),
+                per_s(n_render, t_format.best_s),
+                subject="PromptTemplate.render (sandboxed Jinja2)",
+                baseline_name="f-string + CanonicalRequest(...)",
+                note=f"best of {repeat}",
+            )
+        )
+
         # Memory: peak traced at N and 4N, chunk size fixed at N/4.
         per_chunk = max(1, n_mem // 4)
         peaks: dict[str, dict[int, int]] = {"chunker": {}, "naive": {}, "baseline": {}}
@@ -266,8 +328,8 @@ def run(size: str = "default") -> dict[str, Any]:
             peaks["naive"][count], _ = traced_peak(
                 functools.partial(run_naive, count, folder, pool, per_chunk)
             )
-            _fresh(folder)
-            peaks["baseline"][count], _ = traced_peak(functools.partial(run_baseline, count, folder, pool))
+        _fresh(folder)
+        peaks["baseline"][n_mem], _ = traced_peak(functools.partial(run_baseline, n_mem, folder, pool))
         big = 4 * n_mem
         rows.append(
             row(

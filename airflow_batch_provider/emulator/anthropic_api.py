@@ -369,19 +369,7 @@ class AnthropicEmulator:
                 "The batch was rejected at validation (emulator fault fail_validation).",
             )
         base = str(request.base_url).rstrip("/")
-        with state.lock:
-            job = Job(
-                job_id=state.new_id("msgbatch_", 24),
-                provider=PROVIDER,
-                creation_index=state.jobs.next_index(PROVIDER),
-                created=state.now(),
-                items=items,
-                issues=[],
-                config=config,
-                attrs={"base_url": base},
-            )
-            state.jobs.add(job)
-            state.bump(PROVIDER, "batches_created")
+        job = state.create_job(PROVIDER, state.new_id("msgbatch_", 24), items, [], config, {"base_url": base})
         return self.batch_json(job, state.now())
 
     def _job(self, batch_id: str) -> Job:

@@ -600,32 +600,27 @@ class BedrockEmulator:
                 )
             ]
         region = self._region(request)
-        with state.lock:
-            job_id = state.new_id("bj", 10)
-            arn = f"arn:aws:bedrock:{region}:{ACCOUNT}:model-invocation-job/{job_id}"
-            job = Job(
-                job_id=job_id,
-                provider=PROVIDER,
-                creation_index=state.jobs.next_index(PROVIDER),
-                created=state.now(),
-                items=items,
-                issues=issues,
-                config=config,
-                attrs={
-                    "jobArn": arn,
-                    "jobName": name,
-                    "modelId": model_id,
-                    "roleArn": body["roleArn"],
-                    "clientRequestToken": token,
-                    "inputDataConfig": body["inputDataConfig"],
-                    "outputDataConfig": body["outputDataConfig"],
-                    "timeoutDurationInHours": hours or 168,
-                    "input_names": names,
-                    "item_file": item_file,
-                },
-            )
-            state.jobs.add(job)
-            state.bump(PROVIDER, "batches_created")
+        job_id = state.new_id("bj", 10)
+        arn = f"arn:aws:bedrock:{region}:{ACCOUNT}:model-invocation-job/{job_id}"
+        state.create_job(
+            PROVIDER,
+            job_id,
+            items,
+            issues,
+            config,
+            {
+                "jobArn": arn,
+                "jobName": name,
+                "modelId": model_id,
+                "roleArn": body["roleArn"],
+                "clientRequestToken": token,
+                "inputDataConfig": body["inputDataConfig"],
+                "outputDataConfig": body["outputDataConfig"],
+                "timeoutDurationInHours": hours or 168,
+                "input_names": names,
+                "item_file": item_file,
+            },
+        )
         return JSONResponse({"jobArn": arn})
 
     def status_word(self, job: Job, view: JobView, now: float) -> str:

@@ -647,19 +647,7 @@ class GeminiEmulator:
                     "The input failed validation (emulator fault fail_validation).",
                 )
             ]
-        with state.lock:
-            job = Job(
-                job_id=state.new_id("gb", 24),
-                provider=PROVIDER,
-                creation_index=state.jobs.next_index(PROVIDER),
-                created=state.now(),
-                items=items,
-                issues=issues,
-                config=config,
-                attrs=attrs,
-            )
-            state.jobs.add(job)
-            state.bump(PROVIDER, "batches_created")
+        job = state.create_job(PROVIDER, state.new_id("gb", 24), items, issues, config, attrs)
         return self.operation_json(job, state.now())
 
     def _check_line(self, number: int, line_model: Any, model_name: str) -> ValidationIssue | None:

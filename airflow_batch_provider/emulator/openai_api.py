@@ -577,25 +577,20 @@ class OpenAIEmulator:
                     "The input file failed validation (emulator fault fail_validation).",
                 )
             ]
-        with state.lock:
-            job = Job(
-                job_id=state.new_id("batch_", 32),
-                provider=PROVIDER,
-                creation_index=state.jobs.next_index(PROVIDER),
-                created=state.now(),
-                items=items,
-                issues=issues,
-                config=config,
-                attrs={
-                    "endpoint": endpoint,
-                    "input_file_id": meta.id,
-                    "completion_window": "24h",
-                    "metadata": metadata,
-                    "model": next((str(i.body.get("model")) for i in items if i.body.get("model")), None),
-                },
-            )
-            state.jobs.add(job)
-            state.bump(PROVIDER, "batches_created")
+        job = state.create_job(
+            PROVIDER,
+            state.new_id("batch_", 32),
+            items,
+            issues,
+            config,
+            {
+                "endpoint": endpoint,
+                "input_file_id": meta.id,
+                "completion_window": "24h",
+                "metadata": metadata,
+                "model": next((str(i.body.get("model")) for i in items if i.body.get("model")), None),
+            },
+        )
         return self.batch_json(job, state.now())
 
     def _parse_input(

@@ -21,7 +21,7 @@ from typing import IO, Any, Final
 
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.faults import SlidingWindowLimiter
-from airflow_batch_provider.emulator.lifecycle import Job
+from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
 
 CHUNK: Final = 64 * 1024
 
@@ -343,6 +343,39 @@ class EmulatorState:
                 self.limiter.reset()
             self.config = new
             return new
+
+    def create_job(
+        self,
+        provider: str,
+        job_id: str,
+        items: list[JobItem],
+        issues: list[ValidationIssue],
+        config: EmulatorConfig,
+        attrs: dict[str, Any],
+    ) -> Job:
+        """Create, store and count one batch job (its creation index is taken under the lock).
+
+        :param provider: the router name
+        :param job_id: the provider-shaped id
+        :param items: the parsed request lines
+        :param issues: validation problems (a non-empty list fails the batch)
+        :param config: the configuration the job keeps for its whole life
+        :param attrs: provider-specific attributes
+        """
+        with self.lock:
+            job = Job(
+                job_id=job_id,
+                provider=provider,
+                creation_index=self.jobs.next_index(provider),
+                created=self.now(),
+                items=items,
+                issues=issues,
+                config=config,
+                attrs=attrs,
+            )
+            self.jobs.add(job)
+            self.bump(provider, "batches_created")
+        return job
 
     def consume_validation_failure(self) -> bool:
         """Return True (and count one down) when the next batch must fail validation."""
