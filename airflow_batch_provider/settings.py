@@ -6,7 +6,12 @@ Each value can also come from the environment as ``AIRFLOW__BATCH_PROVIDER__<KEY
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_batch_provider.core.pricing import PriceTable
 
 
 def get_setting(key: str, default: str) -> str:
@@ -34,3 +39,15 @@ def default_ledger_url() -> str:
 def default_staging_root() -> str:
     """Where chunks and downloads are staged: ``staging_root`` from config, else a local folder."""
     return get_setting("staging_root", f"file://{airflow_home() / 'batch_staging'}")
+
+
+def load_prices(override: str | Mapping[str, Any] | None = None) -> PriceTable:
+    """The price table: the shipped one, merged with ``override`` or else ``[batch_provider] pricing_override``.
+
+    :param override: a JSON file path, JSON text or mapping given by the DAG
+    """
+    from airflow_batch_provider.core.pricing import PriceTable
+
+    return PriceTable.load(
+        override if override is not None else (get_setting("pricing_override", "") or None)
+    )

@@ -33,6 +33,7 @@ from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
 if TYPE_CHECKING:
@@ -186,7 +187,27 @@ class BatchBaseOperator(BaseOperator):
                     )
         if rejected:
             self.ledger.reject_items(self.workload, run_id, rejected)
-        return [self.job_manifest(j) for j in self.ledger.jobs_for(self.workload, run_id, round_)]
+        jobs = self.ledger.jobs_for(self.workload, run_id, round_)
+        manifest = {
+            "workload": self.workload,
+            "run_id": run_id,
+            "round": round_,
+            "provider": adapter.name,
+            "chunks": [
+                {
+                    "name": str(j["staged_path"]).rsplit("/", 1)[-1],
+                    "job_id": j["job_id"],
+                    "idempotency_key": j["idempotency_key"],
+                    "sha256": j["input_sha256"],
+                    "lines": j["lines"],
+                    "bytes": j["size_bytes"],
+                }
+                for j in jobs
+            ],
+        }
+        with self.staging.writer(folder / "manifest.json") as fh:
+            fh.write(json.dumps(manifest, indent=2).encode("utf-8"))
+        return [self.job_manifest(j) for j in jobs]
 
 
 class BatchPrepareOperator(BatchBaseOperator):
@@ -307,14 +328,13 @@ class BatchPrepareOperator(BatchBaseOperator):
         :raises BudgetExceededError: the estimate exceeds ``budget_usd`` (nothing was submitted)
         """
         from airflow_batch_provider.core.cost import check_budget, estimate_cost
-        from airflow_batch_provider.core.pricing import PriceTable
         from airflow_batch_provider.exceptions import PricingError
 
         rows = self.ledger.iter_items(self.workload, run_id, states=["staged"], columns=["request_json"])
         requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
         try:
             estimate = estimate_cost(
-                requests, PriceTable.load(self.pricing_override), "batch", provider=self.adapter.name
+                requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
             )
         except PricingError as exc:
             if self.budget_usd is not None:
@@ -521,7 +541,6 @@ class BatchSubmitOperator(BatchBaseOperator):
         """
         import asyncio
 
-        from airflow_batch_provider.core.pricing import PriceTable
         from airflow_batch_provider.operators.fallback import fallback_settings, run_fallback
 
         if self.prompt is None:
@@ -558,7 +577,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 rows=rows,
                 template=template,
                 settings=fallback_settings(),
-                prices=PriceTable.load(self.pricing_override),
+                prices=load_prices(self.pricing_override),
             )
         )
         self.log.info("synchronous path for job %s: %s", job["job_id"], summary)
@@ -753,9 +772,9 @@ def batch_pricer(
     :param model: model name
     :param override: pricing override (file path or dict)
     """
-    from airflow_batch_provider.core.pricing import PriceTable, cost
+    from airflow_batch_provider.core.pricing import cost
 
-    price = PriceTable.load(override).price(provider, model)
+    price = load_prices(override).price(provider, model)
     return lambda usage: cost(usage, price, "batch")
 
 
@@ -866,7 +885,6 @@ def build_report(
     :param pricing_override: pricing override
     """
     from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
-    from airflow_batch_provider.core.pricing import PriceTable
 
     def records() -> Iterator[ItemCostRecord]:
         for row in ledger.iter_cost_rows(workload, run_id):
@@ -896,7 +914,7 @@ def build_report(
                 last_usage=row["last_usage"],
             )
 
-    report = compute_run_cost(records(), PriceTable.load(pricing_override))
+    report = compute_run_cost(records(), load_prices(pricing_override))
     out = report.to_dict()
     out["table"] = report.render_table()
     out["states"] = ledger.count_states(workload, run_id)

@@ -32,7 +32,7 @@ from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 from airflow_batch_provider.operators.batch import BatchBaseOperator
-from airflow_batch_provider.settings import get_setting
+from airflow_batch_provider.settings import get_setting, load_prices
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -149,7 +149,7 @@ class SyncFallbackOperator(BatchBaseOperator):
                 rows=rows,
                 template=template,
                 settings=settings,
-                prices=PriceTable.load(self.pricing_override),
+                prices=load_prices(self.pricing_override),
             )
         )
         self.log.info("fallback done: %s", summary)

@@ -4,6 +4,7 @@ ledger checked against the emulator's own deterministic fault decisions."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,6 +181,13 @@ def test_the_run_publishes_results_and_a_cost_report(run: Run) -> None:
     assert float(report["paid"]) > 0
     assert float(report["sync_equivalent"]) > float(report["paid"])
     assert "cost per usable result" in run.output
+    manifest = json.loads((folder / "round-1" / "manifest.json").read_text())
+    jobs = run.ledger.jobs_for(WORKLOAD, run.run_id, 1)
+    assert [c["sha256"] for c in manifest["chunks"]] == [j["input_sha256"] for j in jobs]
+    for chunk in manifest["chunks"]:
+        data = (folder / "round-1" / chunk["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == chunk["sha256"]
+        assert data.count(b"\n") == chunk["lines"] and len(data) == chunk["bytes"]
 
 
 def test_clearing_submit_download_and_reconcile_changes_nothing(run: Run) -> None:

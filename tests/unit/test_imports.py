@@ -16,6 +16,15 @@ GLUE = (
     "airflow_batch_provider.pipeline",
     "airflow_batch_provider.adapters.registry",
     "airflow_batch_provider.adapters.openai",
+    "airflow_batch_provider.adapters.anthropic",
+    "airflow_batch_provider.adapters.gemini",
+    "airflow_batch_provider.adapters.bedrock",
+    "airflow_batch_provider.hooks.anthropic",
+    "airflow_batch_provider.hooks.gemini",
+    "airflow_batch_provider.hooks.bedrock",
+    "airflow_batch_provider.operators.deadline",
+    "airflow_batch_provider.operators.fallback",
+    "airflow_batch_provider.plugins.batch_progress",
 )
 
 
@@ -32,7 +41,7 @@ def loaded_after_import(modules: tuple[str, ...]) -> list[str]:
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_importing_operators_sensors_triggers_and_hooks_loads_no_provider_sdk() -> None:
+def test_importing_operators_sensors_triggers_hooks_and_adapters_loads_no_provider_sdk() -> None:
     assert loaded_after_import(GLUE) == []
 
 
