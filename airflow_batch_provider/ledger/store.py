@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, create_engine, event, func, select, tuple_
+from sqlalchemy import Engine, and_, bindparam, create_engine, event, func, or_, select, tuple_
 from sqlalchemy.engine import Connection, RowMapping
 
 from airflow_batch_provider.core.requests import CanonicalRequest
@@ -123,6 +123,40 @@ def _chunks(rows: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
         yield buf
 
 
+def _pairs(key_col: Any, version_col: Any, pairs: Iterable[tuple[str, str]]) -> Any:
+    """An index-friendly filter on (key, version) pairs: ``version = v AND key IN (...)`` per version.
+
+    A row-value ``IN`` of pairs makes PostgreSQL scan the workload; this uses the primary key.
+    """
+    by_version: dict[str, list[str]] = {}
+    for key, version in pairs:
+        by_version.setdefault(version, []).append(key)
+    return or_(*(and_(version_col == v, key_col.in_(ks)) for v, ks in by_version.items()))
+
+
+_ITEM_ROW = and_(
+    s.items.c.workload == bindparam("b_workload"),
+    s.items.c.item_key == bindparam("b_key"),
+    s.items.c.prompt_version == bindparam("b_version"),
+)
+_ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
+
+
+def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, Any]]) -> None:
+    """One ``executemany`` UPDATE per set of columns; ``b_*`` keys address the row.
+
+    :param conn: an open transaction
+    :param table: the table
+    :param where: the row filter, written with ``b_*`` bind parameters
+    :param rows: one dict per row
+    """
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(sorted(k for k in row if not k.startswith("b_"))), []).append(row)
+    for columns, group in groups.items():
+        conn.execute(table.update().where(where).values({c: bindparam(c) for c in columns}), group)
+
+
 class Ledger:
     """The per-item store.
 
@@ -141,6 +175,9 @@ class Ledger:
         """
         if url.startswith("sqlite"):
             engine_kwargs.setdefault("connect_args", {"timeout": 30})
+        elif url.startswith("postgresql+psycopg2"):
+            # batched round trips for the executemany UPDATEs of reconcile and staging
+            engine_kwargs.setdefault("executemany_mode", "values_plus_batch")
         engine = create_engine(url, future=True, **engine_kwargs)
         if engine.dialect.name == "sqlite":
 
@@ -258,11 +295,12 @@ class Ledger:
                             s.items.c.succeeded_hash,
                         ).where(
                             s.items.c.workload == workload,
-                            tuple_(s.items.c.item_key, s.items.c.prompt_version).in_(keys),
+                            _pairs(s.items.c.item_key, s.items.c.prompt_version, keys),
                         )
                     ).mappings()
                 }
                 inserts: list[dict[str, Any]] = []
+                updates: list[dict[str, Any]] = []
                 first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
                     req = it.request
@@ -302,35 +340,35 @@ class Ledger:
                     if row["run_id"] == run_id:
                         stats["already_in_run"] += 1
                         continue
-                    where = and_(
-                        s.items.c.workload == workload,
-                        s.items.c.item_key == it.key,
-                        s.items.c.prompt_version == req.prompt_version,
-                    )
+                    address = {"b_workload": workload, "b_key": it.key, "b_version": req.prompt_version}
                     if row["succeeded_hash"] == req.input_hash and row["state"] in USABLE_STATES:
-                        conn.execute(
-                            s.items.update()
-                            .where(where)
-                            .values(run_id=run_id, state="unchanged", route="unchanged", updated_at=now)
+                        updates.append(
+                            {
+                                **address,
+                                "run_id": run_id,
+                                "state": "unchanged",
+                                "route": "unchanged",
+                                "updated_at": now,
+                            }
                         )
                         stats["unchanged"] += 1
                     else:
-                        conn.execute(
-                            s.items.update()
-                            .where(where)
-                            .values(
+                        updates.append(
+                            {
+                                **address,
                                 **values,
-                                state="pending",
-                                attempts=0,
-                                job_id=None,
-                                custom_id=None,
-                                route=None,
-                                output_json=None,
-                                error_code=None,
-                                error_message=None,
-                            )
+                                "state": "pending",
+                                "attempts": 0,
+                                "job_id": None,
+                                "custom_id": None,
+                                "route": None,
+                                "output_json": None,
+                                "error_code": None,
+                                "error_message": None,
+                            }
                         )
                         stats["changed"] += 1
+                _bulk_update(conn, s.items, _ITEM_ROW, updates)
                 if inserts:
                     conn.execute(s.items.insert(), inserts)
         return UpsertStats(**stats)
@@ -475,7 +513,7 @@ class Ledger:
             for batch in _chunks(keys):
                 res = conn.execute(
                     s.items.update()
-                    .where(base, tuple_(s.items.c.item_key, s.items.c.prompt_version).in_(batch))
+                    .where(base, _pairs(s.items.c.item_key, s.items.c.prompt_version, batch))
                     .values(state=target, updated_at=utcnow(), **values)
                 )
                 total += int(res.rowcount or 0)
@@ -519,22 +557,26 @@ class Ledger:
                         for key, version, cid, attempt in batch
                     ],
                 )
-                for key, version, cid, attempt in batch:
-                    conn.execute(
-                        s.items.update()
-                        .where(
-                            s.items.c.workload == job["workload"],
-                            s.items.c.item_key == key,
-                            s.items.c.prompt_version == version,
-                        )
-                        .values(
-                            state="staged",
-                            job_id=job["job_id"],
-                            custom_id=cid,
-                            attempts=attempt,
-                            updated_at=now,
-                        )
-                    )
+                _bulk_update(
+                    conn,
+                    s.items,
+                    _ITEM_ROW,
+                    [
+                        {
+                            "b_workload": job["workload"],
+                            "b_key": key,
+                            "b_version": version,
+                            "state": "staged",
+                            "job_id": job["job_id"],
+                            "custom_id": cid,
+                            "attempts": attempt,
+                            "error_code": None,
+                            "error_message": None,
+                            "updated_at": now,
+                        }
+                        for key, version, cid, attempt in batch
+                    ],
+                )
 
     def jobs_for(self, workload: str, run_id: str, round_: int | None = None) -> list[dict[str, Any]]:
         """Return this run's jobs (optionally one round's), by round and chunk.
@@ -626,6 +668,20 @@ class Ledger:
                         )
                     ).mappings()
                 }
+                pairs = {(a["item_key"], a["prompt_version"]) for a in known.values()}
+                items: dict[tuple[str, str], dict[str, Any]] = {}
+                if pairs:
+                    c = s.items.c
+                    items = {
+                        (r["item_key"], r["prompt_version"]): dict(r)
+                        for r in conn.execute(
+                            select(c.item_key, c.prompt_version, c.state, c.custom_id, c.input_hash).where(
+                                c.workload == workload, _pairs(c.item_key, c.prompt_version, pairs)
+                            )
+                        ).mappings()
+                    }
+                attempt_rows: list[dict[str, Any]] = []
+                item_rows: list[dict[str, Any]] = []
                 for res in batch:
                     if res.custom_id in seen:
                         stats.duplicates += 1
@@ -637,77 +693,47 @@ class Ledger:
                         continue
                     stats.outcomes[res.outcome] += 1
                     cost = to_nusd(cost_of(res.usage))
-                    if att["outcome"] == res.outcome and att["cost_nusd"] == cost:
-                        # Already applied by an earlier pass: apply to the item only (a no-op when
-                        # nothing changed), so that a rerun writes nothing.
-                        if self._apply_to_item(conn, workload, att, res, now):
-                            stats.applied += 1
-                        else:
-                            stats.late += 1
-                        continue
-                    conn.execute(
-                        s.attempts.update()
-                        .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == res.custom_id)
-                        .values(
-                            outcome=res.outcome,
-                            discarded=res.outcome == "invalid_output",
-                            error_code=res.error_code,
-                            error_message=res.error_message,
-                            input_tokens=res.usage.input_tokens,
-                            output_tokens=res.usage.output_tokens,
-                            cached_input_tokens=res.usage.cached_input_tokens,
-                            cache_write_tokens=res.usage.cache_write_tokens,
-                            cost_nusd=cost,
-                            updated_at=now,
+                    address = {"b_job": job_id, "b_cid": res.custom_id}
+                    # A pass that already recorded this line writes nothing for it again.
+                    if not (att["outcome"] == res.outcome and att["cost_nusd"] == cost):
+                        attempt_rows.append(
+                            {
+                                **address,
+                                "outcome": res.outcome,
+                                "discarded": res.outcome == "invalid_output",
+                                "error_code": res.error_code,
+                                "error_message": res.error_message,
+                                "input_tokens": res.usage.input_tokens,
+                                "output_tokens": res.usage.output_tokens,
+                                "cached_input_tokens": res.usage.cached_input_tokens,
+                                "cache_write_tokens": res.usage.cache_write_tokens,
+                                "cost_nusd": cost,
+                                "updated_at": now,
+                            }
                         )
-                    )
-                    if self._apply_to_item(conn, workload, att, res, now):
+                    item = items.get((att["item_key"], att["prompt_version"]))
+                    verdict, values = _item_change(item, att, res)
+                    if verdict == "applied":
                         stats.applied += 1
                     else:
                         stats.late += 1
+                    if values and item is not None:
+                        item.update(values)  # later lines of this slice see the new state
+                        item_rows.append(
+                            {
+                                "b_workload": workload,
+                                "b_key": att["item_key"],
+                                "b_version": att["prompt_version"],
+                                **values,
+                                "updated_at": now,
+                            }
+                        )
+                    if verdict == "discard" and not att["discarded"]:
+                        attempt_rows.append({**address, "discarded": True, "updated_at": now})
+                _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" in r])
+                _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" not in r])
+                _bulk_update(conn, s.items, _ITEM_ROW, item_rows)
         return stats
-
-    def _apply_to_item(
-        self, conn: Connection, workload: str, att: RowMapping, res: ItemResult, now: datetime
-    ) -> bool:
-        where = and_(
-            s.items.c.workload == workload,
-            s.items.c.item_key == att["item_key"],
-            s.items.c.prompt_version == att["prompt_version"],
-        )
-        item = conn.execute(
-            select(s.items.c.state, s.items.c.custom_id, s.items.c.input_hash).where(where)
-        ).first()
-        if item is None:
-            return False
-        target = _OUTCOME_STATE[res.outcome]
-        current = item.state
-        if item.custom_id != res.custom_id:
-            # An older attempt answered late. A success is still taken while the item has no usable
-            # result; anything else is kept only as cost (discarded).
-            late_success = res.outcome == "succeeded" and current not in USABLE_STATES
-            if not (late_success and can_transition(current, "succeeded")):
-                if res.outcome == "succeeded":
-                    # A paid-for output that is not used: counted as discarded cost.
-                    self._mark_discarded(conn, att, now)
-                return False
-        if current == target:
-            return True
-        if not can_transition(current, target):
-            if res.outcome == "succeeded":
-                # The item settled otherwise meanwhile (skipped, review): a paid-for, unused output.
-                self._mark_discarded(conn, att, now)
-            return False
-        values: dict[str, Any] = {"state": target, "updated_at": now, "error_code": res.error_code}
-        values["error_message"] = res.error_message
-        if target == "succeeded":
-            values["output_json"] = json.dumps(res.output, ensure_ascii=False)
-            values["succeeded_hash"] = item.input_hash
-            values["route"] = "batch" if int(att["attempt"]) <= 1 else "resubmitted"
-            values["custom_id"] = res.custom_id
-            values["job_id"] = att["job_id"]
-        conn.execute(s.items.update().where(where).values(**values))
-        return True
 
     @staticmethod
     def _mark_discarded(conn: Connection, att: RowMapping, now: datetime) -> None:
@@ -736,27 +762,47 @@ class Ledger:
                     select(s.attempts).where(s.attempts.c.job_id == job_id, s.attempts.c.outcome.is_(None))
                 ).mappings()
             )
-            for att in rows:
-                conn.execute(
-                    s.attempts.update()
-                    .where(s.attempts.c.job_id == job_id, s.attempts.c.custom_id == att["custom_id"])
-                    .values(outcome="missing", error_code="missing", updated_at=now)
-                )
+            _bulk_update(
+                conn,
+                s.attempts,
+                _ATTEMPT_ROW,
+                [
+                    {
+                        "b_job": job_id,
+                        "b_cid": a["custom_id"],
+                        "outcome": "missing",
+                        "error_code": "missing",
+                        "updated_at": now,
+                    }
+                    for a in rows
+                ],
+            )
+            if rows:
+                # Only items whose current attempt is the missing line move; an item that went on to
+                # a newer attempt keeps its state.
+                c = s.items.c
                 conn.execute(
                     s.items.update()
                     .where(
-                        s.items.c.workload == job["workload"],
-                        s.items.c.item_key == att["item_key"],
-                        s.items.c.prompt_version == att["prompt_version"],
-                        s.items.c.custom_id == att["custom_id"],
-                        s.items.c.state.in_(["submitted", "staged"]),
+                        _ITEM_ROW,
+                        c.custom_id == bindparam("b_cid"),
+                        or_(c.state == "submitted", c.state == "staged"),  # no IN: executemany
                     )
                     .values(
                         state="failed_retryable",
                         error_code="missing",
                         error_message="absent from every result file of the batch",
                         updated_at=now,
-                    )
+                    ),
+                    [
+                        {
+                            "b_workload": job["workload"],
+                            "b_key": a["item_key"],
+                            "b_version": a["prompt_version"],
+                            "b_cid": a["custom_id"],
+                        }
+                        for a in rows
+                    ],
                 )
             total = conn.execute(
                 select(func.count()).where(s.attempts.c.job_id == job_id, s.attempts.c.outcome == "missing")
@@ -845,7 +891,7 @@ class Ledger:
                 p = s.published.c
                 conn.execute(
                     s.published.delete().where(
-                        p.workload == workload, tuple_(p.item_key, p.prompt_version).in_(keys)
+                        p.workload == workload, _pairs(p.item_key, p.prompt_version, keys)
                     )
                 )
                 conn.execute(
@@ -876,7 +922,7 @@ class Ledger:
                     .where(
                         a.workload == workload,
                         a.run_id == run_id,
-                        tuple_(a.item_key, a.prompt_version).in_(keys),
+                        _pairs(a.item_key, a.prompt_version, keys),
                     )
                     .order_by(a.created_at, a.attempt)
                 ).mappings()
@@ -898,7 +944,9 @@ class Ledger:
                 last: dict[tuple[str, str], Usage] = {}
                 if earlier:
                     for att in conn.execute(
-                        select(s.attempts).where(tuple_(a.job_id, a.custom_id).in_(earlier))
+                        select(s.attempts).where(
+                            _pairs(a.custom_id, a.job_id, [(cid, jid) for jid, cid in earlier])
+                        )
                     ).mappings():
                         last[(att["job_id"], att["custom_id"])] = _usage_of(att)
             for r in page:
@@ -1074,3 +1122,46 @@ def _usage_of(row: RowMapping) -> Usage:
         cached_input_tokens=int(row["cached_input_tokens"] or 0),
         cache_write_tokens=int(row["cache_write_tokens"] or 0),
     )
+
+
+def _item_change(
+    item: Mapping[str, Any] | None, att: Mapping[Any, Any], res: ItemResult
+) -> tuple[str, dict[str, Any] | None]:
+    """Decide what one result line does to its item.
+
+    Returns the verdict (``applied``: the line is the item's news; ``late``: it is not, kept as cost
+    only; ``discard``: a paid-for output that will not be used) and the item columns to set.
+
+    :param item: the item's current ``state``, ``custom_id`` and ``input_hash`` (``None``: gone)
+    :param att: the attempt row the line answers
+    :param res: the result line
+    """
+    if item is None:
+        return "late", None
+    target = _OUTCOME_STATE[res.outcome]
+    current = item["state"]
+    success = res.outcome == "succeeded"
+    late = item["custom_id"] != res.custom_id
+    # An older attempt that answered late: a success is still taken while the item has no usable
+    # result; anything else is kept only as cost.
+    if late and not (success and current not in USABLE_STATES and can_transition(current, "succeeded")):
+        return ("discard" if success else "late"), None
+    if current == target:
+        return "applied", None
+    if not can_transition(current, target):
+        # The item settled otherwise meanwhile (skipped, review): a success here is unused output.
+        return ("discard" if success else "late"), None
+    values: dict[str, Any] = {
+        "state": target,
+        "error_code": res.error_code,
+        "error_message": res.error_message,
+    }
+    if target == "succeeded":
+        values.update(
+            output_json=json.dumps(res.output, ensure_ascii=False),
+            succeeded_hash=item["input_hash"],
+            route="batch" if int(att["attempt"]) <= 1 else "resubmitted",
+            custom_id=res.custom_id,
+            job_id=att["job_id"],
+        )
+    return "applied", values
