@@ -65,6 +65,8 @@ items = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Index("ix_abp_items_run_state", "workload", "run_id", "state"),
+    # keyset pages of one run in key order (iter_items)
+    Index("ix_abp_items_run_key", "workload", "run_id", "item_key", "prompt_version"),
     Index("ix_abp_items_job", "job_id"),
 )
 

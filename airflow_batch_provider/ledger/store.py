@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, create_engine, event, func, or_, select, tuple_
+from sqlalchemy import Engine, and_, bindparam, create_engine, event, func, or_, select, text, tuple_
 from sqlalchemy.engine import Connection, RowMapping
 
 from airflow_batch_provider.core.requests import CanonicalRequest
@@ -371,6 +371,14 @@ class Ledger:
                 _bulk_update(conn, s.items, _ITEM_ROW, updates)
                 if inserts:
                     conn.execute(s.items.insert(), inserts)
+        if (
+            self.engine.dialect.name == "postgresql"
+            and stats["new"] + stats["changed"] + stats["unchanged"] >= 5000
+        ):
+            # Fresh statistics, so that the run's keyset pages use the (workload, run_id, key) index
+            # right away instead of sorting the run on every page until autovacuum analyses.
+            with self.engine.begin() as conn:
+                conn.execute(text("ANALYZE abp_items"))
         return UpsertStats(**stats)
 
     def reject_items(
