@@ -16,7 +16,6 @@ Usage: ``python benchmarks/bench_chunking.py [--size tiny|small|default]``
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -30,7 +29,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import check_size, mib, per_s, result, row, timed, traced_peak
+from common import check_size, cli, mib, per_s, result, row, timed, traced_peak
 
 from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
@@ -396,10 +395,7 @@ def run(size: str = "default") -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--size", choices=list(SIZES), default="default")
-    args = parser.parse_args(argv)
-    print(json.dumps(run(args.size), indent=2))
+    cli(__doc__, run, SIZES, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Usage: ``python benchmarks/bench_ledger.py [--size tiny|small|default]``
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import check_size, per_s, postgres_url, result, row, timed, traced_peak
+from common import check_size, cli, per_s, postgres_url, result, row, timed, traced_peak
 from sqlalchemy import Column, MetaData, Table, select
 
 from airflow_batch_provider.core.requests import CanonicalRequest
@@ -299,10 +298,7 @@ def run(size: str = "default") -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--size", choices=list(SIZES), default="default")
-    args = parser.parse_args(argv)
-    print(json.dumps(run(args.size), indent=2))
+    cli(__doc__, run, SIZES, argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Usage: ``python benchmarks/bench_reconcile.py [--size tiny|small|default]``
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ledger import WORKLOAD, fresh_ledger, make_items
-from common import check_size, mib, per_s, postgres_url, result, row, timed, traced_peak
+from common import check_size, cli, mib, per_s, postgres_url, result, row, timed, traced_peak
 from sqlalchemy import Column, MetaData, Table, and_, bindparam
 
 from airflow_batch_provider.adapters.base import AdapterSettings
@@ -496,10 +495,7 @@ def run(size: str = "default") -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--size", choices=list(SIZES), default="default")
-    args = parser.parse_args(argv)
-    print(json.dumps(run(args.size), indent=2))
+    cli(__doc__, run, SIZES, argv)
 
 
 if __name__ == "__main__":

@@ -255,3 +255,20 @@ def postgres_url() -> tuple[str | None, str]:
                 url, how = server.url, f"throw-away server from {server.bin_dir} (fsync=off)"
     _PG["url"], _PG["how"] = url, how
     return url, how
+
+
+def cli(doc: str | None, run: Any, sizes: Any, argv: list[str] | None = None) -> None:
+    """The command line of one benchmark module: ``--size``, JSON on stdout.
+
+    :param doc: the module docstring (its first line is the description)
+    :param run: the module's ``run(size)``
+    :param sizes: the sizes it accepts
+    :param argv: arguments (default: ``sys.argv``)
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n", 1)[0])
+    parser.add_argument("--size", choices=list(sizes), default="default")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.size), indent=2))

@@ -63,6 +63,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from airflow_batch_provider.adapters.bedrock import model_family
 from airflow_batch_provider.emulator import model
 from airflow_batch_provider.emulator.app import ApiError
 from airflow_batch_provider.emulator.config import EmulatorConfig
@@ -102,7 +103,6 @@ _S3_URI: Final = re.compile(
 _JOB_ID: Final = re.compile(
     r"^(arn:aws(-[^:]+)?:bedrock:(?P<region>[a-z0-9-]{1,20}):[0-9]{12}:model-invocation-job/)?(?P<id>[a-z0-9]{12})$"
 )
-_REGION_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
 _CREDENTIAL_REGION: Final = re.compile(r"Credential=[^/]+/\d{8}/(?P<region>[a-z0-9-]+)/")
 
 
@@ -127,25 +127,6 @@ def _parse_iso(value: str) -> float:
             return float(value)
         except ValueError as exc:
             raise _error(400, "ValidationException", f"Invalid timestamp {value!r}.") from exc
-
-
-def model_family(model_id: str) -> str | None:
-    """Return ``anthropic``, ``nova`` or ``titan-embed`` for a Bedrock model id, else ``None``.
-
-    :param model_id: e.g. ``anthropic.claude-3-5-haiku-20241022-v1:0`` or ``us.amazon.nova-lite-v1:0``
-    """
-    name = model_id.rsplit("/", 1)[-1]
-    for prefix in _REGION_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    if name.startswith("anthropic."):
-        return "anthropic"
-    if name.startswith("amazon.nova-"):
-        return "nova"
-    if name.startswith("amazon.titan-embed"):
-        return "titan-embed"
-    return None
 
 
 def _block_texts(content: Any) -> list[str]:
