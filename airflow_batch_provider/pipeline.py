@@ -124,7 +124,8 @@ def batch_inference_group(
     :param fallback_rpm: requests per minute of the synchronous fallback (default from config)
     :param fallback_tpm: tokens per minute of the synchronous fallback (default from config)
     :param fallback_concurrency: requests in flight in the synchronous fallback
-    :param budget_usd: the run's budget; prepare stops before any submit when the cost estimate
+    :param budget_usd: the run's budget (a resubmission round that would pass it is not started and
+        its items go to review); prepare stops before any submit when the cost estimate
         exceeds it
     :param unfinished: where items still open at the end go: ``review``, ``pending``, ``skipped``
     :param pricing_override: prices merged over the shipped table (file path or dict)
@@ -179,6 +180,8 @@ def batch_inference_group(
                     max_bytes_per_chunk=max_bytes_per_chunk,
                     deadline=deadline_value,
                     deadline_margin=deadline_margin,
+                    budget_usd=budget_usd,
+                    pricing_override=pricing_override,
                     trigger_rule="none_failed",
                     **common,
                 )

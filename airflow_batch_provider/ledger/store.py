@@ -870,6 +870,17 @@ class Ledger:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
 
+    def run_cost(self, workload: str, run_id: str) -> Decimal:
+        """Return what this run's attempts have cost so far, in dollars.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        a = s.attempts.c
+        q = select(func.coalesce(func.sum(a.cost_nusd), 0)).where(a.workload == workload, a.run_id == run_id)
+        with self.engine.connect() as conn:
+            return from_nusd(int(conn.execute(q).scalar_one()))
+
     def count_routes(self, workload: str, run_id: str) -> dict[tuple[str, str], int]:
         """Return this run's items by (state, route).
 

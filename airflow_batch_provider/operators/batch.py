@@ -709,6 +709,9 @@ class BatchResubmitOperator(BatchBaseOperator):
     :param deadline: this run's deadline (ISO string or datetime, templated); once it has passed
         (minus ``deadline_margin``) no new round starts and the items are left to the deadline policy
     :param deadline_margin: seconds before ``deadline`` at which waiting stops
+    :param budget_usd: the run's budget: a round whose estimate, added to what the run has paid so
+        far, exceeds it is not started, and its items go to ``review`` (``budget_exceeded``)
+    :param pricing_override: pricing file path or dict (for the estimate)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "deadline")
@@ -722,6 +725,8 @@ class BatchResubmitOperator(BatchBaseOperator):
         max_bytes_per_chunk: int | None = None,
         deadline: Any = None,
         deadline_margin: float = 0.0,
+        budget_usd: float | str | None = None,
+        pricing_override: str | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -735,6 +740,8 @@ class BatchResubmitOperator(BatchBaseOperator):
         self.max_bytes_per_chunk = max_bytes_per_chunk
         self.deadline = deadline
         self.deadline_margin = deadline_margin
+        self.budget_usd = budget_usd
+        self.pricing_override = pricing_override
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         run_id = context["run_id"]
@@ -757,10 +764,52 @@ class BatchResubmitOperator(BatchBaseOperator):
             states=sorted(RETRYABLE_STATES),
             columns=["app_id", "attempts", "request_json"],
         )
-        eligible = (r for r in items if int(r["attempts"]) < self.max_attempts)
+        eligible = [r for r in items if int(r["attempts"]) < self.max_attempts]
+        started = self.ledger.jobs_for(self.workload, run_id, self.round_number)
+        if self.budget_usd is not None and eligible and not started and self.over_budget(run_id, eligible):
+            return []
         return self.stage_round(
             context, self.round_number, eligible, self.max_requests_per_chunk, self.max_bytes_per_chunk
         )
+
+    def over_budget(self, run_id: str, rows: Sequence[RowMapping]) -> bool:
+        """Say whether this round would take the run over its budget; if so, send its items to review.
+
+        :param run_id: the Airflow run id
+        :param rows: the items the round would resubmit
+        """
+        from airflow_batch_provider.core.cost import estimate_cost
+
+        requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+        estimate = estimate_cost(
+            requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
+        )
+        spent = self.ledger.run_cost(self.workload, run_id)
+        budget = Decimal(str(self.budget_usd))
+        if spent + estimate.cost <= budget:
+            self.log.info(
+                "round %d estimate $%s; paid so far $%s; budget $%s",
+                self.round_number,
+                estimate.cost,
+                spent,
+                budget,
+            )
+            return False
+        message = (
+            f"round {self.round_number} not started: ${spent:.6f} already paid plus ${estimate.cost:.6f} estimated "
+            f"for {len(rows)} items exceeds the run's budget of ${budget}; raise budget_usd to resubmit them."
+        )
+        self.log.error("%s They go to review (error code budget_exceeded).", message)
+        self.ledger.transition(
+            self.workload,
+            run_id,
+            "review",
+            sorted(RETRYABLE_STATES),
+            keys=[(r["item_key"], r["prompt_version"]) for r in rows],
+            error_code="budget_exceeded",
+            error_message=message,
+        )
+        return True
 
 
 def batch_pricer(
