@@ -128,6 +128,14 @@ class PromptTemplate:
     name: str = ""
 
     @classmethod
+    def load(cls, prompt: PromptTemplate | str | Path) -> PromptTemplate:
+        """Return ``prompt`` itself, or the prompt in the YAML file it names.
+
+        :param prompt: a prompt, or the path of its YAML file
+        """
+        return prompt if isinstance(prompt, PromptTemplate) else cls.from_yaml(prompt)
+
+    @classmethod
     def from_yaml(cls, path: str | Path) -> PromptTemplate:
         """Load a prompt file.
 

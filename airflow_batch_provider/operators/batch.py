@@ -32,7 +32,7 @@ from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.ledger.store import PreparedItem, utcnow
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
@@ -259,9 +259,7 @@ class BatchPrepareOperator(BatchBaseOperator):
     @cached_property
     def template(self) -> PromptTemplate:
         """The prompt template."""
-        return (
-            self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
-        )
+        return PromptTemplate.load(self.prompt)
 
     def iter_records(self, context: Context) -> Iterator[tuple[int, Mapping[str, Any] | ItemError]]:
         """Yield (position, record or the error that made it unreadable), streaming.
@@ -549,9 +547,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 f"{self.adapter.limits.min_requests} per batch, and must go through the real-time API, which "
                 "needs the prompt: pass prompt= to BatchSubmitOperator (batch_inference_group does)."
             )
-        template = (
-            self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
-        )
+        template = PromptTemplate.load(self.prompt)
         self.log.warning(
             "job %s has %d lines, below %s's minimum of %d per batch: sending them through the real-time "
             "API at full price instead of padding the batch",
@@ -616,7 +612,7 @@ class BatchDownloadOperator(BatchBaseOperator):
             paths[column] = str(target)
             fetched = True
         if fetched:
-            self.ledger.update_job(job["job_id"], state="downloaded", finished_at=_now(), **paths)
+            self.ledger.update_job(job["job_id"], state="downloaded", finished_at=utcnow(), **paths)
         return {**dict(self.batch), **paths}
 
 
@@ -647,9 +643,7 @@ class BatchReconcileOperator(BatchBaseOperator):
         self.pricing_override = pricing_override
 
     def execute(self, context: Context) -> dict[str, Any]:
-        template = (
-            self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
-        )
+        template = PromptTemplate.load(self.prompt)
         job = self.ledger.job(self.batch["job_id"])
         if job["state"] == "sync":
             self.log.info("job %s went through the real-time API; its items are settled", job["job_id"])
@@ -681,7 +675,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             duplicate_lines=stats.duplicates,
             unknown_lines=stats.unknown,
             missing=missing,
-            reconciled_at=job["reconciled_at"] or _now(),
+            reconciled_at=job["reconciled_at"] or utcnow(),
         )
         summary = {
             "job_id": job["job_id"],
@@ -747,7 +741,7 @@ class BatchResubmitOperator(BatchBaseOperator):
         run_id = context["run_id"]
         from airflow_batch_provider.core.deadline import deadline_passed
 
-        if deadline_passed(self.deadline or None, self.deadline_margin, _now()):
+        if deadline_passed(self.deadline or None, self.deadline_margin, utcnow()):
             self.log.info(
                 "round %d not started: the deadline %s has passed; open items go to the deadline policy",
                 self.round_number,
@@ -825,12 +819,6 @@ def batch_pricer(
 
     price = load_prices(override).price(provider, model)
     return lambda usage: cost(usage, price, "batch")
-
-
-def _now() -> Any:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc)
 
 
 def _epoch(value: Any) -> float:

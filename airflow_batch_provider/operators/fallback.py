@@ -119,9 +119,7 @@ class SyncFallbackOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
-        template = (
-            self.prompt if isinstance(self.prompt, PromptTemplate) else PromptTemplate.from_yaml(self.prompt)
-        )
+        template = PromptTemplate.load(self.prompt)
         rows = list(
             self.ledger.iter_items(
                 self.workload, run_id, states=FALLBACK_FROM, columns=["app_id", "request_json", "state"]

@@ -221,3 +221,14 @@ def test_a_prompt_file_that_is_not_a_mapping_is_refused(tmp_path: Path, text: st
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigurationError, match="must hold a mapping"):
         PromptTemplate.from_yaml(path)
+
+
+def test_load_returns_a_prompt_as_is_and_reads_a_path_as_yaml() -> None:
+    from pathlib import Path
+
+    from airflow_batch_provider.core.requests import PromptTemplate
+
+    path = Path(__file__).resolve().parents[3] / "include" / "prompts" / "feedback_classification.yaml"
+    loaded = PromptTemplate.load(str(path))
+    assert loaded == PromptTemplate.from_yaml(path)
+    assert PromptTemplate.load(loaded) is loaded
