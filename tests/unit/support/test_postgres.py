@@ -168,3 +168,27 @@ def test_the_pip_installed_pgserver_binaries_start_a_working_server(tmp_path: Pa
         version = server.execute("SHOW server_version")[0][0]
         assert version.split(".")[0].isdigit()
         assert server.execute("SELECT 1") == [(1,)]
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(importlib.util.find_spec("pgserver") is None, reason="pgserver wheel not installed")
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another OS user")
+def test_binaries_inside_a_private_folder_still_start_a_server_as_the_unprivileged_user(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    spec = importlib.util.find_spec("pgserver")
+    assert spec is not None and spec.submodule_search_locations
+    install = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    site = install.parent.parent
+    private = tmp_path / "clone"  # a `mktemp -d` clone: mode 0700, owned by root
+    private.mkdir(mode=0o700)
+    copy = private / ".venv" / "site-packages"  # the wheel's layout: pgserver/pginstall, pgserver.libs
+    shutil.copytree(install, copy / "pgserver" / "pginstall", symlinks=True)
+    for libs in site.glob("pgserver*.libs"):
+        shutil.copytree(libs, copy / libs.name, symlinks=True)
+    with pg.running_postgres(tmp_path, bin_dir=copy / "pgserver" / "pginstall" / "bin") as server:
+        assert server.execute("SELECT 1") == [(1,)]
+        pid = server.postmaster_pid()
+        assert pid is not None and _uid_of(pid) != 0
