@@ -8,15 +8,24 @@ from airflow_batch_provider import __version__
 
 
 def _option(
-    description: str, default: str | None, example: str | None = None, type_: str = "string"
+    description: str,
+    default: str | None,
+    example: str | None = None,
+    type_: str = "string",
+    *,
+    sensitive: bool = False,
 ) -> dict[str, Any]:
-    return {
+    option: dict[str, Any] = {
         "description": description,
         "version_added": "0.1.0",
         "type": type_,
         "example": example,
         "default": default,
     }
+    if sensitive:
+        # masked in the UI, in `airflow config list` and in logs
+        option["sensitive"] = True
+    return option
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -80,15 +89,29 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "gemini_batch",
             },
         ],
+        "plugins": [
+            {
+                "name": "llm_batch",
+                "plugin-class": "airflow_batch_provider.plugins.batch_progress.BatchProgressPlugin",
+            }
+        ],
         "config": {
             "batch_provider": {
                 "description": "Settings of the LLM batch provider.",
                 "options": {
+                    "ledger_conn_id": _option(
+                        "Connection (postgres or sqlite) of the ledger, used when a task names none; "
+                        "wins over ledger_url. Keeps the ledger's password in Airflow's connections.",
+                        "",
+                        "batch_ledger",
+                    ),
                     "ledger_url": _option(
-                        "SQLAlchemy URL of the embedded ledger, used when a task names no ledger connection. "
-                        "Default: SQLite in $AIRFLOW_HOME.",
+                        "SQLAlchemy URL of the embedded ledger, used when neither the task nor "
+                        "ledger_conn_id names a connection. Default: SQLite in $AIRFLOW_HOME. It may hold "
+                        "a password: prefer ledger_conn_id.",
                         "",
                         "postgresql+psycopg2://airflow@db/ledger",
+                        sensitive=True,
                     ),
                     "staging_root": _option(
                         "Where chunks, downloads and reports are staged (ObjectStoragePath URL). "

@@ -20,7 +20,7 @@ def get_setting(key: str, default: str) -> str:
     :param key: option name
     :param default: value when unset
     """
-    from airflow.sdk.configuration import conf
+    from airflow.providers.common.compat.sdk import conf
 
     value = conf.get("batch_provider", key, fallback=None)
     return str(value) if value not in (None, "") else default

@@ -40,3 +40,31 @@ def test_airflow_lists_the_provider_and_its_connection_types(airflow_home: dict[
     hooks = run_airflow(airflow_home, "providers", "hooks", "--output", "json")
     assert hooks.returncode == 0, tail(hooks)
     assert "openai_batch" in hooks.stdout
+
+
+def test_every_setting_the_package_reads_is_declared_in_the_config_section() -> None:
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "airflow_batch_provider"
+    read = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "get_setting"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                read.add(node.args[0].value)
+    assert "ledger_conn_id" in read, "the scan must see the settings read through get_setting"
+    declared = set(get_provider_info()["config"]["batch_provider"]["options"])
+    assert read <= declared, f"read but not declared: {sorted(read - declared)}"
+
+
+def test_the_ledger_url_is_masked_as_sensitive_and_the_plugin_is_listed() -> None:
+    info = get_provider_info()
+    assert info["config"]["batch_provider"]["options"]["ledger_url"]["sensitive"] is True
+    (plugin,) = info["plugins"]
+    module, _, cls = plugin["plugin-class"].rpartition(".")
+    assert getattr(importlib.import_module(module), cls).name == plugin["name"]

@@ -1,0 +1,124 @@
+"""The package's declared metadata is true: floors are the versions tested, imports are declared."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import tomllib
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+# extras that carry the product's own dependencies (not the test tools)
+RUNTIME_EXTRAS = {"openai", "anthropic", "gemini", "bedrock", "kubernetes", "s3", "postgres", "emulator"}
+
+
+def pins() -> dict[str, Version]:
+    found = {}
+    for line in (REPO_ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", line)
+        if match:
+            found[_norm(match[1])] = Version(match[2])
+    return found
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def runtime_requirements() -> list[Requirement]:
+    project = PYPROJECT["project"]
+    declared = [Requirement(r) for r in project["dependencies"]]
+    for extra, reqs in project["optional-dependencies"].items():
+        if extra in RUNTIME_EXTRAS:
+            declared += [Requirement(r) for r in reqs]
+    return declared
+
+
+def test_every_floor_is_the_minor_line_that_the_tests_run_with() -> None:
+    pinned = pins()
+    wrong = []
+    for req in runtime_requirements():
+        floors = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        if not floors:
+            wrong.append(f"{req}: no floor")
+            continue
+        pin = pinned.get(_norm(req.name))
+        if pin is None:
+            wrong.append(f"{req}: not pinned in constraints.txt")
+        elif floors[0] > pin or floors[0].release[:2] != pin.release[:2]:
+            wrong.append(f"{req}: tested with {pin}; raise the floor to that minor line or test the floor")
+    assert not wrong, "\n".join(wrong)
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+# import name -> distribution that provides it
+PROVIDED_BY = {
+    "airflow": "apache-airflow",
+    "airflow.providers.common.compat": "apache-airflow-providers-common-compat",
+    "airflow.providers.amazon": "apache-airflow-providers-amazon",
+    "airflow.providers.cncf.kubernetes": "apache-airflow-providers-cncf-kubernetes",
+    "airflow.providers.standard": "apache-airflow-providers-standard",
+    "google.genai": "google-genai",
+    "google": "google-genai",  # ``from google import genai``
+    "psycopg2": "psycopg2-binary",
+    "yaml": "pyyaml",
+}
+
+
+def _distribution(module: str) -> str:
+    for prefix in sorted(PROVIDED_BY, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return PROVIDED_BY[prefix]
+    return _norm(module.split(".")[0])
+
+
+def test_every_third_party_import_of_the_package_is_declared() -> None:
+    declared = {_norm(r.name) for r in runtime_requirements()}
+    # what the declared requirements bring with them by contract (Airflow's own dependencies)
+    implied = {"pydantic", "packaging", "fsspec", "universal-pathlib", "typing-extensions", "apache-airflow"}
+    own = "airflow_batch_provider"
+    missing = set()
+    for path in (REPO_ROOT / own).rglob("*.py"):
+        for module in _top_level_imports(path):
+            root = module.split(".")[0]
+            if root == own or root in sys.stdlib_module_names or root == "__future__":
+                continue
+            dist = _distribution(module)
+            if dist not in declared | implied:
+                missing.add(f"{path.relative_to(REPO_ROOT)}: {module} ({dist})")
+    assert not missing, "imported but not declared in pyproject.toml:\n" + "\n".join(sorted(missing))
+
+
+def test_no_runtime_dependency_is_declared_that_nothing_imports() -> None:
+    imported: set[str] = set()
+    for path in (REPO_ROOT / "airflow_batch_provider").rglob("*.py"):
+        imported |= {_distribution(m) for m in _top_level_imports(path)}
+    unused = [
+        str(r)
+        for r in (Requirement(x) for x in PYPROJECT["project"]["dependencies"])
+        if _norm(r.name) not in imported
+    ]
+    assert not unused, f"declared but never imported: {unused}"
+
+
+def test_the_version_is_written_in_one_place() -> None:
+    assert "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "airflow_batch_provider.__version__"
+    }
+    assert (REPO_ROOT / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
