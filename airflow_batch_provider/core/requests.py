@@ -18,7 +18,6 @@ from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 RequestKind = Literal["chat", "embedding"]
 
 
-
 class _NullValue(Exception):
     """A template expression rendered ``None`` (a null field); raised by :func:`_finalize`."""
 
@@ -260,7 +259,7 @@ class PromptTemplate:
                 "text 'None'); give the field a value, or write {{ field or '' }} in the template.",
                 position,
             ) from exc
-        except Exception as exc:  # noqa: BLE001 - one record's failure must not fail the others
+        except Exception as exc:  # one record's failure must not fail the others
             raise ItemError(
                 app_id,
                 "template_error",

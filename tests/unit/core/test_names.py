@@ -13,10 +13,26 @@ def test_a_plain_workload_name_is_accepted(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", "../..", "..", "a..b", "a/b", "/abs", ".hidden", "-dash", "_under", "a b", "x" * 101, "é", "a\n", None, 3],
+    [
+        "",
+        "../..",
+        "..",
+        "a..b",
+        "a/b",
+        "/abs",
+        ".hidden",
+        "-dash",
+        "_under",
+        "a b",
+        "x" * 101,
+        "é",
+        "a\n",
+        None,
+        3,
+    ],
 )
 def test_a_workload_name_that_could_leave_its_folder_or_break_a_key_is_refused(name: object) -> None:
-    with pytest.raises(ConfigurationError, match="is not a valid workload name.*Rename it"):
+    with pytest.raises(ConfigurationError, match=r"is not a valid workload name.*Rename it"):
         check_workload(name)
 
 
