@@ -471,7 +471,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         """
         import asyncio
 
-        from airflow_batch_provider.operators.fallback import fallback_settings, run_fallback
+        from airflow_batch_provider.services.fallback import fallback_settings, run_fallback
 
         if self.prompt is None:
             raise ConfigurationError(

@@ -1,17 +1,31 @@
-"""``SyncFallbackOperator``: send what the deadline left open to the provider's real-time API.
+"""The real-time path: send items through a provider's synchronous API, resumably, at full price.
 
-Runs in a worker (not the triggerer): one event loop in :meth:`SyncFallbackOperator.execute`
-sends the items with ``asyncio.gather`` under a semaphore (the concurrency) and a shared
-:class:`~airflow_batch_provider.core.ratelimit.RateLimiter` (RPM and TPM, token estimates before
-each call, actual usage after, ``Retry-After`` and ``x-ratelimit-*`` honoured). Retryable
+Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallback.SyncFallbackOperator`)
+and by a chunk below the provider's minimum batch size (``BatchSubmitOperator``). No Airflow import.
+
+One event loop sends the items with ``asyncio.gather`` under a semaphore (the concurrency) and a
+shared :class:`~airflow_batch_provider.core.ratelimit.RateLimiter` (RPM and TPM, token estimates
+before each call, actual usage after, ``Retry-After`` and ``x-ratelimit-*`` honoured). Retryable
 failures (429, 5xx, timeouts) are retried by :func:`~airflow_batch_provider.core.ratelimit.retry_delay`;
 anything else is final.
 
-Idempotent through the ledger: an item is moved to ``fallback`` and its attempt recorded (mode
-``sync``) before it is sent; an item that already has a usable result (a late batch line) is not
-sent; a rerun of the task resends only items whose answer was never recorded. Each attempt's
-cost is priced at STANDARD (synchronous) rates from the usage the provider reports. Items end
-``succeeded`` (route ``fallback``) or ``review`` with the provider's error.
+Resumable through the ledger:
+
+- before its call an item is marked sent: it moves to ``fallback`` and gets a synchronous
+  attempt row (mode ``sync``) without an outcome;
+- the answer is recorded with its usage and cost (STANDARD prices) in one transaction that
+  also settles the item (``succeeded``, route ``fallback``, or ``review``);
+- a crash in between (fail point ``fallback.after_send``) leaves the item in ``fallback`` with an
+  open attempt. The next call of :func:`run_fallback` for the run resumes every such item,
+  whether or not the caller listed it: the open attempt is closed with error code
+  ``possibly_paid_twice`` (the provider may have answered and billed it; its usage is unknown,
+  so its cost is recorded as 0) and the item is sent again under a new attempt. The count is
+  returned and stays in the ledger (:func:`possibly_paid_twice`), never hidden;
+- an item that already has a usable result (a late batch line) is not sent.
+
+At most one task of a run sends synchronously at a time (the deadline fallback runs after every
+round; a round has at most one chunk below the minimum; the workload is leased to one run), so
+an open attempt at the start of a call is an interrupted one, never one in flight elsewhere.
 """
 
 from __future__ import annotations
@@ -20,26 +34,29 @@ import asyncio
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.pricing import ModelPrice, PriceTable, cost
 from airflow_batch_provider.core.ratelimit import RateLimiter, RateLimits, RetryPolicy, retry_delay
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.results import ItemResult
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
-from airflow_batch_provider.ledger.store import from_nusd, to_nusd
-from airflow_batch_provider.operators.batch import BatchBaseOperator
-from airflow_batch_provider.settings import get_setting, load_prices
+from airflow_batch_provider.ledger.store import from_nusd, sync_job_id, to_nusd
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
     from sqlalchemy.engine import RowMapping
 
     from airflow_batch_provider.adapters.base import AsyncRealtimeClient, RealtimeReply
     from airflow_batch_provider.ledger import Ledger
+
+#: Error code of a synchronous attempt that was sent, never recorded, and sent again.
+POSSIBLY_PAID_TWICE: Final = "possibly_paid_twice"
+#: Error code of a synchronous attempt that was sent and never recorded, closed without a resend.
+ANSWER_LOST: Final = "answer_lost"
 
 #: States an item may be sent to the fallback from (``fallback``: an interrupted earlier try).
 FALLBACK_FROM: tuple[str, ...] = (
@@ -73,87 +90,6 @@ class FallbackSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
-class SyncFallbackOperator(BatchBaseOperator):
-    """Send the run's items still open at the deadline through the real-time API, at full price.
-
-    :param prompt: the workload's prompt (for output validation)
-    :param rpm: requests per minute (default ``[batch_provider] fallback_rpm``, 500)
-    :param tpm: tokens per minute (default ``[batch_provider] fallback_tpm``, 200000)
-    :param concurrency: requests in flight (default ``[batch_provider] fallback_concurrency``, 16)
-    :param window_s: the rate window in seconds (60 for per-minute limits)
-    :param headroom: share of ``rpm``/``tpm`` used, 0 to 1
-    :param retry: retry policy per item (default :class:`RetryPolicy`)
-    :param pricing_override: a pricing file path or dict merged over the shipped prices
-    """
-
-    ui_color = "#f6d5c1"
-
-    def __init__(
-        self,
-        *,
-        prompt: PromptTemplate | str,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        concurrency: int | None = None,
-        window_s: float = 60.0,
-        headroom: float = 1.0,
-        retry: RetryPolicy | None = None,
-        pricing_override: str | Mapping[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.prompt = prompt
-        self.rpm = rpm
-        self.tpm = tpm
-        self.concurrency = concurrency
-        self.window_s = window_s
-        self.headroom = headroom
-        self.retry = retry or RetryPolicy()
-        self.pricing_override = pricing_override
-
-    def settings(self) -> FallbackSettings:
-        """The limits, from the arguments or the ``[batch_provider]`` config."""
-        return fallback_settings(
-            self.rpm, self.tpm, self.concurrency, self.window_s, self.headroom, self.retry
-        )
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        run_id = context["run_id"]
-        template = PromptTemplate.load(self.prompt)
-        rows = list(
-            self.ledger.iter_items(
-                self.workload, run_id, states=FALLBACK_FROM, columns=["app_id", "request_json", "state"]
-            )
-        )
-        if not rows:
-            self.log.info("no open items: nothing to send synchronously")
-            return {"items": 0}
-        settings = self.settings()
-        self.log.info(
-            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm, %d in flight",
-            len(rows),
-            self.adapter.name,
-            settings.rpm,
-            settings.tpm,
-            settings.concurrency,
-        )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=run_id,
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=settings,
-                prices=load_prices(self.pricing_override),
-            )
-        )
-        self.log.info("fallback done: %s", summary)
-        return summary
-
-
 def fallback_settings(
     rpm: int | None = None,
     tpm: int | None = None,
@@ -173,6 +109,8 @@ def fallback_settings(
     :param headroom: share of the limits used
     :param retry: retry policy per item
     """
+    from airflow_batch_provider.settings import get_setting
+
     return FallbackSettings(
         rpm=rpm if rpm is not None else int(get_setting("fallback_rpm", "500")),
         tpm=tpm if tpm is not None else int(get_setting("fallback_tpm", "200000")),
@@ -198,14 +136,16 @@ async def run_fallback(
 ) -> dict[str, Any]:
     """Send ``rows`` concurrently under the limiter; record each attempt; return a small summary.
 
-    The client is closed at the end.
+    Resumes first: every item of the run left in ``fallback`` by an interrupted call is closed as
+    ``possibly_paid_twice`` (:func:`close_interrupted_sends`) and sent again with ``rows``,
+    whether or not ``rows`` lists it. The client is closed at the end.
 
     :param ledger: the ledger
     :param workload: workload name
     :param run_id: the Airflow run id
     :param provider: the adapter name (for prices)
     :param client: the real-time client
-    :param rows: ledger rows (``item_key``, ``prompt_version``, ``request_json``)
+    :param rows: ledger rows (``item_key``, ``prompt_version``, ``request_json``); may be stale
     :param template: the prompt, for output validation
     :param settings: limits and concurrency
     :param prices: the price table
@@ -216,6 +156,11 @@ async def run_fallback(
     )
     semaphore = asyncio.Semaphore(settings.concurrency)
     counts: Counter[str] = Counter()
+    resumed = close_interrupted_sends(ledger, workload, run_id)
+    if resumed:
+        counts[POSSIBLY_PAID_TWICE] = len(resumed)
+        listed = {(r["item_key"], r["prompt_version"]) for r in rows}
+        rows = [*rows, *(r for r in resumed if (r["item_key"], r["prompt_version"]) not in listed)]
     paid_nusd = 0
     price_cache: dict[str, ModelPrice] = {}
     rng = random.Random()
@@ -258,6 +203,8 @@ async def run_fallback(
                     break
                 counts["retries"] += 1
                 await limiter.clock.sleep(delay)
+            # The provider answered (and may have billed); the ledger does not know it yet.
+            failpoint("fallback.after_send")
             final: ItemResult = check_output(result, template.output_format, template.output_schema)
             amount = to_nusd(cost(final.usage, price_of(request.model), "sync"))
             paid_nusd += amount
@@ -276,3 +223,68 @@ async def run_fallback(
         "limiter_waited_s": round(limiter.stats.waited_s, 3),
         "provider_pauses": limiter.stats.pauses,
     }
+
+
+def close_interrupted_sends(
+    ledger: Ledger, workload: str, run_id: str, error_code: str = POSSIBLY_PAID_TWICE
+) -> list[RowMapping]:
+    """Close the run's synchronous attempts that were sent and never recorded; return their items.
+
+    Such an item is in ``fallback`` with an open attempt (a crash between the call and the
+    record). Its attempt is recorded as ``failed_retryable`` with ``error_code`` and cost 0 (the
+    provider may have billed it; the usage is unknown), and the item moves to
+    ``failed_retryable``, from where it may be sent again (:func:`run_fallback` does) or settled
+    (publish, with ``error_code=ANSWER_LOST``). Safe to repeat: a crash half-way is finished by
+    the next call.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    :param error_code: ``possibly_paid_twice`` (it will be sent again) or ``answer_lost``
+    """
+    job_id = sync_job_id(workload, run_id)
+    columns = ["app_id", "request_json", "state", "job_id", "custom_id", "error_code"]
+    interrupted = [
+        row
+        for row in ledger.iter_items(
+            workload, run_id, states=["fallback", "failed_retryable"], columns=columns
+        )
+        if row["job_id"] == job_id
+        and row["custom_id"]
+        and (row["state"] == "fallback" or row["error_code"] in (POSSIBLY_PAID_TWICE, ANSWER_LOST))
+    ]
+    message = (
+        "sent through the real-time API before a crash; the answer was never recorded, so the provider "
+        "may have billed it" + ("; sent again" if error_code == POSSIBLY_PAID_TWICE else "")
+    )
+    for row in interrupted:
+        # Item first: recording the attempt while the item is in fallback would settle the item.
+        ledger.transition(
+            workload,
+            run_id,
+            "failed_retryable",
+            ["fallback"],
+            keys=[(row["item_key"], row["prompt_version"])],
+            error_code=error_code,
+            error_message=message,
+        )
+        closed = ItemResult(
+            row["custom_id"], "failed_retryable", error_code=error_code, error_message=message
+        )
+        ledger.record_sync_result(workload, run_id, closed, 0)
+    return interrupted
+
+
+def possibly_paid_twice(ledger: Ledger, workload: str, run_id: str) -> int:
+    """Count the run's synchronous attempts that were sent, lost and sent again (for the report).
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    """
+    return sum(
+        1
+        for row in ledger.iter_cost_rows(workload, run_id)
+        for attempt in row["attempts"]
+        if attempt["mode"] == "sync" and attempt["error_code"] == POSSIBLY_PAID_TWICE
+    )

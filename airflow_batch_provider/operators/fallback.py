@@ -1,0 +1,117 @@
+"""``SyncFallbackOperator``: send what the deadline left open to the provider's real-time API.
+
+Runs in a worker (not the triggerer). The sending, its rate limits and its resumability live in
+:mod:`airflow_batch_provider.services.fallback`: an item is marked sent (state ``fallback``, an
+open ``sync`` attempt) before its call and its answer recorded after; a rerun of this task
+resumes the run's items left in ``fallback`` by a crash, sends them again and counts them as
+``possibly_paid_twice``. Each attempt is priced at STANDARD (synchronous) rates from the usage
+the provider reports. Items end ``succeeded`` (route ``fallback``) or ``review`` with the
+provider's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_batch_provider.core.ratelimit import RetryPolicy
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.operators.batch import BatchBaseOperator
+from airflow_batch_provider.services.fallback import (
+    FALLBACK_FROM,
+    FallbackSettings,
+    fallback_settings,
+    run_fallback,
+)
+from airflow_batch_provider.settings import load_prices
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class SyncFallbackOperator(BatchBaseOperator):
+    """Send the run's items still open at the deadline through the real-time API, at full price.
+
+    :param prompt: the workload's prompt (for output validation)
+    :param rpm: requests per minute (default ``[batch_provider] fallback_rpm``, 500)
+    :param tpm: tokens per minute (default ``[batch_provider] fallback_tpm``, 200000)
+    :param concurrency: requests in flight (default ``[batch_provider] fallback_concurrency``, 16)
+    :param window_s: the rate window in seconds (60 for per-minute limits)
+    :param headroom: share of ``rpm``/``tpm`` used, 0 to 1
+    :param retry: retry policy per item (default :class:`RetryPolicy`)
+    :param pricing_override: a pricing file path or dict merged over the shipped prices
+    """
+
+    ui_color = "#f6d5c1"
+
+    def __init__(
+        self,
+        *,
+        prompt: PromptTemplate | str,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        concurrency: int | None = None,
+        window_s: float = 60.0,
+        headroom: float = 1.0,
+        retry: RetryPolicy | None = None,
+        pricing_override: str | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.prompt = prompt
+        self.rpm = rpm
+        self.tpm = tpm
+        self.concurrency = concurrency
+        self.window_s = window_s
+        self.headroom = headroom
+        self.retry = retry or RetryPolicy()
+        self.pricing_override = pricing_override
+
+    def settings(self) -> FallbackSettings:
+        """The limits, from the arguments or the ``[batch_provider]`` config."""
+        return fallback_settings(
+            self.rpm, self.tpm, self.concurrency, self.window_s, self.headroom, self.retry
+        )
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        run_id = context["run_id"]
+        template = PromptTemplate.load(self.prompt)
+        rows = list(
+            self.ledger.iter_items(
+                self.workload, run_id, states=FALLBACK_FROM, columns=["app_id", "request_json", "state"]
+            )
+        )
+        if not rows:
+            self.log.info("no open items: nothing to send synchronously")
+            return {"items": 0}
+        settings = self.settings()
+        self.log.info(
+            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm, %d in flight",
+            len(rows),
+            self.adapter.name,
+            settings.rpm,
+            settings.tpm,
+            settings.concurrency,
+        )
+        summary = asyncio.run(
+            run_fallback(
+                ledger=self.ledger,
+                workload=self.workload,
+                run_id=run_id,
+                provider=self.adapter.name,
+                client=self.adapter.realtime_client(),
+                rows=rows,
+                template=template,
+                settings=settings,
+                prices=load_prices(self.pricing_override),
+            )
+        )
+        if summary.get("possibly_paid_twice"):
+            self.log.warning(
+                "%d items had been sent before a crash without their answer being recorded; they were sent "
+                "again and may have been paid twice (error code possibly_paid_twice in the ledger)",
+                summary["possibly_paid_twice"],
+            )
+        self.log.info("fallback done: %s", summary)
+        return summary
