@@ -330,6 +330,15 @@ class BatchPrepareOperator(BatchBaseOperator):
         run_id = context["run_id"]
         template = self.template
         ledger = self.ledger
+        floor = self.adapter.limits.min_requests
+        if self.max_requests_per_chunk is not None and self.max_requests_per_chunk < floor:
+            # Every chunk would go through the real-time API, several at once: full price, and
+            # the real-time path resumes a run's interrupted sends assuming one sender at a time.
+            raise ConfigurationError(
+                f"max_requests_per_chunk={self.max_requests_per_chunk} is below {self.adapter.name}'s minimum "
+                f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
+                f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
+            )
         ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"

@@ -139,3 +139,27 @@ def test_prepare_keeps_what_a_failing_records_callable_yielded_stages_nothing_an
     assert "warehouse went away" in counts["source_error"]
     (rejects,) = (tmp_path / "staging" / "p").glob("*/rejects.jsonl")
     assert json.loads(rejects.read_text())["code"] == "invalid_record"
+
+
+def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    bedrock = {
+        "conn_type": "bedrock_batch",
+        "extra": {"region_name": "us-east-1", "role_arn": "arn:aws:iam::1:role/r"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_BR_TEST", json.dumps(bedrock))
+    prepare = BatchPrepareOperator(
+        task_id="prepare",
+        workload="p",
+        batch_conn_id="br_test",
+        records=lambda context: [],
+        prompt=PROMPT,
+        max_requests_per_chunk=50,
+    )
+    with pytest.raises(ConfigurationError, match="below bedrock's minimum of 100 requests per batch job"):
+        prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert ledger.count_states("p", RUN) == {}
