@@ -35,7 +35,7 @@ from airflow_batch_provider.exceptions import ItemError, RecordSourceError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem, UpsertStats
 
-#: How much of a rejected record's text the rejects file keeps when it is not valid text.
+#: How much of a value the rejects file keeps when a records callable yields something odd.
 RAW_LIMIT: Final = 100_000
 
 
@@ -216,7 +216,8 @@ def read_csv(fh: IO[bytes]) -> Iterator[SourceRecord]:
             consumed.append((number, text, problem))
             yield text
 
-    reader = csv.reader(text_lines())
+    # strict: an unclosed quote is an error, not a value that silently swallows the rest of the file
+    reader = csv.reader(text_lines(), strict=True)
     header = _csv_header(reader, consumed)
     if header is None:
         return
@@ -228,11 +229,16 @@ def read_csv(fh: IO[bytes]) -> Iterator[SourceRecord]:
         except StopIteration:
             return
         except csv.Error as exc:
-            # The reader starts afresh on the next line; only this row is lost.
-            line = consumed[0][0] if consumed else reader.line_num
-            raw = "".join(text for _, text, _ in consumed)
-            problem = ("csv_malformed", f"line {line} is not a valid CSV row ({exc}); fix the row.")
-            yield SourceRecord(position, line, problem=problem, raw=raw[:RAW_LIMIT])
+            # The reader starts afresh on the next line. The lines this row took (an unclosed
+            # quote takes them up to the end of the file) are kept whole in the reject.
+            first = consumed[0][0] if consumed else reader.line_num
+            span = f"line {first} is" if len(consumed) < 2 else f"lines {first}-{consumed[-1][0]} are"
+            problem = (
+                "csv_malformed",
+                f"{span} not a valid CSV row ({exc}): a quoted value is probably not closed, or a quote "
+                'inside a quoted value is not doubled; close the quote and write an inner quote as "".',
+            )
+            yield SourceRecord(position, first, problem=problem, raw="".join(t for _, t, _ in consumed))
             position += 1
             continue
         if not row:

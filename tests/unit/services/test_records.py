@@ -113,6 +113,23 @@ def test_a_quoted_cell_over_several_lines_is_one_record_and_later_line_numbers_s
     assert "two\\nlines" in row["request_json"]
 
 
+def test_an_unclosed_quote_does_not_swallow_the_rest_of_the_file_into_one_item(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", "a,email,x", 'b,email,"unclosed', "c,email,y", "d,email,z")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, result.items, reject.code, reject.line) == (2, 1, "csv_malformed", 3)
+    assert "lines 3-5 are not a valid CSV row (unexpected end of data)" in reject.message
+    # the swallowed rows are not lost: the reject keeps them whole
+    assert reject.record is not None and "c,email,y" in reject.record and "d,email,z" in reject.record
+    assert states(ledger) == {"a": "pending"}
+
+
+def test_a_stray_quote_costs_its_rows_and_reading_goes_on_after_them(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", 'b,email,"open', 'c,email,"y"', "d,email,z")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, reject.code, reject.line) == (2, "csv_malformed", 2)
+    assert states(ledger) == {"d": "pending"}
+
+
 def test_a_csv_column_named_self_is_an_ordinary_field(ledger: Ledger) -> None:
     fh = csv_bytes("id,self,channel,comment", "a,me,email,x")
     result, rejects = load(ledger, read_csv(fh))
