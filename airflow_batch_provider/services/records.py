@@ -233,11 +233,14 @@ def read_csv(fh: IO[bytes]) -> Iterator[SourceRecord]:
             # quote takes them up to the end of the file) are kept whole in the reject.
             first = consumed[0][0] if consumed else reader.line_num
             span = f"line {first} is" if len(consumed) < 2 else f"lines {first}-{consumed[-1][0]} are"
-            problem = (
-                "csv_malformed",
-                f"{span} not a valid CSV row ({exc}): a quoted value is probably not closed, or a quote "
-                'inside a quoted value is not doubled; close the quote and write an inner quote as "".',
+            fix = (
+                f"a value is longer than the {csv.field_size_limit()} characters Python's csv reader accepts "
+                "(or a quote is not closed); give values this long in JSONL"
+                if "field limit" in str(exc)
+                else "a quoted value is probably not closed, or a quote inside a quoted value is not doubled; "
+                'close the quote and write an inner quote as ""'
             )
+            problem = ("csv_malformed", f"{span} not a valid CSV row ({exc}): {fix}.")
             yield SourceRecord(position, first, problem=problem, raw="".join(t for _, t, _ in consumed))
             position += 1
             continue

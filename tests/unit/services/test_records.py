@@ -130,6 +130,14 @@ def test_a_stray_quote_costs_its_rows_and_reading_goes_on_after_them(ledger: Led
     assert states(ledger) == {"d": "pending"}
 
 
+def test_a_value_over_the_csv_readers_limit_is_rejected_with_the_remedy(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", f'a,email,"{"w" * 200_000}"', "b,email,ok")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, reject.code, reject.line) == (2, "csv_malformed", 2)
+    assert "give values this long in JSONL" in reject.message
+    assert states(ledger) == {"b": "pending"}
+
+
 def test_a_csv_column_named_self_is_an_ordinary_field(ledger: Ledger) -> None:
     fh = csv_bytes("id,self,channel,comment", "a,me,email,x")
     result, rejects = load(ledger, read_csv(fh))
