@@ -75,3 +75,10 @@ class PricingError(BatchProviderError):
 
 class BudgetExceededError(BatchProviderError):
     """The cost estimate of what is about to be submitted exceeds the run's budget."""
+
+
+class RecordSourceError(BatchProviderError):
+    """The input source failed part-way (a records callable raised, a read failed, a bad CSV header).
+
+    The records read before it are kept; the rest are unknown, so the prepare task fails.
+    """

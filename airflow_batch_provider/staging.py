@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 from airflow_batch_provider.core.hashing import short_hash
+from airflow_batch_provider.core.names import check_workload
 from airflow_batch_provider.exceptions import StagingError
 from airflow_batch_provider.settings import default_staging_root, get_setting
 
@@ -26,6 +27,7 @@ def run_key(run_id: str) -> str:
 
     :param run_id: the Airflow run id
     """
+    # Only [A-Za-z0-9_.-] survive, and the hash suffix means the key is never "." or "..".
     return f"{_UNSAFE.sub('-', run_id)[:40].strip('-')}-{short_hash(run_id, length=8)}"
 
 
@@ -64,12 +66,16 @@ class Staging:
         return p
 
     def run_dir(self, workload: str, run_id: str) -> Any:
-        """Return the folder of one workload run.
+        """Return the folder of one workload run, always inside the staging root.
+
+        The workload must be a valid workload name (:func:`~airflow_batch_provider.core.names.check_workload`);
+        the run id (``:``, ``+``, any character) maps to one safe folder name by :func:`run_key`.
 
         :param workload: workload name
         :param run_id: the Airflow run id
+        :raises ConfigurationError: the workload is not a valid workload name
         """
-        return self.path(workload, run_key(run_id))
+        return self.path(check_workload(workload), run_key(run_id))
 
     @contextmanager
     def writer(self, path: Any) -> Iterator[IO[bytes]]:

@@ -1,6 +1,6 @@
 """Does the synchronous fallback's limiter hold the configured RPM and TPM against the emulator?
 
-Runs the real fallback path (:func:`airflow_batch_provider.operators.fallback.run_fallback`: the
+Runs the real fallback path (:func:`airflow_batch_provider.services.fallback.run_fallback`: the
 OpenAI SDK's async client over HTTP, the ledger in a temporary SQLite file) against the
 emulator's ``/v1/chat/completions``, whose sliding-window limiter answers 429 with
 ``Retry-After`` past its RPM/TPM. The emulator runs at time scale 0.1, so its "minute" is 6 s;
@@ -38,7 +38,7 @@ from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
-from airflow_batch_provider.operators.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
+from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
 
 TIME_SCALE = 0.1
 WINDOW_S = 60.0 * TIME_SCALE

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+import jinja2.nodes
 import jinja2.sandbox
 
 from airflow_batch_provider.core.hashing import canonical_json, sha256_hex
@@ -16,7 +17,25 @@ from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 
 RequestKind = Literal["chat", "embedding"]
 
-_ENV = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+class _NullValue(Exception):
+    """A template expression rendered ``None`` (a null field); raised by :func:`_finalize`."""
+
+
+def _finalize(value: Any) -> Any:
+    # Without this, a null field renders the text "None" and is sent to the model.
+    if value is None:
+        raise _NullValue
+    return value
+
+
+_ENV = jinja2.sandbox.SandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, autoescape=False, finalize=_finalize
+)
+
+#: Names that Jinja resolves itself at a template's top level: a record field of that name is
+#: never what ``{{ name }}`` reads.
+_JINJA_RESERVED: frozenset[str] = frozenset({"self"})
 
 
 @dataclass(frozen=True)
@@ -167,12 +186,25 @@ class PromptTemplate:
         if not self.version:
             raise ConfigurationError("PromptTemplate.version is empty: give every prompt a version string.")
         try:
-            _ENV.parse(self.user)
+            # Compiling (not only parsing) also catches a filter or test that does not exist.
+            _compiled(self.user)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigurationError(
                 f"PromptTemplate {self.version!r}: user template does not parse at line {exc.lineno}: "
                 f"{exc.message}. Fix the template."
             ) from exc
+        used = {
+            node.name
+            for node in _ENV.parse(self.user).find_all(jinja2.nodes.Name)
+            if node.ctx == "load" and node.name in _JINJA_RESERVED
+        }
+        if used:
+            name = sorted(used)[0]
+            raise ConfigurationError(
+                f"PromptTemplate {self.version!r}: the user template reads {{{{ {name} }}}}, but {name!r} is "
+                f"Jinja's name for the template itself, never a record field. Rename the field in the "
+                "records (e.g. with a records callable) and in the template."
+            )
 
     def render(self, record: Mapping[str, Any], position: int | None = None) -> CanonicalRequest:
         """Render one record into a request.
@@ -190,15 +222,49 @@ class PromptTemplate:
                 f"in {self.id_field!r} (or set PromptTemplate.id_field).",
                 position,
             )
+        if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)):
+            raise ItemError(
+                None,
+                "invalid_id",
+                f"its {self.id_field!r} is {raw_id!r} ({type(raw_id).__name__}); an application id "
+                "must be a string or an integer. Fix the record's id.",
+                position,
+            )
         app_id = str(raw_id)
+        odd = next((k for k in record if not isinstance(k, str)), None)
+        if odd is not None:
+            raise ItemError(
+                app_id,
+                "invalid_record",
+                f"field name {odd!r} is not a string; records must be dicts with string keys.",
+                position,
+            )
         try:
-            text = _compiled(self.user).render(**record)
+            # The record goes in as one dict, not as keywords: a field named ``self`` (or any
+            # other name) cannot collide with the render method's own arguments.
+            text = _compiled(self.user).render(dict(record))
         except jinja2.UndefinedError as exc:
             raise ItemError(
                 app_id,
                 "template_variable_missing",
                 f"prompt {self.version!r} needs a field the record lacks ({exc.message}); "
                 "add the field to the record or change the template.",
+                position,
+            ) from exc
+        except _NullValue as exc:
+            raise ItemError(
+                app_id,
+                "null_value",
+                f"prompt {self.version!r} renders a null value from this record (instead of sending the "
+                "text 'None'); give the field a value, or write {{ field or '' }} in the template.",
+                position,
+            ) from exc
+        except Exception as exc:  # one record's failure must not fail the others
+            raise ItemError(
+                app_id,
+                "template_error",
+                f"prompt {self.version!r} raised {type(exc).__name__}: {exc} while rendering this record; "
+                "fix the template or the record.",
                 position,
             ) from exc
         return CanonicalRequest(

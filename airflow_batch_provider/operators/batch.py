@@ -7,11 +7,8 @@ second provider batch. XCom carries job ids and small manifests only.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from decimal import Decimal
@@ -22,13 +19,13 @@ from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
 from airflow_batch_provider.core.chunking import Chunker, ChunkInfo, Placed
-from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.core.states import RETRYABLE_STATES
 from airflow_batch_provider.core.validation import check_output
-from airflow_batch_provider.exceptions import ConfigurationError, ItemError
+from airflow_batch_provider.exceptions import ConfigurationError, ItemError, RecordSourceError
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
@@ -39,6 +36,8 @@ from airflow_batch_provider.staging import Staging
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from sqlalchemy.engine import RowMapping
+
+    from airflow_batch_provider.services.records import SourceRecord
 
 RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]]
 
@@ -213,10 +212,14 @@ class BatchBaseOperator(BaseOperator):
 class BatchPrepareOperator(BatchBaseOperator):
     """Render records into requests, upsert the ledger, skip unchanged items, stage chunks.
 
-    Bad records (no id, duplicate id, invalid UTF-8 or JSON, a template variable missing, a line
-    over the byte limit) are logged with their position and the fix, recorded for review, and the
-    other records go on. The task fails only when the share of bad records exceeds
-    ``max_reject_ratio`` (after recording them).
+    Reading and rendering live in :mod:`airflow_batch_provider.services.records`. Bad records (no
+    or duplicate id, invalid UTF-8 or JSON, a CSV row with a cell too many or too few, a template
+    that fails or lacks a field, a line over the byte limit) are logged with their line and the
+    fix, kept whole in ``rejects.jsonl``, recorded for review when they have an id, and the other
+    records go on; ``items + rejected == read``, in the log, in ``prepare_summary.json`` next to
+    the rejects and in the XCom ``prepare_counts``. The task fails when the share of bad records
+    exceeds ``max_reject_ratio`` (after recording and staging), and when the source itself fails
+    part-way (the records read are kept, nothing is staged; see ``RecordSourceError``).
 
     :param records: a path/URL of a JSONL or CSV file (read with ``ObjectStoragePath``), or a
         callable taking the task context and returning an iterable of dicts
@@ -247,6 +250,10 @@ class BatchPrepareOperator(BatchBaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        from airflow_batch_provider.core.names import check_workload, is_templated
+
+        if not is_templated(self.workload):
+            check_workload(self.workload)  # at DAG parse time; Staging.run_dir checks a rendered one
         self.budget_usd = budget_usd
         self.pricing_override = pricing_override
         self.records = records
@@ -261,63 +268,27 @@ class BatchPrepareOperator(BatchBaseOperator):
         """The prompt template."""
         return PromptTemplate.load(self.prompt)
 
-    def iter_records(self, context: Context) -> Iterator[tuple[int, Mapping[str, Any] | ItemError]]:
-        """Yield (position, record or the error that made it unreadable), streaming.
+    def source_records(self, context: Context, stack: ExitStack) -> Iterator[SourceRecord]:
+        """The records of ``records``, read lazily (files stay open in ``stack``).
 
         :param context: the task context
+        :param stack: closes the opened file when prepare is done with it
         """
+        from airflow_batch_provider.services.records import read_csv, read_jsonl, read_values
+
         if callable(self.records):
-            for pos, rec in enumerate(self.records(context)):
-                yield pos, rec
-            return
+            produce = self.records
+            return read_values(lambda: produce(context))
         from airflow.sdk import ObjectStoragePath
 
         path = ObjectStoragePath(self.render_template(self.records, context), conn_id=self.records_conn_id)
-        if str(path).endswith(".csv"):
-            with path.open("rb") as raw:
-                text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
-                try:
-                    for pos, row in enumerate(csv.DictReader(text)):
-                        yield pos, row
-                except UnicodeDecodeError as exc:
-                    yield (
-                        -1,
-                        ItemError(
-                            None,
-                            "invalid_utf8",
-                            f"CSV is not UTF-8 ({exc.reason}); re-encode the file as UTF-8.",
-                        ),
-                    )
-            return
-        with path.open("rb") as fh:
-            for pos, raw_line in enumerate(fh):
-                if not raw_line.strip():
-                    continue
-                try:
-                    value = json.loads(raw_line.decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    yield (
-                        pos,
-                        ItemError(
-                            None,
-                            "invalid_utf8",
-                            f"line {pos + 1} is not UTF-8 (byte {exc.start}: {exc.reason}); re-encode the source as UTF-8.",
-                            pos,
-                        ),
-                    )
-                    continue
-                except ValueError as exc:
-                    yield (
-                        pos,
-                        ItemError(
-                            None, "invalid_json", f"line {pos + 1} is not JSON ({exc}); fix the line.", pos
-                        ),
-                    )
-                    continue
-                if not isinstance(value, dict):
-                    yield pos, ItemError(None, "invalid_json", f"line {pos + 1} is not a JSON object.", pos)
-                    continue
-                yield pos, value
+        reader = read_csv if str(path).endswith(".csv") else read_jsonl
+
+        def opened() -> Iterator[SourceRecord]:
+            # Opened on first read, so that a failing open is reported like any source failure.
+            yield from reader(stack.enter_context(path.open("rb")))
+
+        return opened()
 
     def estimate_and_check_budget(self, run_id: str) -> None:
         """Log the cost estimate of the items staged and not yet submitted; stop over the budget.
@@ -354,90 +325,59 @@ class BatchPrepareOperator(BatchBaseOperator):
             check_budget(estimate, Decimal(str(self.budget_usd)))
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
+        from airflow_batch_provider.services.records import Reject, load_records
+
         run_id = context["run_id"]
         template = self.template
         ledger = self.ledger
-        ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
-        seen: dict[str, int] = {}
-        rejects_path = self.staging.run_dir(self.workload, run_id) / "rejects.jsonl"
-        files = ExitStack()
-        opened: list[IO[bytes]] = []
-
-        def rejects_sink() -> IO[bytes]:
-            # Every rejected record is kept whole, with its reason, so that nothing is lost.
-            if not opened:
-                opened.append(files.enter_context(self.staging.writer(rejects_path)))
-            return opened[0]
-
-        rejected: list[tuple[PreparedItem | None, str, str, str]] = []
-        counts = Counter[str]()
-
-        def prepared() -> Iterator[PreparedItem]:
-            for pos, rec in self.iter_records(context):
-                counts["records"] += 1
-                try:
-                    if isinstance(rec, ItemError):
-                        raise rec
-                    request = template.render(rec, pos)
-                    if request.app_id in seen:
-                        raise ItemError(
-                            request.app_id,
-                            "duplicate_id",
-                            f"repeats the id of record {seen[request.app_id]}; the first is kept. "
-                            "Make application ids unique per workload.",
-                            pos,
-                        )
-                    seen[request.app_id] = pos
-                except ItemError as exc:
-                    self.log.error("rejected %s", exc)
-                    counts["rejected"] += 1
-                    raw = (
-                        None
-                        if isinstance(rec, ItemError)
-                        else json.dumps(rec, default=str, ensure_ascii=False)
-                    )
-                    entry = {
-                        "position": pos,
-                        "id": exc.app_id,
-                        "code": exc.code,
-                        "message": str(exc),
-                        "record": raw,
-                    }
-                    rejects_sink().write(json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n")
-                    if exc.app_id is not None and exc.code != "duplicate_id":
-                        rejected.append((None, exc.app_id, exc.code, str(exc)))
-                    continue
-                yield PreparedItem(item_key(request.app_id), request)
-
-        with files:
-            stats = ledger.upsert_items(self.workload, run_id, prepared())
-        if rejected:
-            # Recorded under the prompt's version so that a fixed record replaces the rejected row.
-            fixed = [
-                (
-                    PreparedItem(
-                        item_key(app_id), CanonicalRequest(app_id, template.version, template.model)
-                    ),
-                    app_id,
-                    code,
-                    msg,
-                )
-                for _, app_id, code, msg in rejected
-            ]
-            ledger.reject_items(self.workload, run_id, fixed)
-        if opened:
-            self.log.warning(
-                "%d rejected records, with their reasons, are in %s", counts["rejected"], rejects_path
+        floor = self.adapter.limits.min_requests
+        if self.max_requests_per_chunk is not None and self.max_requests_per_chunk < floor:
+            # Every chunk would go through the real-time API, several at once: full price, and
+            # the real-time path resumes a run's interrupted sends assuming one sender at a time.
+            raise ConfigurationError(
+                f"max_requests_per_chunk={self.max_requests_per_chunk} is below {self.adapter.name}'s minimum "
+                f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
+                f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
             )
-        self.log.info(
-            "records: %d read, %d rejected; ledger: %d new, %d changed, %d unchanged (skipped), %d already in this run",
-            counts["records"],
-            counts["rejected"],
-            stats.new,
-            stats.changed,
-            stats.unchanged,
-            stats.already_in_run,
-        )
+        ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
+        folder = self.staging.run_dir(self.workload, run_id)
+        rejects_path = folder / "rejects.jsonl"
+        with ExitStack() as files:
+            opened: list[IO[bytes]] = []
+
+            def write_reject(reject: Reject) -> None:
+                # Every rejected record is kept whole, with its reason, so that nothing is lost.
+                if not opened:
+                    opened.append(files.enter_context(self.staging.writer(rejects_path)))
+                opened[0].write(json.dumps(reject.to_dict(), ensure_ascii=False).encode("utf-8") + b"\n")
+
+            result = load_records(
+                ledger=ledger,
+                workload=self.workload,
+                run_id=run_id,
+                template=template,
+                records=self.source_records(context, files),
+                write_reject=write_reject,
+                log=self.log,
+            )
+        summary = {**result.to_dict(), "rejects": str(rejects_path) if result.rejected else None}
+        with self.staging.writer(folder / "prepare_summary.json") as fh:
+            fh.write(json.dumps(summary, indent=2).encode("utf-8"))
+        ti = context.get("ti")
+        if ti is not None:
+            ti.xcom_push(key="prepare_counts", value=summary)
+        if result.rejected:
+            self.log.warning(
+                "%d rejected records, with their reasons, are in %s", result.rejected, rejects_path
+            )
+        self.log.info("%s", result.describe())
+        failpoint("prepare.after_upsert")
+        if result.source_error:
+            raise RecordSourceError(
+                f"the records source {self.records if isinstance(self.records, str) else 'callable'} stopped "
+                f"early: {result.source_error}. The {result.read} records read are in the ledger "
+                f"({result.rejected} rejected) and nothing was staged; fix the source and retry the task."
+            )
         pending = ledger.iter_items(
             self.workload,
             run_id,
@@ -447,11 +387,12 @@ class BatchPrepareOperator(BatchBaseOperator):
         manifests = self.stage_round(
             context, 1, pending, self.max_requests_per_chunk, self.max_bytes_per_chunk
         )
+        failpoint("prepare.after_stage")
         self.estimate_and_check_budget(run_id)
-        total = counts["records"]
-        if total and counts["rejected"] / total > self.max_reject_ratio:
+        total = result.read
+        if total and result.rejected / total > self.max_reject_ratio:
             raise ConfigurationError(
-                f"{counts['rejected']} of {total} records were rejected ({counts['rejected'] / total:.1%}), more "
+                f"{result.rejected} of {total} records were rejected ({result.rejected / total:.1%}), more "
                 f"than max_reject_ratio={self.max_reject_ratio:.1%}; the good records are staged and the bad ones "
                 "are in the log and the ledger (state review). Fix the input, or raise max_reject_ratio."
             )
@@ -539,7 +480,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         """
         import asyncio
 
-        from airflow_batch_provider.operators.fallback import fallback_settings, run_fallback
+        from airflow_batch_provider.services.fallback import fallback_settings, run_fallback
 
         if self.prompt is None:
             raise ConfigurationError(

@@ -39,9 +39,23 @@ def write_input(path: Path) -> None:
     path.write_bytes(b"\n".join(lines) + b"\n")
 
 
-def run_dag(airflow_home: dict[str, str], tmp: Path, ratio: str) -> tuple[Any, dict[str, str]]:
-    source = tmp / "input.jsonl"
-    write_input(source)
+def write_csv(path: Path) -> None:
+    """40 good rows and, among them, one bad row of each kind a spreadsheet export produces."""
+    rows = [b"id,channel,product,comment,self"]
+    rows += [f'c{i:03d},email,Lamp,"I love the lamp, great {i}",me'.encode() for i in range(20)]
+    rows.append(b"latin1,email,Lamp,caf\xe9,me")  # not UTF-8: only this row is rejected
+    rows.append(b"extra,email,Lamp,good,me,surplus")  # one cell too many
+    rows.append(b"short,email,Lamp")  # no comment, no self: would render "None"
+    rows.append(b"  ,email,Lamp,blank id,me")
+    rows += [f'c{i:03d},email,Lamp,"great, {i}",me'.encode() for i in range(20, 40)]
+    path.write_bytes(b"\r\n".join(rows) + b"\r\n")
+
+
+def run_dag(
+    airflow_home: dict[str, str], tmp: Path, ratio: str, name: str = "input.jsonl"
+) -> tuple[Any, dict[str, str]]:
+    source = tmp / name
+    (write_csv if name.endswith(".csv") else write_input)(source)
     with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
         env = batch_env(
             airflow_home,
@@ -94,6 +108,9 @@ def test_bad_records_are_named_kept_and_the_good_ones_go_on(
         ]
     )
     assert json.loads(next(k for k in kept if k["code"] == "missing_id")["record"])["comment"] == "no id here"
+    assert "47 records read: 41 items, 6 rejected" in output
+    summary = json.loads((rejects.parent / "prepare_summary.json").read_text())
+    assert (summary["read"], summary["items"], summary["rejected"]) == (47, 41, 6)
 
 
 def test_too_many_bad_records_fail_the_run_after_recording_them(
@@ -104,3 +121,32 @@ def test_too_many_bad_records_fail_the_run_after_recording_them(
     assert proc.returncode != 0
     assert "7 of 47 records were rejected" in output or "records were rejected" in output, tail(proc)
     assert "raise max_reject_ratio" in output
+
+
+def test_bad_csv_rows_are_rejected_one_by_one_and_every_other_row_goes_on(
+    airflow_home: dict[str, str], tmp_path: Path
+) -> None:
+    proc, env = run_dag(airflow_home, tmp_path, "0.2", "input.csv")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, tail(proc)
+    ledger = Ledger.from_url(env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"])
+    run_id = ledger.runs("bad_input", limit=1)[0]["run_id"]
+    rows = {r["app_id"]: r for r in ledger.iter_items("bad_input", run_id)}
+    # the rows after the bad byte are not dropped, and a column named self is harmless
+    assert {k for k, r in rows.items() if r["state"] == "succeeded"} == {f"c{i:03d}" for i in range(40)}
+    assert rows["short"]["state"] == "review" and rows["short"]["error_code"] == "csv_missing_cell"
+    assert "'comment'" in rows["short"]["error_message"]
+    assert rows["extra"]["state"] == "review" and rows["extra"]["error_code"] == "csv_extra_cell"
+    assert "line 22 is not UTF-8" in output
+    staging = Path(env["AIRFLOW__BATCH_PROVIDER__STAGING_ROOT"].removeprefix("file://"))
+    (rejects,) = staging.glob("bad_input/*/rejects.jsonl")
+    kept = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert [(k["line"], k["code"]) for k in kept] == [
+        (22, "invalid_utf8"),
+        (23, "csv_extra_cell"),
+        (24, "csv_missing_cell"),
+        (25, "missing_id"),
+    ]
+    summary = json.loads((rejects.parent / "prepare_summary.json").read_text())
+    assert (summary["read"], summary["items"], summary["rejected"]) == (44, 40, 4)
+    assert "44 records read: 40 items, 4 rejected" in output

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.exceptions import StagingError
+from airflow_batch_provider.exceptions import ConfigurationError, StagingError
 from airflow_batch_provider.staging import Staging, run_key
 
 
@@ -36,3 +36,35 @@ def test_a_missing_chunk_is_refused_with_the_remedy(tmp_path: Path) -> None:
 def test_the_default_root_comes_from_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path}/staged")
     assert str(Staging().root).endswith("/staged")
+
+
+@pytest.mark.parametrize("workload", ["../..", "..", "a/../../b", "/etc", "a/b"])
+def test_a_workload_that_would_leave_the_staging_root_is_refused(tmp_path: Path, workload: str) -> None:
+    staging = Staging(f"file://{tmp_path / 'root'}")
+    with pytest.raises(ConfigurationError, match="is not a valid workload name"):
+        staging.run_dir(workload, "run-1")
+    assert list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    [
+        "manual__2026-11-29T14:44:44+00:00",
+        "../../../escape",
+        "..",
+        "/abs/path",
+        "a/b\\c",
+        "scheduled__" + "x" * 300,
+        "",
+    ],
+)
+def test_any_run_id_maps_to_one_folder_inside_the_staging_root(tmp_path: Path, run_id: str) -> None:
+    root = tmp_path / "root"
+    staging = Staging(f"file://{root}")
+    folder = staging.run_dir("w", run_id)
+    assert folder == staging.run_dir("w", run_id)  # deterministic
+    with staging.writer(folder / "round-1" / "chunk-00000.jsonl") as fh:
+        fh.write(b"{}\n")
+    (written,) = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written.resolve().is_relative_to((root / "w").resolve())
+    assert len(written.relative_to(root / "w").parts) == 3  # <run key>/round-1/chunk

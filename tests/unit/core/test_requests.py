@@ -106,11 +106,70 @@ def test_a_template_without_a_version_is_refused() -> None:
 
 
 def test_the_sandbox_refuses_reaching_into_python_internals() -> None:
-    import jinja2.exceptions
-
     bad = template(user="{{ ''.__class__.__mro__[1].__subclasses__() }}")
-    with pytest.raises(jinja2.exceptions.SecurityError):
+    with pytest.raises(ItemError, match="unsafe") as caught:
         bad.render({"id": "a"})
+    assert caught.value.code == "template_error"
+
+
+def test_a_field_named_self_renders_like_any_other_field() -> None:
+    req = template(user="{{ comment }}").render({"id": "a", "self": "me", "comment": "hi"})
+    assert req.messages[0]["content"] == "hi"
+
+
+@pytest.mark.parametrize("name", ["self", "args", "kwargs", "__class__", "range", "namespace"])
+def test_a_field_named_like_a_python_or_jinja_internal_does_not_break_rendering(name: str) -> None:
+    req = template(user="{{ comment }}").render({"id": "a", name: "x", "comment": "hi"}, 3)
+    assert req.messages[0]["content"] == "hi"
+
+
+def test_a_template_reading_self_is_refused_at_construction_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="'self' is Jinja's name for the template"):
+        template(user="{{ self }}")
+
+
+def test_a_filter_that_does_not_exist_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="No filter named 'nosuch'"):
+        template(user="{{ comment | nosuch }}")
+
+
+@pytest.mark.parametrize(
+    ("user", "record", "match", "good"),
+    [
+        ("{{ 10 / n }}", {"n": 0}, "ZeroDivisionError: division by zero", 2),
+        ("{% if n %}{{ n | nosuch }}{% endif %}", {"n": 1}, "No filter named 'nosuch'", 0),
+        ("{{ n + 'a' }}", {"n": 1}, "TypeError", "b"),
+    ],
+)
+def test_a_template_that_raises_for_one_record_rejects_that_record_only(
+    user: str, record: dict[str, Any], match: str, good: Any
+) -> None:
+    prompt = template(user=user)
+    with pytest.raises(ItemError, match=match) as caught:
+        prompt.render({"id": "a", **record}, 7)
+    assert caught.value.code == "template_error" and caught.value.app_id == "a"
+    assert "fix the template or the record" in str(caught.value)
+    assert prompt.render({"id": "b", "n": good}).app_id == "b"
+
+
+def test_a_null_value_is_refused_instead_of_rendering_the_text_none() -> None:
+    with pytest.raises(ItemError, match="renders a null value") as caught:
+        template(user="{{ comment }}").render({"id": "a", "comment": None})
+    assert caught.value.code == "null_value"
+    assert template(user="{{ comment or '' }}!").render({"id": "a", "comment": None}).text.endswith("!")
+
+
+def test_a_record_with_a_non_string_field_name_is_refused_naming_it() -> None:
+    with pytest.raises(ItemError, match="field name 1 is not a string") as caught:
+        template(user="{{ comment }}").render({"id": "a", 1: "x", "comment": "c"})  # type: ignore[dict-item]
+    assert caught.value.code == "invalid_record"
+
+
+@pytest.mark.parametrize("value", [["a"], {"k": 1}, True, 1.5])
+def test_an_id_that_is_not_a_string_or_an_integer_is_refused(value: Any) -> None:
+    with pytest.raises(ItemError, match="must be a string or an integer") as caught:
+        template(user="x").render({"id": value})
+    assert caught.value.code == "invalid_id"
 
 
 def test_the_input_hash_is_stable() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -94,3 +95,71 @@ def test_a_round_within_the_budget_is_staged_and_a_rerun_is_not_checked_again(le
 def test_without_a_budget_every_retryable_item_is_staged(ledger: Ledger) -> None:
     manifests = resubmit(None).execute({"run_id": RUN})  # type: ignore[arg-type]
     assert sum(m["lines"] for m in manifests) == 2
+
+
+@pytest.mark.parametrize("workload", ["../..", "a/../../b", "/tmp/x", "a..b"])
+def test_prepare_refuses_a_workload_that_could_leave_the_staging_root_when_the_dag_is_parsed(
+    workload: str,
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    with pytest.raises(ConfigurationError, match="is not a valid workload name"):
+        BatchPrepareOperator(task_id="prepare", workload=workload, records="/x.jsonl", prompt=PROMPT)
+    templated = BatchPrepareOperator(
+        task_id="prepare", workload="{{ params.w }}", records="/x.jsonl", prompt=PROMPT
+    )
+    assert templated.workload == "{{ params.w }}"  # checked by Staging.run_dir once rendered
+
+
+def test_prepare_keeps_what_a_failing_records_callable_yielded_stages_nothing_and_fails_clearly(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    from airflow_batch_provider.exceptions import RecordSourceError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    def records(context: object) -> Iterator[dict[str, object]]:
+        yield {"id": "a", "text": "one"}
+        yield ["not", "a", "dict"]  # type: ignore[misc]
+        yield {"id": "b", "text": "two"}
+        raise ConnectionError("warehouse went away")
+
+    prepare = BatchPrepareOperator(
+        task_id="prepare", workload="p", batch_conn_id="ops_test", records=records, prompt=PROMPT
+    )
+    with pytest.raises(
+        RecordSourceError, match=r"after 3 records.*ConnectionError: warehouse went away.*retry the task"
+    ):
+        prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert ledger.count_states("p", RUN) == {"pending": 2}
+    assert ledger.jobs_for("p", RUN) == []
+    (summary,) = (tmp_path / "staging" / "p").glob("*/prepare_summary.json")
+    counts = json.loads(summary.read_text())
+    assert (counts["read"], counts["items"], counts["rejected"]) == (3, 2, 1)
+    assert "warehouse went away" in counts["source_error"]
+    (rejects,) = (tmp_path / "staging" / "p").glob("*/rejects.jsonl")
+    assert json.loads(rejects.read_text())["code"] == "invalid_record"
+
+
+def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    bedrock = {
+        "conn_type": "bedrock_batch",
+        "extra": {"region_name": "us-east-1", "role_arn": "arn:aws:iam::1:role/r"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_BR_TEST", json.dumps(bedrock))
+    prepare = BatchPrepareOperator(
+        task_id="prepare",
+        workload="p",
+        batch_conn_id="br_test",
+        records=lambda context: [],
+        prompt=PROMPT,
+        max_requests_per_chunk=50,
+    )
+    with pytest.raises(ConfigurationError, match="below bedrock's minimum of 100 requests per batch job"):
+        prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert ledger.count_states("p", RUN) == {}

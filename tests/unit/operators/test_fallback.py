@@ -1,261 +1,115 @@
-"""The synchronous fallback against the emulator's real-time API, with a real ledger.
+"""``SyncFallbackOperator`` in real processes: killed between the provider's answer and the ledger.
 
-No mocks: the OpenAI SDK's async client talks HTTP to the emulator on 127.0.0.1, and the ledger
-is SQLite in the test's folder.
+The emulator's own count of real-time requests is the truth the ledger's ``possibly_paid_twice``
+is checked against.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import os
+import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import select
 
-from airflow_batch_provider.adapters.base import AdapterSettings
-from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
-from airflow_batch_provider.core.pricing import PriceTable, cost
+from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.core.results import ItemResult, Usage
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
+from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import PreparedItem, sync_job_id, to_nusd
-from airflow_batch_provider.operators.batch import build_report
-from airflow_batch_provider.operators.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
+from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.operators.fallback import SyncFallbackOperator
+from airflow_batch_provider.services.fallback import FallbackSettings, possibly_paid_twice
 
 WORKLOAD = "wl"
-RUN = "run1"
-PROMPT = PromptTemplate(
-    version="v1",
-    model="gpt-4o-mini",
-    system="Label the comment.",
-    user="{{ text }}",
-    params={"max_tokens": 16},
+RUN = "scheduled__2026-11-30T06:00:00+00:00"
+PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", params={"max_tokens": 16})
+ITEMS = 6
+REPO = Path(__file__).resolve().parents[3]
+
+# The task as a worker runs it: the operator's execute in its own process.
+TASK = """
+import json, sys
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.operators.fallback import SyncFallbackOperator
+prompt = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", params={"max_tokens": 16})
+op = SyncFallbackOperator(
+    task_id="sync_fallback", workload="wl", batch_conn_id="emu", prompt=prompt, concurrency=1
 )
-PRICE = PriceTable.load().price("openai", "gpt-4o-mini")
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+print(json.dumps(op.execute({"run_id": sys.argv[1]})))
+"""
 
 
 @pytest.fixture
 def emulator() -> Iterator[str]:
-    config = EmulatorConfig(time_scale=0.05, context_window_tokens=200, timings=Timings(rate_window_s=60.0))
-    with run_emulator(config) as url:
+    with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
         yield url
 
 
-def _adapter(url: str) -> OpenAIBatchAdapter:
-    return OpenAIBatchAdapter(AdapterSettings(api_key="sk-test", base_url=f"{url}/v1"))
-
-
-def _put_faults(url: str, faults: dict[str, Any]) -> None:
-    req = urllib.request.Request(
-        f"{url}/_emulator/config",
-        data=json.dumps({"faults": faults}).encode(),
-        method="PUT",
-        headers={"Content-Type": "application/json"},
-    )
-    urllib.request.urlopen(req, timeout=10).read()
-
-
-def _stats(url: str) -> dict[str, Any]:
+def sync_requests(url: str) -> int:
     with urllib.request.urlopen(f"{url}/_emulator/stats", timeout=10) as resp:
-        data: dict[str, Any] = json.loads(resp.read())
-    return data
+        return int(json.loads(resp.read())["sync_requests"])
 
 
-def _sync_requests(url: str) -> int:
-    stats = _stats(url)
-    return int(stats.get("sync_requests") or stats.get("counters", {}).get("sync_requests") or 0)
+def run_task(env: dict[str, str], failpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**env, "ABP_FAILPOINTS": failpoints} if failpoints else env
+    return subprocess.run(
+        [sys.executable, "-c", TASK, RUN],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
-def _seed(ledger: Ledger, texts: dict[str, str]) -> None:
+def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment_the_provider_saw(
+    tmp_path: Path, emulator: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    ledger = Ledger.from_url(url)
     ledger.start_run(WORKLOAD, RUN, "openai", PROMPT.model)
-    items = [
-        PreparedItem(app_id, PROMPT.render({"id": app_id, "text": text})) for app_id, text in texts.items()
-    ]
-    ledger.upsert_items(WORKLOAD, RUN, items)
-
-
-def _open_rows(ledger: Ledger) -> list[Any]:
-    return list(ledger.iter_items(WORKLOAD, RUN, states=FALLBACK_FROM, columns=["app_id", "request_json"]))
-
-
-async def _fallback(ledger: Ledger, url: str, rows: list[Any], **settings: Any) -> dict[str, Any]:
-    config = FallbackSettings(
-        rpm=settings.get("rpm", 600),
-        tpm=settings.get("tpm", 100_000),
-        concurrency=settings.get("concurrency", 4),
-        window_s=settings.get("window_s", 60.0),
-        retry=settings.get("retry", RetryPolicy(max_attempts=5, initial_delay=0.05, max_delay=0.2)),
+    ledger.upsert_items(
+        WORKLOAD,
+        RUN,
+        [
+            PreparedItem(item_key(f"c{i}"), PROMPT.render({"id": f"c{i}", "text": f"comment {i}"}))
+            for i in range(ITEMS)
+        ],
     )
-    return await run_fallback(
-        ledger=ledger,
-        workload=WORKLOAD,
-        run_id=RUN,
-        provider="openai",
-        client=_adapter(url).realtime_client(),
-        rows=rows,
-        template=PROMPT,
-        settings=config,
-        prices=PriceTable.load(),
-    )
-
-
-def _attempts(ledger: Ledger) -> list[dict[str, Any]]:
-    with ledger.engine.connect() as conn:
-        return [dict(r) for r in conn.execute(select(s.attempts).order_by(s.attempts.c.custom_id)).mappings()]
-
-
-def _usage(a: dict[str, Any]) -> Usage:
-    return Usage(a["input_tokens"], a["output_tokens"], a["cached_input_tokens"], a["cache_write_tokens"])
-
-
-async def test_open_items_succeed_through_the_real_time_api_at_full_price(
-    ledger: Ledger, emulator: str
-) -> None:
-    _seed(ledger, {f"c{i}": f"comment number {i} is fine" for i in range(6)})
-    summary = await _fallback(ledger, emulator, _open_rows(ledger))
-    assert summary["sent"] == 6 and summary["succeeded"] == 6
-    assert ledger.count_routes(WORKLOAD, RUN) == {("succeeded", "fallback"): 6}
-    attempts = _attempts(ledger)
-    assert {a["mode"] for a in attempts} == {"sync"} and len(attempts) == 6
-    assert all(a["job_id"] == sync_job_id(WORKLOAD, RUN) for a in attempts)
-    for a in attempts:
-        assert a["outcome"] == "succeeded" and a["input_tokens"] > 0 and a["output_tokens"] > 0
-        assert a["cost_nusd"] == to_nusd(cost(_usage(a), PRICE, "sync"))
-        assert (
-            a["cost_nusd"] == 2 * to_nusd(cost(_usage(a), PRICE, "batch"))
-            or abs(a["cost_nusd"] - 2 * to_nusd(cost(_usage(a), PRICE, "batch"))) <= 1
-        )
-    report = build_report(ledger, WORKLOAD, RUN, "openai", None)
-    assert report["items_by_route"]["fallback"] == 6
-    assert Decimal(report["paid_by_kind"]["fallback"]) == Decimal(report["paid"]) > 0
-    assert Decimal(report["savings"]) == 0  # synchronous work saves nothing
-
-
-async def test_an_item_that_already_has_a_result_is_not_sent_again(ledger: Ledger, emulator: str) -> None:
-    _seed(ledger, {f"c{i}": f"comment {i}" for i in range(4)})
-    rows = _open_rows(ledger)
-    first = await _fallback(ledger, emulator, rows[:2])
-    sent_before = _sync_requests(emulator)
-    # A rerun of the task with the same (stale) list of rows: the two done items are not sent.
-    again = await _fallback(ledger, emulator, rows)
-    assert first["succeeded"] == 2
-    assert again["already_done"] == 2 and again["sent"] == 2
-    assert _sync_requests(emulator) - sent_before == 2
-    assert len(_attempts(ledger)) == 4
-    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 4}
-
-
-async def test_a_permanent_failure_goes_to_review_without_retries(ledger: Ledger, emulator: str) -> None:
-    _seed(ledger, {"ok": "short", "long": "word " * 400})  # over the emulator's 200-token window
-    summary = await _fallback(ledger, emulator, _open_rows(ledger))
-    assert summary.get("retries", 0) == 0
-    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 1, "review": 1}
-    (review,) = list(ledger.iter_items(WORKLOAD, RUN, states=["review"], columns=["app_id", "error_code"]))
-    assert review["app_id"] == "long" and review["error_code"] == "context_length_exceeded"
-    failed = [a for a in _attempts(ledger) if a["outcome"] == "failed_permanent"]
-    assert len(failed) == 1 and failed[0]["cost_nusd"] == 0
-
-
-async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(
-    ledger: Ledger, emulator: str
-) -> None:
-    # The provider allows 3 requests per window (3 s: the emulator's minute at time scale 0.05);
-    # the fallback is told 600 per window, so the provider's 429s (with Retry-After) and its
-    # rate-limit headers must hold it back.
-    _put_faults(emulator, {"rpm_limit": 3})
-    _seed(ledger, {f"c{i}": f"comment {i}" for i in range(7)})
-    started = time.monotonic()
-    summary = await _fallback(ledger, emulator, _open_rows(ledger), concurrency=4, window_s=3.0)
-    assert time.monotonic() - started < 20
-    assert summary["succeeded"] == 7
-    assert summary["provider_pauses"] >= 1
-    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 7}
-    assert len(_attempts(ledger)) == 7  # a 429 is a retry within one attempt, not a new row
-
-
-async def test_a_late_batch_result_after_the_fallback_is_kept_as_duplicate_cost(
-    ledger: Ledger, emulator: str
-) -> None:
-    _seed(ledger, {"c0": "late one", "c1": "other"})
-    job_id = "wl:run1:r1:c00000"
-    job: dict[str, Any] = {
-        "job_id": job_id,
-        "workload": WORKLOAD,
-        "run_id": RUN,
-        "round": 1,
-        "chunk_index": 0,
-        "provider": "openai",
-        "model": PROMPT.model,
-        "idempotency_key": "abp-key",
-        "staged_path": "/tmp/none.jsonl",
-        "input_sha256": "0" * 64,
-        "lines": 2,
-        "size_bytes": 10,
-        "kind": "chat",
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": url,
+        "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
+        "AIRFLOW_CONN_EMU": json.dumps(
+            {"conn_type": "openai_batch", "host": f"{emulator}/v1", "password": "k"}
+        ),
     }
-    rows = {r["app_id"]: r for r in ledger.iter_items(WORKLOAD, RUN, columns=["app_id"])}
-    ledger.record_job(
-        job, [(rows[a]["item_key"], "v1", f"{rows[a]['item_key']}__a1c0", 1) for a in ("c0", "c1")]
-    )
-    ledger.mark_submitted(job_id, "batch_x", "file_x")
-    await _fallback(ledger, emulator, _open_rows(ledger))
-    assert ledger.count_routes(WORKLOAD, RUN) == {("succeeded", "fallback"): 2}
-    late = Usage(input_tokens=20, output_tokens=5)
-    stats = ledger.apply_results(
-        job_id,
-        [ItemResult("c0__a1c0", "succeeded", output="late answer", usage=late)],
-        lambda u: cost(u, PRICE, "batch"),
-    )
-    assert stats.late == 1 and stats.applied == 0
-    assert ledger.count_routes(WORKLOAD, RUN) == {("succeeded", "fallback"): 2}  # still one row each
-    batch = [a for a in _attempts(ledger) if a["mode"] == "batch" and a["outcome"] == "succeeded"]
-    assert (
-        len(batch) == 1
-        and batch[0]["discarded"]
-        and batch[0]["cost_nusd"] == to_nusd(cost(late, PRICE, "batch"))
-    )
-    report = build_report(ledger, WORKLOAD, RUN, "openai", None)
-    assert Decimal(report["paid_by_kind"]["discarded"]) == cost(late, PRICE, "batch")
-    total = sum(a["cost_nusd"] for a in _attempts(ledger))
-    assert to_nusd(Decimal(report["paid"])) == total
+    env.pop("ABP_FAILPOINTS", None)
 
+    killed = run_task(env, "fallback.after_send=3")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert sync_requests(emulator) == 3
+    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 2, "fallback": 1, "pending": ITEMS - 3}
 
-async def test_a_result_recorded_after_a_late_batch_success_is_discarded_not_applied(
-    ledger: Ledger, emulator: str
-) -> None:
-    _seed(ledger, {"c0": "x"})
-    (row,) = _open_rows(ledger)
-    cid = ledger.begin_sync_attempt(WORKLOAD, RUN, row["item_key"], "v1", FALLBACK_FROM)
-    assert cid == f"{row['item_key']}__s1"
-    # Meanwhile the item got a usable result elsewhere (simulated by a direct transition).
-    ledger.transition(WORKLOAD, RUN, "succeeded", ["fallback"], output_json='"from batch"', route="batch")
-    state = ledger.record_sync_result(
-        WORKLOAD, RUN, ItemResult(cid, "succeeded", output="sync", usage=Usage(10, 2)), 123
-    )
-    assert state == "succeeded"
-    (att,) = _attempts(ledger)
-    assert att["discarded"] and att["cost_nusd"] == 123
-    (item,) = list(ledger.iter_items(WORKLOAD, RUN, columns=["output_json", "route"]))
-    assert item["output_json"] == '"from batch"' and item["route"] == "batch"
+    resumed = run_task(env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": ITEMS}
+    paid_twice = sync_requests(emulator) - ITEMS
+    assert paid_twice == 1
+    assert summary["possibly_paid_twice"] == paid_twice == possibly_paid_twice(ledger, WORKLOAD, RUN)
 
 
 def test_the_settings_come_from_the_arguments_or_the_config() -> None:
-    from airflow_batch_provider.operators.fallback import SyncFallbackOperator
-
     op = SyncFallbackOperator(task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2)
     assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)

@@ -1,0 +1,281 @@
+"""Hostile input against the record reader and renderer, with a real SQLite ledger.
+
+Every test checks the accounting: items + rejected == read, and the good records are in the
+ledger whatever came before or after the bad one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.records import (
+    PrepareResult,
+    Reject,
+    SourceRecord,
+    load_records,
+    read_csv,
+    read_jsonl,
+    read_values,
+)
+
+PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ channel }}: {{ comment }}")
+RUN = "manual__2026-11-30T00:00:00+00:00"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+
+
+def load(
+    ledger: Ledger, records: Iterable[SourceRecord], template: PromptTemplate = PROMPT
+) -> tuple[PrepareResult, list[Reject]]:
+    rejects: list[Reject] = []
+    result = load_records(
+        ledger=ledger,
+        workload="w",
+        run_id=RUN,
+        template=template,
+        records=records,
+        write_reject=rejects.append,
+    )
+    assert result.items + result.rejected == result.read
+    assert len(rejects) == result.rejected
+    return result, rejects
+
+
+def states(ledger: Ledger) -> dict[str, str]:
+    return {r["app_id"]: r["state"] for r in ledger.iter_items("w", RUN, columns=["app_id", "state"])}
+
+
+def csv_bytes(*rows: str | bytes) -> io.BytesIO:
+    return io.BytesIO(b"\r\n".join(r if isinstance(r, bytes) else r.encode() for r in rows) + b"\r\n")
+
+
+def good_rows(start: int, stop: int) -> list[str]:
+    return [f'c{i},email,"fine, {i}"' for i in range(start, stop)]
+
+
+def test_a_non_utf8_byte_in_a_csv_rejects_only_its_row_and_the_rest_of_the_file_is_read(
+    ledger: Ledger,
+) -> None:
+    fh = csv_bytes("id,channel,comment", *good_rows(0, 3), b"bad,email,caf\xe9", *good_rows(3, 6))
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, result.items, result.rejected) == (7, 6, 1)
+    assert (reject.line, reject.position, reject.code) == (5, 3, "invalid_utf8")
+    assert (
+        "line 5 is not UTF-8 (byte 13" in reject.message and "re-encode the source as UTF-8" in reject.message
+    )
+    assert reject.record == "bad,email,caf\ufffd"
+    assert states(ledger) == {f"c{i}": "pending" for i in range(6)}
+
+
+def test_a_csv_row_with_an_extra_cell_is_rejected_for_review_and_names_the_cells(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", "a,email,one", "b,email,two, with a comma", "c,email,three")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.items, reject.code, reject.app_id, reject.line) == (2, "csv_extra_cell", "b", 3)
+    assert "has 4 cells but the header has 3 columns (extra: [' with a comma'])" in reject.message
+    assert "quote values that contain a comma" in reject.message
+    assert states(ledger) == {"a": "pending", "b": "review", "c": "pending"}
+
+
+def test_a_csv_row_with_a_missing_cell_is_rejected_naming_the_column_not_sent_as_none(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", "a,email", "b,email,ok")
+    _result, (reject,) = load(ledger, read_csv(fh))
+    assert (reject.code, reject.app_id) == ("csv_missing_cell", "a")
+    assert "no value for 'comment'" in reject.message
+    assert states(ledger) == {"a": "review", "b": "pending"}
+    (row,) = ledger.iter_items("w", RUN, states=["pending"], columns=["request_json"])
+    assert "None" not in row["request_json"]
+
+
+def test_an_empty_cell_is_a_value_and_a_blank_line_is_not_a_record(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", "a,email,", "", "b,email,x")
+    result, rejects = load(ledger, read_csv(fh))
+    assert (result.read, result.items, rejects) == (2, 2, [])
+
+
+def test_a_quoted_cell_over_several_lines_is_one_record_and_later_line_numbers_stay_right(
+    ledger: Ledger,
+) -> None:
+    fh = csv_bytes("\ufeffid,channel,comment", 'a,email,"two\nlines"', "b,email")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert result.read == 2 and reject.line == 4 and reject.app_id == "b"
+    (row,) = ledger.iter_items("w", RUN, states=["pending"], columns=["request_json"])
+    assert "two\\nlines" in row["request_json"]
+
+
+def test_an_unclosed_quote_does_not_swallow_the_rest_of_the_file_into_one_item(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", "a,email,x", 'b,email,"unclosed', "c,email,y", "d,email,z")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, result.items, reject.code, reject.line) == (2, 1, "csv_malformed", 3)
+    assert "lines 3-5 are not a valid CSV row (unexpected end of data)" in reject.message
+    # the swallowed rows are not lost: the reject keeps them whole
+    assert reject.record is not None and "c,email,y" in reject.record and "d,email,z" in reject.record
+    assert states(ledger) == {"a": "pending"}
+
+
+def test_a_stray_quote_costs_its_rows_and_reading_goes_on_after_them(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", 'b,email,"open', 'c,email,"y"', "d,email,z")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, reject.code, reject.line) == (2, "csv_malformed", 2)
+    assert states(ledger) == {"d": "pending"}
+
+
+def test_a_value_over_the_csv_readers_limit_is_rejected_with_the_remedy(ledger: Ledger) -> None:
+    fh = csv_bytes("id,channel,comment", f'a,email,"{"w" * 200_000}"', "b,email,ok")
+    result, (reject,) = load(ledger, read_csv(fh))
+    assert (result.read, reject.code, reject.line) == (2, "csv_malformed", 2)
+    assert "give values this long in JSONL" in reject.message
+    assert states(ledger) == {"b": "pending"}
+
+
+def test_a_csv_column_named_self_is_an_ordinary_field(ledger: Ledger) -> None:
+    fh = csv_bytes("id,self,channel,comment", "a,me,email,x")
+    result, rejects = load(ledger, read_csv(fh))
+    assert (result.items, rejects) == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [("id,comment,comment", "repeats the column"), (b"id,comm\xe9nt", "header is not UTF-8")],
+)
+def test_an_unreadable_csv_header_stops_the_source_with_the_reason(
+    ledger: Ledger, header: str | bytes, match: str
+) -> None:
+    result, _ = load(ledger, read_csv(csv_bytes(header, "a,x")))
+    assert result.read == 0 and result.source_error is not None and match in result.source_error
+
+
+def test_a_template_that_raises_for_one_record_rejects_that_record_only(ledger: Ledger) -> None:
+    template = PromptTemplate(
+        version="v1", model="m", user="{{ 100 / n }} {% if n == 2 %}{{ n | nope }}{% endif %}"
+    )
+    values = [{"id": f"r{n}", "n": n} for n in (1, 0, 2, 3)]
+    _result, rejects = load(ledger, read_values(lambda: values), template)
+    assert [(r.app_id, r.code) for r in rejects] == [("r0", "template_error"), ("r2", "template_error")]
+    assert "ZeroDivisionError" in rejects[0].message and "No filter named 'nope'" in rejects[1].message
+    assert states(ledger) == {"r1": "pending", "r0": "review", "r2": "review", "r3": "pending"}
+
+
+def test_a_callable_yielding_something_else_than_a_dict_rejects_that_value(ledger: Ledger) -> None:
+    values: list[Any] = [{"id": "a", "channel": "c", "comment": "x"}, ["not", "a", "dict"], None, "text"]
+    result, rejects = load(ledger, read_values(lambda: values))
+    assert (result.read, result.items) == (4, 1)
+    assert [(r.position, r.code) for r in rejects] == [
+        (1, "invalid_record"),
+        (2, "invalid_record"),
+        (3, "invalid_record"),
+    ]
+    assert "yielded a list, not a dict" in rejects[0].message
+    assert rejects[0].record == '["not", "a", "dict"]'
+
+
+def test_a_callable_that_raises_midway_keeps_what_it_yielded_and_says_where_it_stopped(
+    ledger: Ledger,
+) -> None:
+    def produce() -> Iterator[dict[str, Any]]:
+        for i in range(1500):  # more than one ledger write slice
+            if i == 1203:
+                raise ConnectionError("warehouse went away")
+            yield {"id": f"r{i}", "channel": "c", "comment": "x"}
+
+    result, rejects = load(ledger, read_values(produce))
+    assert (result.read, result.items, rejects) == (1203, 1203, [])
+    assert (
+        result.source_error
+        == "after 1203 records, reading the source raised ConnectionError: warehouse went away"
+    )
+    assert len(states(ledger)) == 1203
+
+
+def test_a_callable_that_raises_before_yielding_is_a_source_error_not_a_crash(ledger: Ledger) -> None:
+    def produce() -> list[dict[str, Any]]:
+        raise RuntimeError("no table")
+
+    result, _ = load(ledger, read_values(produce))
+    assert (
+        result.read == 0
+        and result.source_error is not None
+        and "RuntimeError: no table" in result.source_error
+    )
+
+
+def test_jsonl_lines_that_are_not_objects_or_not_json_or_not_utf8_are_rejected_and_the_rest_go_on(
+    ledger: Ledger,
+) -> None:
+    lines = [
+        b'{"id": "a", "channel": "c", "comment": "x"}',
+        b"[1, 2]",
+        b'"just a string"',
+        b'{"id": "b", "comment": ',
+        b"",
+        b'{"id": "lat", "channel": "c", "comment": "caf\xe9"}',
+        b'{"id": "z", "channel": "c", "comment": "y"}',
+    ]
+    result, rejects = load(ledger, read_jsonl(io.BytesIO(b"\n".join(lines) + b"\n")))
+    assert (result.read, result.items) == (6, 2)
+    assert [(r.line, r.code) for r in rejects] == [
+        (2, "invalid_json"),
+        (3, "invalid_json"),
+        (4, "invalid_json"),
+        (6, "invalid_utf8"),
+    ]
+    assert "line 2 is a JSON list, not an object" in rejects[0].message
+    assert "line 4 is not JSON" in rejects[2].message
+    assert states(ledger) == {"a": "pending", "z": "pending"}
+
+
+@pytest.mark.parametrize("value", ["", "   ", None, "\t"])
+def test_an_empty_or_blank_id_is_rejected_and_kept_in_the_rejects_file(ledger: Ledger, value: Any) -> None:
+    values = [{"id": value, "channel": "c", "comment": "x"}, {"id": "ok", "channel": "c", "comment": "x"}]
+    _result, (reject,) = load(ledger, read_values(lambda: values))
+    assert (
+        reject.code == "missing_id"
+        and reject.app_id is None
+        and json.loads(reject.record or "")["comment"] == "x"
+    )
+    assert states(ledger) == {"ok": "pending"}
+
+
+def test_a_duplicate_id_keeps_the_first_record_and_rejects_the_later_ones(ledger: Ledger) -> None:
+    values = [
+        {"id": "a", "channel": "c", "comment": "first"},
+        {"id": "a", "channel": "c", "comment": "second"},
+        {"id": 7, "channel": "c", "comment": "int"},
+        {"id": "7", "channel": "c", "comment": "str"},
+    ]
+    _result, rejects = load(ledger, read_values(lambda: values))
+    assert [(r.position, r.app_id, r.code) for r in rejects] == [
+        (1, "a", "duplicate_id"),
+        (3, "7", "duplicate_id"),
+    ]
+    assert "repeats the id of record 0; the first is kept" in rejects[0].message
+    rows = {r["app_id"]: r for r in ledger.iter_items("w", RUN, columns=["app_id", "request_json"])}
+    assert "first" in rows["a"]["request_json"] and "int" in rows["7"]["request_json"]
+    assert states(ledger) == {"a": "pending", "7": "pending"}
+
+
+def test_a_rerun_of_the_same_input_converges_to_the_same_ledger_and_counts(ledger: Ledger) -> None:
+    rows = ("id,channel,comment", "a,email,x", "b,email", "c,email,y")
+    first, _ = load(ledger, read_csv(csv_bytes(*rows)))
+    again, _ = load(ledger, read_csv(csv_bytes(*rows)))
+    assert (again.read, again.items, again.rejected) == (first.read, first.items, first.rejected)
+    assert again.ledger.already_in_run == 2
+    assert states(ledger) == {"a": "pending", "b": "review", "c": "pending"}
+
+
+def test_the_counts_travel_as_a_small_json_dict_and_a_log_line() -> None:
+    result = PrepareResult(read=3, items=2, rejected=1, rejected_by_code={"invalid_json": 1})
+    assert json.loads(json.dumps(result.to_dict()))["rejected_by_code"] == {"invalid_json": 1}
+    assert result.describe().startswith("3 records read: 2 items, 1 rejected {'invalid_json': 1}")
+    with pytest.raises(AssertionError, match="do not add up"):
+        PrepareResult(read=3, items=1, rejected=1)
