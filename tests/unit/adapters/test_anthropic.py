@@ -583,3 +583,14 @@ async def test_an_unreachable_endpoint_is_a_retryable_result_not_an_exception(tm
         await client.close()
     assert reply.result.outcome == "failed_retryable"
     assert reply.result.error_code in ("connection_error", "timeout")
+
+
+async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(env: Env) -> None:
+    client = env.adapter().realtime_client()
+    try:
+        reply = await client.complete(request("1"), "rt-1")
+    finally:
+        await client.close()
+    (answer,) = env.admin("GET", "/_emulator/record")["realtime"]["anthropic"]
+    assert answer["custom_id"] == "rt-1"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens
