@@ -77,6 +77,7 @@ from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
@@ -597,10 +598,11 @@ class _GeminiRealtime(AsyncRealtimeClient):
                 gen_config = dict(body.get("generationConfig") or {})
                 if "systemInstruction" in body:
                     gen_config["systemInstruction"] = body["systemInstruction"]
+                gen_config["http_options"] = {"headers": {CUSTOM_ID_HEADER: custom_id}}
                 response = await aio.models.generate_content(
                     model=request.model,
                     contents=[types.Content.model_validate(c) for c in body["contents"]],
-                    config=types.GenerateContentConfig.model_validate(gen_config) if gen_config else None,
+                    config=types.GenerateContentConfig.model_validate(gen_config),
                 )
                 line = {"response": _dump(response)}
         except errors.APIError as exc:

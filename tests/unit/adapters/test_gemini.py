@@ -500,6 +500,9 @@ async def test_realtime_answers_a_chat_request_with_usage(emu: Emu) -> None:
     assert reply.result.custom_id == "rt-1"
     assert reply.result.outcome == "succeeded"
     assert json.loads(reply.result.output)["sentiment"] == "positive"
+    (answer,) = httpx.get(f"{emu.base_url}/_emulator/record").json()["realtime"]["gemini"]
+    assert answer["custom_id"] == "rt-1"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens
     assert reply.result.usage.input_tokens > 0 and reply.result.usage.output_tokens > 0
 
 
