@@ -79,6 +79,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 from airflow_batch_provider.adapters.base import (
     CUSTOM_ID_HEADER,
     AdapterSettings,
+    AmbiguousReply,
     AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
@@ -734,9 +735,7 @@ class GeminiBatchAdapter(BatchAdapter):
                 config={"mime_type": "jsonl", "display_name": name},
             )
             if not uploaded.name:
-                raise RuntimeError(
-                    f"Gemini accepted the upload of {name} but returned no file name; retry the task."
-                )
+                raise AmbiguousReply(f"Gemini answered the upload of {name} without a file name")
             return InputRef("file", uploaded.name)
 
         return create_once(
@@ -823,9 +822,7 @@ class GeminiBatchAdapter(BatchAdapter):
             else:
                 job = client.batches.create(model=model, src=input_ref.value, config={"display_name": key})
             if not job.name:
-                raise RuntimeError(
-                    f"Gemini created a batch for key {key} but returned no name; the next submit finds it."
-                )
+                raise AmbiguousReply(f"Gemini answered the create of batch {key} without a name")
             return BatchRef(self.name, job.name, key)
 
         started = utcnow()

@@ -304,7 +304,8 @@ class OpenAIBatchAdapter(BatchAdapter):
         started = utcnow()
         with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
             source: IO[bytes] = chunk
-            if not chunk.seekable():  # a second send must start from the beginning again
+            seekable = getattr(chunk, "seekable", None)
+            if not (callable(seekable) and seekable()):  # a second send must start from the beginning
                 shutil.copyfileobj(chunk, spool)
                 source = spool  # type: ignore[assignment]
             start = source.tell()
