@@ -335,6 +335,11 @@ class BatchAdapter(ABC):
             max_delay=max(initial, float(extra.get("create_retry_max_s", 30.0))),
         )
 
+    def scan_limit(self) -> int | None:
+        """The most listed objects one look-up reads (extra ``find_scan_limit``; default: all)."""
+        value = self.settings.extra.get("find_scan_limit")
+        return int(value) if value is not None else None
+
     def find_not_before(self, created_after: datetime | None) -> float | None:
         """Epoch seconds before which a listed batch cannot be the job's (clock skew allowed).
 
