@@ -2,10 +2,13 @@
 
 ::
 
-    prepare -> submit[] -> wait[] -> download[] -> reconcile[]          (round 1, mapped per chunk)
+    lease -> prepare -> submit[] -> wait[] -> download[] -> reconcile[] (round 1, mapped per chunk)
             -> resubmit_2 -> submit_2[] -> ... -> reconcile_2[]          (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+
+``lease`` takes the workload for the run (one run of a workload at a time; a second live run fails
+fast naming the holder, a dead holder's lease is taken over); ``publish`` gives it back.
 
 With a deadline (and its policy, which has no default), a ``deadline`` task resolves the run's
 deadline first; each sensor stops at it, a ``harvest`` task after each sensor cancels a batch the
@@ -40,6 +43,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchWorkloadLeaseOperator,
     RecordSource,
 )
 from airflow_batch_provider.operators.deadline import (
@@ -154,6 +158,7 @@ def batch_inference_group(
         "staging_conn_id": staging_conn_id,
     }
     with TaskGroup(group_id or workload, tooltip=f"batch inference: {workload}") as group:
+        lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
         prepare = BatchPrepareOperator(
             task_id="prepare",
             records=records,
@@ -169,6 +174,7 @@ def batch_inference_group(
             resolve = BatchDeadlineOperator(task_id="deadline", spec=spec, doc_md=spec.describe())
             deadline_value = "{{ ti.xcom_pull(task_ids='" + resolve.task_id + "')['deadline'] }}"
             resolve >> prepare
+        lease >> prepare
         manifests: Any = prepare.output
         last: Any = prepare
         for round_number in range(1, max_attempts + 1):

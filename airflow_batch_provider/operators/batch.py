@@ -816,6 +816,58 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
         return None
 
 
+def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None:
+    """Take the workload for this run, or fail fast naming the run that holds it.
+
+    One run of a workload at a time: a second run (a manual run beside the scheduled one, a
+    backfill, another DAG with the same workload name) would move the first run's items. The
+    lease is the ledger's (:meth:`Ledger.acquire_workload_lease`); taking it again in the same
+    run is a no-op. When another run holds it, Airflow is asked for that run's state: a run that is
+    no longer queued or running (failed, succeeded without publishing, marked by hand) loses the
+    lease to this one; a live run keeps it and this task fails with the ledger's message.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param context: the task context
+    """
+    from airflow_batch_provider.exceptions import WorkloadLeasedError
+
+    run_id = context["run_id"]
+    ti = context.get("ti")
+    dag_id = getattr(ti, "dag_id", None)
+    owner = attempt_owner(context)
+    try:
+        ledger.acquire_workload_lease(workload, run_id, owner, dag_id=dag_id)
+        return
+    except WorkloadLeasedError as exc:
+        holder_dag, holder_run = exc.dag_id, exc.run_id
+        state = dagrun_state(holder_dag, holder_run) if holder_dag else None
+        if state is None or state in LIVE_RUN_STATES:
+            raise
+        log.warning(
+            "workload %r was held by run %s of DAG %s, which is %s: taking it over for run %s",
+            workload,
+            holder_run,
+            holder_dag,
+            state,
+            run_id,
+        )
+    ledger.acquire_workload_lease(workload, run_id, owner, dag_id=dag_id, takeover=True)
+
+
+class BatchWorkloadLeaseOperator(BatchBaseOperator):
+    """The first task of a run: take the workload (one run of it at a time); publish gives it back.
+
+    See :func:`take_workload_lease`.
+    """
+
+    ui_color = "#e8f1fb"
+
+    def execute(self, context: Context) -> None:
+        take_workload_lease(self.ledger, self.workload, context)
+        self.log.info("run %s holds workload %r until its publish task", context["run_id"], self.workload)
+
+
 def release_workload_lease(ledger: Ledger, workload: str, run_id: str) -> None:
     """Give the workload back at the end of a run (a no-op when this run does not hold it).
 

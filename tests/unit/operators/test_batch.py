@@ -13,13 +13,13 @@ import httpx
 import pytest
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
-from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.store import PreparedItem
-from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -202,3 +202,16 @@ def test_a_failed_batch_does_not_fail_the_run_its_items_are_retried_and_publish_
     (failed,) = report["failed_batches"]
     assert failed["lines"] == 3 and failed["error"]
     assert "failed batches: 1" in report["table"]
+
+
+def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size_chunks(flow: Flow) -> None:
+    (manifest,) = flow.prepare(8)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    rows = list(ledger.iter_items("flow", RUN, columns=["error_code"]))
+    assert {(r["state"], r["error_code"]) for r in rows} == {("failed_retryable", "token_limit_exceeded")}
+    second = flow.resubmit(2)
+    assert [m["lines"] for m in second] == [4, 4]
+    flow.round(second, "_2")
+    assert flow.publish()["items_by_state"] == {"succeeded": 8}

@@ -13,7 +13,9 @@ def test_the_report_names_the_failed_batch_and_the_job_whose_files_never_came(tm
         jobs = w.stage(6, max_requests=2)
         ids = [j["job_id"] for j in jobs]
         w.ledger.mark_submitted(ids[0], "batch_a", "file")
-        w.ledger.update_job(ids[0], state="reconciled", batch_state="failed", error="invalid_file: bad line 3")
+        w.ledger.update_job(
+            ids[0], state="reconciled", batch_state="failed", error="invalid_file: bad line 3"
+        )
         w.ledger.mark_submitted(ids[1], "batch_b", "file")
         w.ledger.update_job(ids[1], batch_state="cancelling")
         out = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None)
