@@ -40,10 +40,8 @@ log = logging.getLogger(__name__)
 FAILED_BATCH_CAUSES: Final[dict[str, Literal["failed_retryable", "failed_permanent"]]] = {
     "token_limit_exceeded": "failed_retryable",
     "quota_exceeded": "failed_retryable",
-    "rate_limited": "failed_retryable",
-    "server_error": "failed_retryable",
+    "provider_error": "failed_retryable",
     "invalid_file": "failed_permanent",
-    "invalid_request": "failed_permanent",
 }
 #: Error code of items whose batch failed without a cause the adapter could name.
 BATCH_FAILED: Final = "batch_failed"
@@ -60,8 +58,7 @@ def error_code_of(status: BatchStatus | None) -> str | None:
     """
     if status is None or status.state != "failed":
         return None
-    code = getattr(status, "error_code", None)  # BatchStatus.error_code (adapters branch)
-    return str(code) if code else None
+    return status.error_code
 
 
 def read_status(adapter: BatchAdapter, ref: BatchRef) -> tuple[BatchStatus | None, str | None]:
