@@ -61,6 +61,15 @@ def error_code_of(status: BatchStatus | None) -> str | None:
     return status.error_code
 
 
+def failure_note(status: BatchStatus) -> tuple[str, str]:
+    """The cause of a failed batch and the note the job keeps (``"<code>: <provider's words>"``).
+
+    :param status: a status in state ``failed``
+    """
+    code = error_code_of(status) or BATCH_FAILED
+    return code, f"{code}: {status.error_message or status.reason or 'no reason given'}"
+
+
 def read_status(adapter: BatchAdapter, ref: BatchRef) -> tuple[BatchStatus | None, str | None]:
     """One status read: the status, or the error that the poll policy counts.
 
@@ -247,8 +256,7 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         **paths,
     }
     if status.state == "failed":
-        code = error_code_of(status) or BATCH_FAILED
-        values["error"] = f"{code}: {status.reason or 'no reason given'}"
+        values["error"] = failure_note(status)[1]
     ledger.update_job(job_id, **values)
     return Download(True, True, paths, status)
 

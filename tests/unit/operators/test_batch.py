@@ -181,26 +181,26 @@ def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
         yield Flow(url, tmp_path)
 
 
-def test_a_failed_batch_does_not_fail_the_run_its_items_are_retried_and_publish_reports_it(
+def test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it(
     flow: Flow,
 ) -> None:
     manifests = flow.prepare(6, max_requests_per_chunk=3)
     assert len(manifests) == 2
-    flow.fault(fail_validation=1)  # the first batch created fails at the provider
+    flow.fault(fail_validation=1)  # the first batch created fails validation at the provider
     first = flow.round(manifests)
     assert [r["complete"] for r in first] == [True, True]
-    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
-    states = ledger.count_states("flow", RUN)
-    assert states.get("succeeded") == 3 and sum(states.values()) == 6
-    second = flow.resubmit(2)
-    assert sum(m["lines"] for m in second) == 3
-    flow.round(second, "_2")
+    assert flow.resubmit(2) == []  # a permanent cause: nothing to send again
     out = flow.publish()
-    assert out["items_by_state"] == {"succeeded": 6}
+    assert out["items_by_state"] == {"succeeded": 3, "review": 3}
     assert out["failed_batches"] == 1
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    codes = {
+        r["error_code"] for r in ledger.iter_items("flow", RUN, states=["review"], columns=["error_code"])
+    }
+    assert codes == {"invalid_file"}
     report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
     (failed,) = report["failed_batches"]
-    assert failed["lines"] == 3 and failed["error"]
+    assert failed["lines"] == 3 and failed["error"].startswith("invalid_file: ")
     assert "failed batches: 1" in report["table"]
 
 
@@ -209,9 +209,11 @@ def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size
     flow.fault(fail_token_limit=1)
     flow.round([manifest])
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
-    rows = list(ledger.iter_items("flow", RUN, columns=["error_code"]))
+    rows = list(ledger.iter_items("flow", RUN, columns=["state", "error_code"]))
     assert {(r["state"], r["error_code"]) for r in rows} == {("failed_retryable", "token_limit_exceeded")}
     second = flow.resubmit(2)
     assert [m["lines"] for m in second] == [4, 4]
     flow.round(second, "_2")
-    assert flow.publish()["items_by_state"] == {"succeeded": 8}
+    out = flow.publish()
+    assert out["items_by_state"] == {"succeeded": 8}
+    assert out["failed_batches"] == 1
