@@ -18,8 +18,10 @@ from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import WorkloadLeasedError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.operators import batch as batch_module
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -27,6 +29,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    take_workload_lease,
 )
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 
@@ -217,3 +220,46 @@ def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size
     out = flow.publish()
     assert out["items_by_state"] == {"succeeded": 8}
     assert out["failed_batches"] == 1
+
+
+# ---------------------------------------------------------------------------- the workload lease
+
+
+def lease_context(run_id: str) -> Any:
+    return {
+        "run_id": run_id,
+        "ti": SimpleNamespace(dag_id="nightly", task_id="w.lease", map_index=-1, try_number=1),
+    }
+
+
+@pytest.mark.parametrize("holder_state", ["running", "queued", None])
+def test_a_second_run_fails_fast_naming_the_run_that_holds_the_workload(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, holder_state: str | None
+) -> None:
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda dag_id, run_id: holder_state)
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    with pytest.raises(WorkloadLeasedError, match="held by DAG 'nightly', run 'scheduled__1'"):
+        take_workload_lease(ledger, "w", lease_context("manual__2"))
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))  # the holder again: no-op
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "scheduled__1"
+
+
+def test_a_run_takes_over_the_workload_from_a_run_that_is_no_longer_running(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda d, r: asked.append((d, r)) or "failed")
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    take_workload_lease(ledger, "w", lease_context("manual__2"))
+    assert asked == [("nightly", "scheduled__1")]
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "manual__2"
+
+
+def test_publish_gives_the_workload_back(flow: Flow) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    take_workload_lease(ledger, "flow", flow.context("lease"))
+    flow.round(flow.prepare(2))
+    flow.publish()
+    assert ledger.workload_lease("flow") is None
