@@ -1402,3 +1402,14 @@ def test_a_timestamp_reads_back_as_written_under_a_local_time_zone(ledger: Ledge
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok 2026-03-08T12:30:15.123456+00:00"
+
+
+def test_a_second_batch_for_one_job_is_refused_by_name_and_a_repeat_keeps_the_first_time(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    first = ledger.get_job(job_id).submitted_at
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    assert ledger.get_job(job_id).submitted_at == first
+    with pytest.raises(LedgerError, match="has batch 'batch_1' already, and batch 'batch_2' was created"):
+        ledger.mark_submitted(job_id, "batch_2", "file-2")
+    assert ledger.get_job(job_id).batch_id == "batch_1"
