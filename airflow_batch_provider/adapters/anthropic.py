@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
@@ -406,7 +407,9 @@ class _AsyncAnthropicRealtime(AsyncRealtimeClient):
                 ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
             )
         try:
-            raw = await self._client.messages.with_raw_response.create(**params)
+            raw = await self._client.messages.with_raw_response.create(
+                **params, extra_headers={CUSTOM_ID_HEADER: custom_id}
+            )
         except anthropic.APIStatusError as exc:
             inner = _error_object(exc.body)
             error_type = str(inner.get("type")) if inner.get("type") else None

@@ -28,6 +28,8 @@ BatchState = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
 ]
 BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
+#: Header naming the item of a real-time call: providers ignore it, the emulator records it.
+CUSTOM_ID_HEADER: Final = "x-abp-custom-id"
 TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
 #: Why a whole batch ended ``failed``, normalised across providers (:func:`failure_code`).
 BatchErrorCode = Literal["token_limit_exceeded", "quota_exceeded", "invalid_file", "provider_error"]

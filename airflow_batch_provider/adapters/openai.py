@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
@@ -166,14 +167,15 @@ class _AsyncOpenAIRealtime(AsyncRealtimeClient):
         # The same body as the batch line, so a fallback answer is the batch answer at full price.
         body = dict(json.loads(self._adapter.format_line(request, custom_id))["body"])
         model = body.pop("model")
+        headers = {CUSTOM_ID_HEADER: custom_id}
         try:
             if request.kind == "embedding":
                 raw: Any = await self._client.embeddings.with_raw_response.create(
-                    model=model, input=body.pop("input"), extra_body=body or None
+                    model=model, input=body.pop("input"), extra_body=body or None, extra_headers=headers
                 )
             else:
                 raw = await self._client.chat.completions.with_raw_response.create(
-                    model=model, messages=body.pop("messages"), extra_body=body or None
+                    model=model, messages=body.pop("messages"), extra_body=body or None, extra_headers=headers
                 )
         except openai.APIStatusError as exc:
             return self._error_reply(custom_id, exc)

@@ -281,7 +281,8 @@ def test_a_lost_create_reply_puts_the_job_in_doubt_and_never_creates_a_second_ba
     env.advance()
     found = retry.resolve_in_doubt("abp-key-3", doubt.created_after, 3, custom_ids=ids)
     assert found is not None and found.batch_id == batch["id"]
-    assert len(batches(env.url, "anthropic")) == 1
+    (ended,) = batches(env.url, "anthropic")
+    assert ended["keys"] == {} and sorted(ended["billed"]) == sorted(ids)
 
 
 def test_a_job_in_doubt_with_no_matching_batch_is_proven_absent(env: Env) -> None:
@@ -583,3 +584,14 @@ async def test_an_unreachable_endpoint_is_a_retryable_result_not_an_exception(tm
         await client.close()
     assert reply.result.outcome == "failed_retryable"
     assert reply.result.error_code in ("connection_error", "timeout")
+
+
+async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(env: Env) -> None:
+    client = env.adapter().realtime_client()
+    try:
+        reply = await client.complete(request("1"), "rt-1")
+    finally:
+        await client.close()
+    (answer,) = env.admin("GET", "/_emulator/record")["realtime"]["anthropic"]
+    assert answer["custom_id"] == "rt-1"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens

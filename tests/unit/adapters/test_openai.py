@@ -347,3 +347,14 @@ def test_a_completed_batch_has_no_error_code(emulator: str) -> None:
     ref = adapter.submit(stage_lines(adapter, [CHAT], "fine.jsonl"), "fine", {})
     advance(emulator, 60)
     assert adapter.status(ref).error_code is None
+
+
+async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(emulator: str) -> None:
+    client = adapter_for(emulator).realtime_client()
+    try:
+        reply = await client.complete(CHAT, "a1__a1c0")
+    finally:
+        await client.close()
+    (answer,) = httpx.get(f"{emulator}/_emulator/record").json()["realtime"]["openai"]
+    assert answer["custom_id"] == "a1__a1c0"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens
