@@ -1,9 +1,14 @@
 """The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
 
-Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. State changes are
-checked against :mod:`airflow_batch_provider.core.states`, and a refused change raises
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. Every write of an
+item's state goes through one function, :func:`_transition`, which checks the move against
+:mod:`airflow_batch_provider.core.states` in SQL (``WHERE state IN <sources of the target>``,
+plus a compare-and-set on the state the caller read) and counts what moved and what was refused;
+a move the states do not allow raises
 :class:`~airflow_batch_provider.exceptions.InvalidTransitionError` instead of corrupting the run.
-Every operation is safe to repeat: a cleared task that runs again converges to the same rows.
+Job claims and the workload lease are compare-and-set in one statement each, so two task
+attempts (or two runs) never both win. Every operation is safe to repeat: a cleared task that
+runs again converges to the same rows.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ from airflow_batch_provider.ledger.records import (
 )
 
 BATCH = 1000
+#: At most this many item keys (and application ids) of one action are written to the audit row.
+AUDIT_KEYS_SHOWN = 1000
 NANO = Decimal(1_000_000_000)
 
 
@@ -769,6 +776,8 @@ class Ledger:
         **values: Any,
     ) -> int:
         """Move this run's items in ``from_states`` (optionally only ``keys``) to ``target``.
+
+        Through the guarded transition: an item that left ``from_states`` meanwhile is not moved.
 
         :param workload: workload name
         :param run_id: the Airflow run id
@@ -1611,7 +1620,10 @@ class Ledger:
                     moved += _transition(
                         conn, now, target=target, where=and_(*base, who), values=values, from_states=states
                     ).moved
-                target_info.update(item_keys=keys, app_ids=ids)
+                shown = AUDIT_KEYS_SHOWN
+                target_info.update(item_keys=keys[:shown], app_ids=ids[:shown])
+                if len(keys) > shown or len(ids) > shown:
+                    target_info["truncated"] = {"item_keys": len(keys), "app_ids": len(ids)}
             _audit(conn, now, actor, action, workload, moved, target_info, reason)
         return moved
 
