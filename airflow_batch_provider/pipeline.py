@@ -33,6 +33,7 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from airflow_batch_provider.core.deadline import DeadlineSpec, check_policy
+from airflow_batch_provider.core.names import check_workload
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -147,6 +148,7 @@ def batch_inference_group(
     absolute = isinstance(deadline, datetime) or (
         isinstance(deadline, str) and ("{{" in deadline or _is_iso_datetime(deadline))
     )
+    check_workload(workload)  # before Airflow's own key check, with the workload's rule and a fix
     deadline_policy = check_policy(deadline_policy, deadline is not None)
     if deadline is not None and not absolute:
         spec = DeadlineSpec.parse(deadline, deadline_policy, margin_s=deadline_margin)  # type: ignore[arg-type]
@@ -157,7 +159,8 @@ def batch_inference_group(
         "staging_root": staging_root,
         "staging_conn_id": staging_conn_id,
     }
-    with TaskGroup(group_id or workload, tooltip=f"batch inference: {workload}") as group:
+    # a workload may contain '.', which Airflow refuses in a group id
+    with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
         lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
         prepare = BatchPrepareOperator(
             task_id="prepare",

@@ -28,6 +28,7 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.services import harvest, report
+from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
@@ -653,6 +654,9 @@ class BatchPublishOperator(BatchBaseOperator):
         run_id = context["run_id"]
         ledger = self.ledger
         self.harvest_late(run_id)
+        # A real-time send that crashed before its answer was recorded leaves its item in
+        # ``fallback``, which is not final: close it (the item becomes retryable, then settled).
+        close_interrupted_sends(ledger, self.workload, run_id, ANSWER_LOST)
         _, to_review = ledger.retry_candidates(self.workload, run_id, self.max_attempts)
         settled = ledger.transition(
             self.workload,
@@ -698,6 +702,7 @@ class BatchPublishOperator(BatchBaseOperator):
             "cost_per_usable_result_usd": summary["cost_per_usable_result"],
             "failed_batches": len(summary["failed_batches"]),
             "in_doubt_jobs": len(summary["in_doubt_jobs"]),
+            "possibly_paid_twice": summary["possibly_paid_twice"],
             "report": str(folder / "report.json"),
         }
 

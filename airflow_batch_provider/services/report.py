@@ -65,7 +65,8 @@ def build_report(
 
     Besides the cost (see :func:`~airflow_batch_provider.core.cost.compute_run_cost`), it lists
     the batches that ended ``failed``, the jobs still in doubt (nothing was created again for
-    them; their items are in review) and the jobs whose result files never came complete.
+    them; their items are in review), the jobs whose result files never came complete, and how
+    many real-time requests may have been paid twice (sent, answer lost in a crash, sent again).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -74,9 +75,16 @@ def build_report(
     :param pricing_override: pricing override
     """
     from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
+    from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
+
+    paid_twice = 0
 
     def records() -> Iterator[ItemCostRecord]:
+        nonlocal paid_twice
         for row in ledger.iter_cost_rows(workload, run_id):
+            paid_twice += sum(
+                1 for a in row["attempts"] if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE
+            )
             attempts = tuple(
                 AttemptRecord(
                     usage=a["usage"],
@@ -115,7 +123,13 @@ def build_report(
         if jobs[key]:
             lines = [f"  {j['job_id']} batch {j['batch_id']}: {j['error'] or '-'}" for j in jobs[key]]
             table += f"\n{title}: {len(jobs[key])}\n" + "\n".join(lines)
+    if paid_twice:
+        table += (
+            f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
+            "provider was called; the item was sent again)"
+        )
     out.update(jobs)
+    out["possibly_paid_twice"] = paid_twice
     out["table"] = table
     out["states"] = ledger.count_states(workload, run_id)
     return out

@@ -192,9 +192,15 @@ class Flow:
         self.url = url
         self.common = {"workload": "flow", "batch_conn_id": "flow_emu"}
         self.tmp_path = tmp_path
+        self.xcom: dict[tuple[str, str], Any] = {}
 
     def context(self, task_id: str, map_index: int = -1) -> Any:
-        ti = SimpleNamespace(dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1)
+        def xcom_push(key: str, value: Any) -> None:
+            self.xcom[(task_id, key)] = value
+
+        ti = SimpleNamespace(
+            dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1, xcom_push=xcom_push
+        )
         return {"run_id": RUN, "ti": ti}
 
     def fault(self, **faults: Any) -> None:
@@ -331,3 +337,18 @@ def test_publish_gives_the_workload_back(flow: Flow) -> None:
     flow.round(flow.prepare(2))
     flow.publish()
     assert ledger.workload_lease("flow") is None
+
+
+def test_publish_settles_an_item_whose_real_time_answer_was_lost_in_a_crash(flow: Flow) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    take_workload_lease(ledger, "flow", flow.context("lease"))
+    flow.prepare(3)
+    (row, *_) = list(ledger.iter_items("flow", RUN, columns=["prompt_version"]))
+    # a fallback task was killed after the provider answered and before the answer was recorded
+    assert ledger.begin_sync_attempt("flow", RUN, row["item_key"], row["prompt_version"], ["staged"])
+    assert ledger.count_states("flow", RUN)["fallback"] == 1
+    out = flow.publish()
+    states = ledger.count_states("flow", RUN)
+    assert "fallback" not in states, "fallback is not a final state: publish must settle it"
+    assert sum(states.values()) == 3
+    assert out["items_by_state"] == states
