@@ -28,8 +28,8 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.services import harvest, report
-from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.services import round as rounds
+from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
