@@ -951,8 +951,17 @@ def build_report(
                 last_usage=row["last_usage"],
             )
 
-    report = compute_run_cost(records(), load_prices(pricing_override))
+    from airflow_batch_provider.kubernetes.report import infrastructure_cost, self_hosted_section
+
+    prices = load_prices(pricing_override)
+    infra = infrastructure_cost(ledger, workload, run_id)
+    report = compute_run_cost(records(), prices, infrastructure_cost=infra)
     out = report.to_dict()
     out["table"] = report.render_table()
     out["states"] = ledger.count_states(workload, run_id)
+    # Self-hosted (vLLM) jobs: GPU time per job, beside the same tokens at provider batch prices.
+    hosted = self_hosted_section(ledger, workload, run_id, report.usage, report.items, prices)
+    if hosted is not None:
+        out["self_hosted"] = hosted
+        out["table"] += "\n" + hosted["table"]
     return out
