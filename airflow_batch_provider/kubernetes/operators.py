@@ -79,6 +79,9 @@ def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
             return "image_pull_failed"
         if term is not None and term.exit_code not in (None, 0):
             return f"exit_{term.exit_code}"
+    if status is not None and status.phase in ("Pending", "Unknown"):
+        unscheduled = any(c.type == "PodScheduled" and c.status != "True" for c in status.conditions or [])
+        return "unschedulable_timeout" if unscheduled else "startup_timeout"
     if "imagepullbackoff" in text or "errimagepull" in text:
         return "image_pull_failed"
     if "too long to be scheduled" in text:
@@ -282,7 +285,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         try:
             super().execute(context)
         except AirflowException as exc:
-            return self.settle(job, self._final_pod, str(exc))
+            return self.settle(job, self._final_pod, _messages(exc))
         return self.settle(job, self._final_pod, None)
 
     def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
@@ -290,7 +293,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         try:
             super().trigger_reentry(context, event)
         except AirflowException as exc:
-            return self.settle(job, self._final_pod, str(exc))
+            return self.settle(job, self._final_pod, _messages(exc))
         return self.settle(job, self._final_pod, None)
 
     def cleanup(
@@ -408,6 +411,16 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             "gpu_seconds": int(cost.get("gpu_seconds") or 0) * int(cost.get("gpu_count") or 0),
             "infra_cost_usd": float(Decimal(int(cost.get("cost_nusd") or 0)) / Decimal(10**9)),
         }
+
+
+def _messages(exc: BaseException) -> str:
+    """The exception's message, the first line of each exception it was raised during before it."""
+    parts = [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+    seen: BaseException | None = exc.__context__
+    while seen is not None and len(parts) < 5:
+        parts.append(f"{type(seen).__name__}: {str(seen).splitlines()[0] if str(seen) else ''}")
+        seen = seen.__context__
+    return " <- ".join(parts)
 
 
 def _snake(toleration: Mapping[str, Any]) -> dict[str, Any]:
