@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from kubernetes.client import models as k8s
 
 JOB_LABEL = "batch-job"
+XCOM_RETURN_KEY = "return_value"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -263,6 +264,29 @@ class VllmBatchPodOperator(KubernetesPodOperator):
     # -- execution ------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
+        return self.push(context, self.run_job(context))
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        return self.push(context, self.reenter(context, event))
+
+    def push(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
+        """Push the result as the task's XCom return value, which download expands over.
+
+        KPO's own ``do_xcom_push`` means a sidecar reading a file from the pod; it stays off, so the
+        task runner would not push what this operator returns. KPO pushes its own failure-path
+        results the same way (``_push_xcom_with_fan_out``).
+
+        :param context: the task context
+        :param result: the task's result
+        """
+        context["ti"].xcom_push(XCOM_RETURN_KEY, result)
+        return result
+
+    def run_job(self, context: Context) -> dict[str, Any]:
+        """Stage the job and run its pod once (or read the outcome it already had).
+
+        :param context: the task context
+        """
         job = self.ledger.job(self.job["job_id"])
         done = self.recorded_outcome(job)
         if done is not None:
@@ -288,8 +312,14 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             return self.settle(job, self._final_pod, _messages(exc))
         return self.settle(job, self._final_pod, None)
 
-    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+    def reenter(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Finish after the trigger fired: logs, cleanup, outcome.
+
+        :param context: the task context
+        :param event: the trigger's event
+        """
         job = self.ledger.job(self.job["job_id"])
+        self.configure(job)  # a fresh operator instance: the Kubernetes client settings again
         try:
             super().trigger_reentry(context, event)
         except AirflowException as exc:
