@@ -468,7 +468,7 @@ class _Handler(BaseHTTPRequestHandler):
         since = float((query.get("sinceSeconds") or ["0"])[0]) or None
         cutoff = time.time() - since if since else 0.0
         self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         sent = 0
