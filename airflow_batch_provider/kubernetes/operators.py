@@ -68,6 +68,8 @@ def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
     :param error: the operator's error text
     """
     text = (error or "").lower()
+    if text.startswith("killed"):
+        return "killed"
     status = pod.status if pod is not None else None
     if status is not None and (status.reason or "").lower() == "evicted":
         return "evicted"
@@ -325,6 +327,25 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         except AirflowException as exc:
             return self.settle(job, self._final_pod, _messages(exc))
         return self.settle(job, self._final_pod, None)
+
+    def on_kill(self) -> None:
+        """Delete the pod (KPO), then end the job ``killed`` with the GPU time it used.
+
+        A cleared task then downloads the lines the pod wrote and sends only the rest to the
+        next round, instead of starting a second pod for the job.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        last: k8s.V1Pod | None = None
+        if self.pod is not None:
+            try:
+                last = self.pod_manager.read_pod(self.pod)
+            except ApiException:
+                last = None
+        super().on_kill()
+        job = self.ledger.job(self.job["job_id"])
+        if job["batch_id"] and job["batch_state"] is None:
+            self.settle(job, last, "killed: the task was killed and its pod deleted")
 
     def cleanup(
         self,

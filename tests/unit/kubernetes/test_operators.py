@@ -262,3 +262,33 @@ def test_a_pod_that_finished_while_no_worker_watched_is_read_and_deleted_not_run
     assert result["state"] == "completed"
     assert len(api.created_for(JOB_LABEL, KEY)) == 1
     assert api.live_pods() == []
+
+
+def test_killing_the_task_deletes_its_pod_and_the_job_keeps_the_lines_already_written(
+    tmp_path: Path, api: KubeApi, ledger: Ledger
+) -> None:
+    import threading
+
+    api.add_fault(PodFault("env", env={"FAKE_VLLM_DELAY_S": "0.4"}))
+    op = operator(tmp_path)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            op.execute(context())  # type: ignore[arg-type]
+        except Exception as exc:  # the killed task's own run ends in an error: the pod is gone
+            errors.append(exc)
+
+    runner = threading.Thread(target=work)
+    runner.start()
+    _wait_for(lambda: len(output_lines(tmp_path)) >= 1, "the pod to write its first line")
+    op.on_kill()
+    runner.join(timeout=120)
+    assert api.live_pods() == []
+    written = len(output_lines(tmp_path))
+    assert 1 <= written < LINES
+    job = ledger.job(JOB_ID)
+    assert job["batch_state"] == "failed" and job["error"].startswith("killed")
+    cleared = operator(tmp_path).execute(context(try_number=2))  # type: ignore[arg-type]
+    assert (cleared["state"], len(api.created_for(JOB_LABEL, KEY))) == ("failed", 1)
+    assert len(output_lines(tmp_path)) == written  # no second pod truncated and rewrote it
