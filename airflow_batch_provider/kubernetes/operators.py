@@ -16,6 +16,9 @@ connection; download, reconcile, resubmit and publish stay as they are.
   in input order), and reconcile marks the rest ``missing``, so only they go to the next round.
 - **GPU cost**: GPU-seconds from the container's start and finish times x GPUs x the connection's
   $/GPU-hour, recorded per job in the ledger (``abp_infra_costs``).
+- **Killed or lost**: a killed task deletes its pod and ends its job ``killed``; a job whose pod
+  vanished without a recorded outcome but left output ends ``pod_lost``. No second pod is started
+  for either (it would truncate the output the first one left).
 - **Hygiene**: logs stream into the task log; the pod is deleted on success, failure and kill
   (KPO's ``on_finish_action``/``on_kill_action``); the hub token comes from a Kubernetes Secret.
 """
@@ -68,8 +71,8 @@ def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
     :param error: the operator's error text
     """
     text = (error or "").lower()
-    if text.startswith("killed"):
-        return "killed"
+    if text.startswith(("killed", "pod_lost")):
+        return text.split(":", 1)[0]
     status = pod.status if pod is not None else None
     if status is not None and (status.reason or "").lower() == "evicted":
         return "evicted"
@@ -297,7 +300,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             )
             return done
         self.configure(job)
-        finished = self.finished_pod(job)
+        pods = self.job_pods(job)
+        if not pods and job["batch_id"] and self.wrote_output(job):
+            # Its pod ran and is gone (deleted while the task was deferred or dead): a new pod would
+            # truncate the lines it wrote; keep them, and let the next round take the rest.
+            return self.settle(job, None, "pod_lost: the job's pod is gone and left its output")
+        finished = self.finished_pod(pods)
         if finished is not None:
             self.log.info(
                 "job %s: pod %s finished while no task watched it", job["job_id"], finished.metadata.name
@@ -372,13 +380,28 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.ledger.mark_submitted(job["job_id"], f"pod:{key}", ref.value)
         self.log.info("job %s: %d lines staged at %s", job["job_id"], job["lines"], ref.value)
 
-    def finished_pod(self, job: Mapping[str, Any]) -> k8s.V1Pod | None:
-        """The terminal pod of this job, if one exists (it finished while no worker watched).
+    def job_pods(self, job: Mapping[str, Any]) -> list[k8s.V1Pod]:
+        """Every pod that exists for this job (by its label).
 
         :param job: the ledger job row
         """
         selector = f"{JOB_LABEL}={job_label(job['idempotency_key'])}"
-        pods = self.client.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return list(self.client.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def wrote_output(self, job: Mapping[str, Any]) -> bool:
+        """Whether a pod of this job already wrote output lines into the exchange volume.
+
+        :param job: the ledger job row
+        """
+        path = self.vllm_adapter_folder() / output_name(job["idempotency_key"])
+        return bool(path.exists() and path.stat().st_size > 0)
+
+    @staticmethod
+    def finished_pod(pods: list[k8s.V1Pod]) -> k8s.V1Pod | None:
+        """The terminal pod of a job, if all its pods are terminal (it finished while no worker watched).
+
+        :param pods: the job's pods
+        """
         terminal = [
             p
             for p in pods

@@ -292,3 +292,22 @@ def test_killing_the_task_deletes_its_pod_and_the_job_keeps_the_lines_already_wr
     cleared = operator(tmp_path).execute(context(try_number=2))  # type: ignore[arg-type]
     assert (cleared["state"], len(api.created_for(JOB_LABEL, KEY))) == ("failed", 1)
     assert len(output_lines(tmp_path)) == written  # no second pod truncated and rewrote it
+
+
+def test_a_pod_deleted_while_no_worker_watched_leaves_its_lines_and_no_second_pod_starts(
+    tmp_path: Path, api: KubeApi, ledger: Ledger
+) -> None:
+    api.add_fault(PodFault("env", env={"FAKE_VLLM_DELAY_S": "0.4"}))
+    worker = _start_worker(tmp_path)
+    _wait_for(lambda: len(output_lines(tmp_path)) >= 1, "the pod to write its first line")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    [name] = api.live_pods()
+    live = api.find("llm", name)
+    assert live is not None
+    api.delete(live)  # e.g. the triggerer's cleanup after a kill in deferrable mode
+    written = len(output_lines(tmp_path))
+    result = operator(tmp_path).execute(context(try_number=2))  # type: ignore[arg-type]
+    assert (result["state"], result["reason"].split(":")[0]) == ("failed", "pod_lost")
+    assert len(api.created_for(JOB_LABEL, KEY)) == 1
+    assert len(output_lines(tmp_path)) == written
