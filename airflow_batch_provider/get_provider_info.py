@@ -68,6 +68,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.hooks.anthropic",
                     "airflow_batch_provider.hooks.gemini",
                     "airflow_batch_provider.hooks.bedrock",
+                    "airflow_batch_provider.hooks.vllm_kubernetes",
                 ],
             }
         ],
@@ -87,6 +88,10 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "hook-class-name": "airflow_batch_provider.hooks.gemini.GeminiBatchHook",
                 "connection-type": "gemini_batch",
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.vllm_kubernetes.VllmKubernetesHook",
+                "connection-type": "vllm_kubernetes",
             },
         ],
         "plugins": [

@@ -37,6 +37,7 @@ from airflow_batch_provider.core.names import check_workload
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.kubernetes.lane import pod_tasks, runs_in_pod
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -159,6 +160,7 @@ def batch_inference_group(
         "staging_root": staging_root,
         "staging_conn_id": staging_conn_id,
     }
+    in_pod = runs_in_pod(batch_conn_id)  # self-hosted lane: a pod task per chunk replaces submit + wait
     # a workload may contain '.', which Airflow refuses in a group id
     with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
         lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
@@ -198,26 +200,37 @@ def batch_inference_group(
                 )
                 last >> resubmit
                 manifests = resubmit.output
-            submit = BatchSubmitOperator.partial(
-                task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
-            ).expand(job=manifests)
-            wait = BatchStatusSensor.partial(
-                task_id=f"wait{suffix}",
-                batch_conn_id=batch_conn_id,
-                ledger_conn_id=ledger_conn_id,
-                poll=policy,
-                deadline=deadline_value,
-                deadline_margin=deadline_margin,
-                deferrable=deferrable,
-                staging_root=staging_root,
-                staging_conn_id=staging_conn_id,
-            ).expand(batch=submit.output)
-            waited: Any = wait.output
-            if deadline_policy is not None:
-                harvest = BatchDeadlineHarvestOperator.partial(
-                    task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, poll=policy, **common
-                ).expand(batch=wait.output)
-                waited = harvest.output
+            waited: Any
+            if in_pod:
+                waited = pod_tasks(
+                    task_id=f"run{suffix}",
+                    manifests=manifests,
+                    common=common,
+                    policy=policy,
+                    deferrable=deferrable,
+                    deadline=deadline,
+                )
+            else:
+                submit = BatchSubmitOperator.partial(
+                    task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
+                ).expand(job=manifests)
+                wait = BatchStatusSensor.partial(
+                    task_id=f"wait{suffix}",
+                    batch_conn_id=batch_conn_id,
+                    ledger_conn_id=ledger_conn_id,
+                    poll=policy,
+                    deadline=deadline_value,
+                    deadline_margin=deadline_margin,
+                    deferrable=deferrable,
+                    staging_root=staging_root,
+                    staging_conn_id=staging_conn_id,
+                ).expand(batch=submit.output)
+                waited = wait.output
+                if deadline_policy is not None:
+                    harvest = BatchDeadlineHarvestOperator.partial(
+                        task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, poll=policy, **common
+                    ).expand(batch=wait.output)
+                    waited = harvest.output
             download = BatchDownloadOperator.partial(task_id=f"download{suffix}", **common).expand(
                 batch=waited
             )

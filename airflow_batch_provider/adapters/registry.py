@@ -24,6 +24,7 @@ BUILTIN: Final[dict[str, tuple[str, str]]] = {
     "anthropic_batch": ("airflow_batch_provider.adapters.anthropic", "AnthropicBatchAdapter"),
     "bedrock_batch": ("airflow_batch_provider.adapters.bedrock", "BedrockBatchAdapter"),
     "gemini_batch": ("airflow_batch_provider.adapters.gemini", "GeminiBatchAdapter"),
+    "vllm_kubernetes": ("airflow_batch_provider.adapters.vllm", "VllmKubernetesAdapter"),
 }
 
 

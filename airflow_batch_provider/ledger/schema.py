@@ -302,3 +302,24 @@ ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "abp_jobs": ("claim_owner", "claim_count", "claim_expires_at", "in_doubt_reason", "in_doubt_at"),
     "abp_runs": ("dag_id",),
 }
+
+#: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the
+#: connection's hourly rate. One row per job; a re-run of the pod task overwrites it.
+infra_costs = Table(
+    "abp_infra_costs",
+    metadata,
+    Column("job_id", String(250), primary_key=True),
+    Column("workload", String(200), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("pod_name", String(253)),
+    Column("gpu_type", String(64)),
+    Column("gpu_count", Integer, nullable=False),
+    Column("started_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("gpu_seconds", BigInteger, nullable=False),
+    Column("usd_per_gpu_hour_micros", BigInteger, nullable=False),
+    Column("cost_nusd", BigInteger, nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("reason", Text),
+    Index("ix_abp_infra_costs_run", "workload", "run_id"),
+)

@@ -1201,6 +1201,30 @@ class Ledger:
         with self.engine.begin() as conn:
             conn.execute(s.jobs.update().where(s.jobs.c.job_id == job_id).values(**values))
 
+    def record_infra_cost(self, row: Mapping[str, Any]) -> None:
+        """Record (or replace) the infrastructure cost of one self-hosted job.
+
+        :param row: the ``abp_infra_costs`` columns (``job_id``, ``workload``, ``run_id``,
+            ``gpu_count``, ``gpu_seconds``, ``usd_per_gpu_hour_micros``, ``cost_nusd``, ``outcome`` ...)
+        """
+        with self.engine.begin() as conn:
+            conn.execute(s.infra_costs.delete().where(s.infra_costs.c.job_id == row["job_id"]))
+            conn.execute(s.infra_costs.insert().values(**row))
+
+    def infra_costs(self, workload: str, run_id: str) -> list[dict[str, Any]]:
+        """Return the infrastructure cost rows of a run, by job id.
+
+        :param workload: the workload
+        :param run_id: the run id
+        """
+        query = (
+            select(s.infra_costs)
+            .where(s.infra_costs.c.workload == workload, s.infra_costs.c.run_id == run_id)
+            .order_by(s.infra_costs.c.job_id)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
     def mark_submitted(
         self, job_id: str, batch_id: str, input_ref: str, submitted_at: datetime | None = None
     ) -> None:

@@ -111,10 +111,19 @@ def build_report(
                 last_usage=row["last_usage"],
             )
 
-    report = compute_run_cost(records(), load_prices(pricing_override))
+    from airflow_batch_provider.kubernetes.report import infrastructure_cost, self_hosted_section
+
+    prices = load_prices(pricing_override)
+    infra = infrastructure_cost(ledger, workload, run_id)
+    report = compute_run_cost(records(), prices, infrastructure_cost=infra)
     out = report.to_dict()
     jobs = job_outcomes(ledger, workload, run_id)
     table = report.render_table()
+    # Self-hosted (vLLM) jobs: GPU time per job, beside the same tokens at provider batch prices.
+    hosted = self_hosted_section(ledger, workload, run_id, report.usage, report.items, prices)
+    if hosted is not None:
+        out["self_hosted"] = hosted
+        table += "\n" + hosted["table"]
     for title, key in (
         ("failed batches", "failed_batches"),
         ("jobs in doubt (never created again; items in review)", "in_doubt_jobs"),
