@@ -11,9 +11,9 @@ a question asked with no DAG id.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -137,15 +137,3 @@ def readable(access: Access, dag_ids: Iterable[str | None]) -> set[str | None]:
     :param dag_ids: DAG ids (``None``: runs recorded without one)
     """
     return {d for d in set(dag_ids) if access.allowed("GET", d)}
-
-
-def workload_dags(pairs: Iterable[tuple[str, str | None]]) -> Mapping[str, set[str | None]]:
-    """Group ``(workload, dag_id)`` pairs by workload.
-
-    :param pairs: distinct ``(workload, dag_id)`` pairs of the ledger's runs
-    """
-    out: dict[str, set[str | None]] = {}
-    for workload, dag_id in pairs:
-        out.setdefault(workload, set()).add(dag_id)
-    return out
-

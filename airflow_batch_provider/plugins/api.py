@@ -53,7 +53,7 @@ from airflow_batch_provider.core.states import OPEN_STATES, USABLE_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import from_nusd
 from airflow_batch_provider.links.batch import console_templates, console_url
-from airflow_batch_provider.plugins.access import Access, Method, StaticAccess, allowed_all
+from airflow_batch_provider.plugins.access import Access, Method, StaticAccess, allowed_all, readable
 
 if TYPE_CHECKING:
     from jinja2 import Environment
@@ -1024,7 +1024,7 @@ def create_app(
         return HTMLResponse(body, status_code=status_code, headers=dict(SECURITY_HEADERS))
 
     def readable_dags(ledger: Ledger, access: Access) -> DagSet:
-        return frozenset(d for _w, d in run_dags(ledger) if access.allowed("GET", d))
+        return frozenset(readable(access, (d for _w, d in run_dags(ledger))))
 
     def require_run(access: Access, run: RunView | None, workload: str, run_id: str) -> RunView:
         if run is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_batch_provider.plugins.access import StaticAccess, allowed_all, readable, workload_dags
+from airflow_batch_provider.plugins.access import StaticAccess, allowed_all, readable
 
 
 def test_a_user_limited_to_some_dags_never_reaches_a_run_recorded_without_a_dag() -> None:
@@ -30,8 +30,8 @@ def test_a_workload_needs_every_one_of_its_dags_and_at_least_one() -> None:
     assert not allowed_all(StaticAccess("admin", read=None), "GET", set())
 
 
-def test_readable_and_workload_dags_group_and_filter() -> None:
-    pairs = [("wl", "dag_a"), ("wl", "dag_b"), ("other", None)]
+def test_readable_keeps_only_the_dags_the_user_may_read() -> None:
+    dags = ["dag_a", "dag_b", None, "dag_b"]
 
-    assert workload_dags(pairs) == {"wl": {"dag_a", "dag_b"}, "other": {None}}
-    assert readable(StaticAccess("alice", read=frozenset({"dag_b"})), [d for _w, d in pairs]) == {"dag_b"}
+    assert readable(StaticAccess("alice", read=frozenset({"dag_b"})), dags) == {"dag_b"}
+    assert readable(StaticAccess("admin", read=None), dags) == {"dag_a", "dag_b", None}
