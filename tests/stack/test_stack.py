@@ -1,0 +1,150 @@
+"""``make stack`` for real: a workload triggered through Airflow's REST API, run by the real
+scheduler (LocalExecutor) and triggerer, survives a triggerer crash while its batches are deferred.
+
+Every other end-to-end test uses ``airflow dags test``, which runs triggers inline in one process;
+this one runs Airflow's api-server, scheduler, dag-processor and triggerer as separate processes on
+PostgreSQL, with the emulator as the provider. The triggerer is SIGKILLed (with the trigger
+runner it started) while a batch task is deferred; the stack's supervisor starts a new one, which
+takes the trigger over. The run must still succeed with every item final, no batch created twice
+and no item paid twice. The stack is always stopped, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from airflow_batch_provider.core.states import OPEN_STATES
+from airflow_batch_provider.ledger import Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "stack_feedback"
+WORKLOAD = "stack_feedback"
+ITEMS = 600
+_T = TypeVar("_T")
+
+
+def wait_for(what: str, probe: Callable[[], _T | None], timeout: float, every: float = 2.0) -> _T:
+    """Call ``probe`` until it returns something; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    base = tmp_path_factory.mktemp("stack")
+    base.chmod(0o755)  # PostgreSQL runs as an unprivileged user when the tests run as root
+    env = {
+        **os.environ,
+        "ABP_STACK_DIR": str(base),
+        "ABP_STACK_DAGS_FOLDER": str(REPO / "tests" / "stack" / "dags"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    script = [str(REPO / "scripts" / "stack.sh")]
+    try:
+        up = subprocess.run(
+            ["bash", *script, "up"], env=env, capture_output=True, text=True, timeout=1200, check=False
+        )
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        state = json.loads((base / "state.json").read_text(encoding="utf-8"))
+        state["base"] = base
+        yield state
+    finally:
+        down = subprocess.run(
+            ["bash", *script, "down"], env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def login(state: dict[str, Any], user: str) -> httpx.Client:
+    passwords = json.loads(Path(state["passwords_file"]).read_text(encoding="utf-8"))
+    client = httpx.Client(base_url=state["api_url"], timeout=60)
+    resp = client.post("/auth/token", json={"username": user, "password": passwords[user]})
+    assert resp.status_code == 201, resp.text
+    client.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
+    return client
+
+
+def component_pid(state: dict[str, Any], name: str) -> tuple[int, int]:
+    current = json.loads((state["base"] / "state.json").read_text(encoding="utf-8"))
+    info = current["components"][name]
+    return int(info["pid"]), int(info["restarts"])
+
+
+def test_a_run_survives_a_triggerer_crash_and_pays_for_nothing_twice(stack: dict[str, Any]) -> None:
+    admin = login(stack, "admin")
+
+    wait_for(
+        "the DAG to be parsed", lambda: admin.get(f"/api/v2/dags/{DAG_ID}").status_code == 200 or None, 600
+    )
+    assert admin.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).status_code == 200
+    created = admin.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {}})
+    assert created.status_code == 200, created.text
+    run_id = created.json()["dag_run_id"]
+
+    def deferred() -> list[str] | None:
+        tis = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        ids = [ti["task_id"] for ti in tis if ti["state"] == "deferred"]
+        return ids or None
+
+    waiting = wait_for("a batch task to defer", deferred, 600, every=1.0)
+    old_pid, restarts = component_pid(stack, "triggerer")
+    os.killpg(old_pid, signal.SIGKILL)  # the triggerer and the trigger runner it started, mid-poll
+    new_pid, _ = wait_for(
+        "the supervisor to start a new triggerer",
+        lambda: (lambda p: p if p[1] > restarts else None)(component_pid(stack, "triggerer")),
+        120,
+    )
+    assert new_pid != old_pid
+
+    def finished() -> str | None:
+        state = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
+        return state if state in ("success", "failed") else None
+
+    assert wait_for("the run to finish", finished, 900, every=3.0) == "success", waiting
+
+    ledger = Ledger.from_url(stack["postgres"]["ledger_url"])
+    try:
+        states = ledger.count_states(WORKLOAD, run_id)
+        assert sum(states.values()) == ITEMS
+        assert not {s: n for s, n in states.items() if s in OPEN_STATES}, states
+        with ledger.engine.connect() as conn:
+            from sqlalchemy import text
+
+            paid_twice = conn.execute(
+                text(
+                    "SELECT item_key, COUNT(*) FROM abp_attempts WHERE workload = :w AND outcome = 'succeeded'"
+                    " AND NOT discarded GROUP BY item_key HAVING COUNT(*) > 1"
+                ),
+                {"w": WORKLOAD},
+            ).all()
+            batches = conn.execute(
+                text("SELECT COUNT(*) FROM abp_jobs WHERE workload = :w AND batch_id IS NOT NULL"),
+                {"w": WORKLOAD},
+            ).scalar_one()
+    finally:
+        ledger.engine.dispose()
+    assert paid_twice == []
+    stats = httpx.get(f"{stack['emulator_url']}/_emulator/stats", timeout=30).json()
+    assert stats["batches_created"] == batches, stats
+
+    # the page shows the finished run to a viewer, with every item accounted for
+    viewer = login(stack, "viewer")
+    runs = viewer.get("/llm-batch/api/runs", params={"workload": WORKLOAD}).json()["runs"]
+    assert [(r["run_id"], r["finished"], r["items"]) for r in runs] == [(run_id, True, ITEMS)]
