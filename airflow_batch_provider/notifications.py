@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Literal, get_args
@@ -279,7 +279,7 @@ class BatchAlerts:
     """
 
     notifiers: tuple[Notifier, ...] = ()
-    on: frozenset[EventKind] = frozenset(EVENT_KINDS)
+    on: Collection[EventKind] = frozenset(EVENT_KINDS)
     review_growth_threshold: int = DEFAULT_REVIEW_GROWTH_THRESHOLD
 
     def __post_init__(self) -> None:

@@ -173,11 +173,12 @@ class SmtpCatcher:
 
         class Server(smtpd.SMTPServer):
             def process_message(
-                self, peer: Any, mailfrom: str, rcpttos: list[str], data: bytes, **kw: Any
+                self, peer: Any, mailfrom: str, rcpttos: list[str], data: bytes | str, **kw: Any
             ) -> None:
-                catcher.messages.append(data)
+                catcher.messages.append(data if isinstance(data, bytes) else data.encode())
 
-        self.server = Server(("127.0.0.1", 0), None)
+        self.server = Server(("127.0.0.1", 0), None)  # type: ignore[arg-type]
+        assert self.server.socket is not None
         self.port = self.server.socket.getsockname()[1]
 
     def __enter__(self) -> SmtpCatcher:
@@ -226,5 +227,7 @@ def test_airflows_smtp_notifier_sends_the_event_as_a_mail(
     assert len(smtp.messages) == 1
     mail = message_from_bytes(smtp.messages[0])
     assert mail["Subject"] == "[LLM batch] deadline_missed: wl"
-    body = "".join(part.get_payload(decode=True).decode() for part in mail.walk() if not part.is_multipart())
+    body = "".join(
+        bytes(part.get_payload(decode=True)).decode() for part in mail.walk() if not part.is_multipart()
+    )
     assert "3 items still open" in body
