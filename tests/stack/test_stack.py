@@ -54,6 +54,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         **os.environ,
         "ABP_STACK_DIR": str(base),
         "ABP_STACK_DAGS_FOLDER": str(REPO / "tests" / "stack" / "dags"),
+        # batches take ~14 s (not ~1 s): long enough to find one deferred and crash the triggerer
+        "ABP_STACK_EMULATOR_TIME_SCALE": "1.0",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     script = [str(REPO / "scripts" / "stack.sh")]
@@ -103,7 +105,7 @@ def test_a_run_survives_a_triggerer_crash_and_pays_for_nothing_twice(stack: dict
         ids = [ti["task_id"] for ti in tis if ti["state"] == "deferred"]
         return ids or None
 
-    waiting = wait_for("a batch task to defer", deferred, 600, every=1.0)
+    waiting = wait_for("a batch task to defer", deferred, 600, every=0.5)
     old_pid, restarts = component_pid(stack, "triggerer")
     os.killpg(old_pid, signal.SIGKILL)  # the triggerer and the trigger runner it started, mid-poll
     new_pid, _ = wait_for(
