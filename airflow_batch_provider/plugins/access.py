@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
-#: ``GET``: read the DAG's runs; ``PUT``: edit the DAG (the review actions).
-Method = Literal["GET", "PUT"]
+#: ``GET``: read the DAG's runs; ``PUT``: edit the DAG (the review actions); ``POST``: trigger a
+#: run of the DAG (a re-drive "now").
+Method = Literal["GET", "PUT", "POST"]
 
 
 class Access(Protocol):
@@ -31,9 +32,9 @@ class Access(Protocol):
         ...
 
     def allowed(self, method: Method, dag_id: str | None) -> bool:
-        """Whether the user may read (``GET``) the runs of, or edit (``PUT``), a DAG.
+        """Whether the user may read (``GET``) the runs of, edit (``PUT``), or trigger (``POST``) a DAG.
 
-        :param method: ``GET`` or ``PUT``
+        :param method: ``GET``, ``PUT`` or ``POST``
         :param dag_id: the DAG; ``None``: no particular DAG (allowed only to a user allowed on all)
         """
         ...
@@ -43,7 +44,7 @@ def allowed_all(access: Access, method: Method, dag_ids: Iterable[str | None]) -
     """Whether the user may ``method`` every one of ``dag_ids`` (and there is at least one).
 
     :param access: the user's access
-    :param method: ``GET`` or ``PUT``
+    :param method: ``GET``, ``PUT`` or ``POST``
     :param dag_ids: the DAGs
     """
     wanted = set(dag_ids)
@@ -56,7 +57,7 @@ class StaticAccess:
 
     :param actor: the user's name
     :param read: the DAGs whose runs may be read; ``None``: every DAG (and runs with no DAG)
-    :param edit: the DAGs that may be edited; ``None``: every DAG
+    :param edit: the DAGs that may be edited and triggered; ``None``: every DAG
     """
 
     actor: str
@@ -66,7 +67,7 @@ class StaticAccess:
     def allowed(self, method: Method, dag_id: str | None) -> bool:
         """Whether the lists allow it (see :meth:`Access.allowed`).
 
-        :param method: ``GET`` or ``PUT``
+        :param method: ``GET``, ``PUT`` or ``POST``
         :param dag_id: the DAG, or ``None``
         """
         granted = self.read if method == "GET" else self.edit
@@ -93,7 +94,7 @@ class AirflowAccess:
     def allowed(self, method: Method, dag_id: str | None) -> bool:
         """Ask the auth manager (see :meth:`Access.allowed`).
 
-        :param method: ``GET`` or ``PUT``
+        :param method: ``GET``, ``PUT`` or ``POST``
         :param dag_id: the DAG, or ``None``
         """
         key = (method, dag_id)
@@ -110,8 +111,8 @@ def _ask_auth_manager(user: BaseUser, method: Method, dag_id: str | None) -> boo
     return bool(
         get_auth_manager().is_authorized_dag(
             method=method,
-            # reading: the DAG's runs (what the page shows); acting: the DAG itself, as editing it
-            access_entity=DagAccessEntity.RUN if method == "GET" else None,
+            # reading or triggering: the DAG's runs; the review actions: the DAG itself, as editing it
+            access_entity=None if method == "PUT" else DagAccessEntity.RUN,
             details=details,
             user=user,
         )

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.core.pricing import decimal_str, format_usd
 from airflow_batch_provider.core.states import OPEN_STATES, USABLE_STATES
@@ -139,6 +140,8 @@ JOB_FIELDS: Final[tuple[str, ...]] = (
 LedgerUrl = Callable[[], str]
 #: Gives the access of the request's user.
 AccessFor = Callable[..., Access]
+#: Triggers a run of a DAG: ``(dag_id, actor, note) -> run_id``.
+TriggerRun = Callable[[str, str, str], str]
 #: DAG ids whose runs a user may read; ``None`` stands for runs recorded without a DAG.
 DagSet = frozenset[str | None]
 
@@ -961,6 +964,7 @@ def create_app(
     access_for: AccessFor | None = None,
     authenticate: bool = True,
     form_secret: bytes | None = None,
+    trigger: TriggerRun | None = None,
 ) -> FastAPI:
     """Build the page's FastAPI app.
 
@@ -973,6 +977,7 @@ def create_app(
         page reads everything and acts on nothing: only for a server bound to loopback.
     :param form_secret: key of the action form's token (default: derived from
         ``[api_auth] jwt_secret``)
+    :param trigger: triggers a run of a DAG for a re-drive "now" (default: :func:`trigger_airflow_run`)
     """
     dependencies = []
     if authenticate:
@@ -991,6 +996,7 @@ def create_app(
     url_of = ledger_url or configured_ledger_url
     access_dep = Depends(access_for)
     secret = form_secret or _server_secret()
+    trigger = trigger or trigger_airflow_run
     app = FastAPI(
         title="LLM batch progress and cost",
         description="The airflow-batch-provider ledger: progress, cost and the review queue.",
@@ -1128,6 +1134,8 @@ def create_app(
         offset: int = Query(0, ge=0),
         done: str | None = Query(None),
         moved: int | None = Query(None),
+        triggered: str | None = Query(None),
+        trigger_failed: str | None = Query(None),
     ) -> Response:
         def load(ledger: Ledger) -> dict[str, Any]:
             dags = require_workload(ledger, access, workload, "GET")
@@ -1136,6 +1144,7 @@ def create_app(
                 "in_doubt": in_doubt(ledger, workload),
                 "audit": audit_trail(ledger, workload),
                 "may_act": allowed_all(access, "PUT", dags),
+                "may_trigger": len(dags) == 1 and allowed_all(access, "POST", dags),
                 "dags": sorted(d or "(not recorded)" for d in dags),
             }
 
@@ -1148,6 +1157,8 @@ def create_app(
             token=form_token(secret, access.actor, workload) if data["may_act"] else "",
             done=done if done in REVIEW_ACTIONS else None,
             moved=moved,
+            triggered=triggered,
+            trigger_failed=trigger_failed,
             page_size=REVIEW_PAGE,
             title=f"Review · {workload}",
             **data,
@@ -1196,20 +1207,48 @@ def create_app(
             raise HTTPException(400, "select at least one item, or every item with the filtered error code")
         if len(item_keys) > MAX_ACTION_ITEMS:
             raise HTTPException(400, f"at most {MAX_ACTION_ITEMS} items at once; got {len(item_keys)}")
-        read(lambda ledger: require_workload(ledger, access, workload, "PUT"))
-        from airflow_batch_provider.exceptions import LedgerError
+        trigger_now = form.get("trigger_now") == "1"
 
-        try:
-            moved = _apply_review_action(
-                open_for_actions(url()), action, workload, item_keys or None, every, access.actor, reason
-            )
-        except LedgerError as exc:
-            # the ledger refused it (an item moved meanwhile, a rule of the item states): say why
-            log.warning("review action %s on %r refused by the ledger: %s", action, workload, exc)
-            raise HTTPException(409, f"The ledger refused the {action}: {exc}") from exc
-        log.info("%s %s %d review item(s) of workload %r", access.actor, action, moved, workload)
+        def act() -> dict[str, Any]:
+            from airflow_batch_provider.exceptions import LedgerError
+
+            dags = read(lambda ledger: require_workload(ledger, access, workload, "PUT"))
+            dag_id = None
+            if trigger_now:
+                # checked before anything moves, so that a refused trigger changes nothing
+                dag_id = _only_dag(dags, workload)
+                if action != "redrive":
+                    raise HTTPException(400, "only a re-drive can go to a run triggered now")
+                if not access.allowed("POST", dag_id):
+                    raise Forbidden(f"You may not trigger runs of DAG {dag_id!r}.")
+            try:
+                moved = _apply_review_action(
+                    open_for_actions(url()), action, workload, item_keys or None, every, access.actor, reason
+                )
+            except LedgerError as exc:
+                # the ledger refused it (an item moved meanwhile, a rule of the item states): say why
+                log.warning("review action %s on %r refused by the ledger: %s", action, workload, exc)
+                raise HTTPException(409, f"The ledger refused the {action}: {exc}") from exc
+            log.info("%s %s %d review item(s) of workload %r", access.actor, action, moved, workload)
+            out: dict[str, Any] = {"done": action, "moved": moved}
+            if dag_id is not None:
+                try:
+                    out["triggered"] = trigger(
+                        dag_id, access.actor, f"re-drive of {moved} review item(s): {reason}"
+                    )
+                except Exception as exc:
+                    # the re-drive stands: the next run sends the items; say the trigger failed
+                    log.exception("triggering %s after a re-drive of %r failed", dag_id, workload)
+                    out["trigger_failed"] = type(exc).__name__
+                else:
+                    log.info(
+                        "%s triggered run %s of %s after a re-drive", access.actor, out["triggered"], dag_id
+                    )
+            return out
+
+        done = await run_in_threadpool(act)
         root = request.scope.get("root_path", "").rstrip("/")
-        back = f"{root}/review?{qs(workload=workload, error_code=every, done=action, moved=moved)}"
+        back = f"{root}/review?{qs(workload=workload, error_code=every, **done)}"
         return RedirectResponse(back, status_code=303, headers=dict(SECURITY_HEADERS))
 
     @app.get("/api/runs")
@@ -1252,6 +1291,38 @@ def create_app(
         return Response(ICON_SVG, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     return app
+
+
+def _only_dag(dags: set[str | None], workload: str) -> str:
+    """The one DAG a workload's re-drive can trigger; refuse when there is not exactly one."""
+    named = [d for d in dags if d is not None]
+    if len(dags) != 1 or not named:
+        raise HTTPException(
+            409,
+            f"workload {workload!r} is run by {len(named)} DAG(s) recorded"
+            f"{' and by runs with no DAG recorded' if None in dags else ''}: trigger the run you want yourself",
+        )
+    return named[0]
+
+
+def trigger_airflow_run(dag_id: str, actor: str, note: str) -> str:
+    """Trigger a manual run of ``dag_id`` in Airflow's metadata database; return its run id.
+
+    A paused DAG's run waits until the DAG is unpaused, as one triggered from the UI does.
+
+    :param dag_id: the DAG
+    :param actor: who asked (recorded as the triggering user)
+    :param note: the run's note
+    """
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    run = trigger_dag(
+        dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=actor, note=note[:1000]
+    )
+    if run is None:
+        raise HTTPException(409, f"Airflow did not create a run of DAG {dag_id!r}")
+    return str(run.run_id)
 
 
 def _apply_review_action(

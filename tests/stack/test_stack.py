@@ -6,13 +6,16 @@ this one runs Airflow's api-server, scheduler, dag-processor and triggerer as se
 PostgreSQL, with the emulator as the provider. The triggerer is SIGKILLed (with the trigger
 runner it started) while a batch task is deferred; the stack's supervisor starts a new one, which
 takes the trigger over. The run must still succeed with every item final, no batch created twice
-and no item paid twice. The stack is always stopped, even when the test fails.
+and no item paid twice. Then the review queue is worked through the page: the viewer is refused,
+the admin re-drives an item into a run triggered now. The stack is always stopped, even when the
+test fails.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -92,6 +96,11 @@ def component_pid(state: dict[str, Any], name: str) -> tuple[int, int]:
 def test_a_run_survives_a_triggerer_crash_and_pays_for_nothing_twice(stack: dict[str, Any]) -> None:
     admin = login(stack, "admin")
 
+    # 2% of the items fail for good (HTTP 400): they end in the review queue, worked below
+    faults = httpx.put(
+        f"{stack['emulator_url']}/_emulator/config", json={"faults": {"rate_400": 0.02}}, timeout=30
+    )
+    assert faults.status_code == 200, faults.text
     wait_for(
         "the DAG to be parsed", lambda: admin.get(f"/api/v2/dags/{DAG_ID}").status_code == 200 or None, 600
     )
@@ -149,4 +158,32 @@ def test_a_run_survives_a_triggerer_crash_and_pays_for_nothing_twice(stack: dict
     # the page shows the finished run to a viewer, with every item accounted for
     viewer = login(stack, "viewer")
     runs = viewer.get("/llm-batch/api/runs", params={"workload": WORKLOAD}).json()["runs"]
-    assert [(r["run_id"], r["finished"], r["items"]) for r in runs] == [(run_id, True, ITEMS)]
+    assert [(r["run_id"], r["dag_id"], r["finished"], r["items"]) for r in runs] == [
+        (run_id, DAG_ID, True, ITEMS)
+    ]
+    queue = viewer.get("/llm-batch/api/review", params={"workload": WORKLOAD}).json()
+    assert queue["total"] == states.get("review", 0) > 0
+    first = queue["items"][0]["item_key"]
+
+    # the viewer may not act; the admin re-drives one item into a run triggered now
+    page = admin.get("/llm-batch/review", params={"workload": WORKLOAD}).text
+    token = re.search(r'name="token" value="([0-9a-f]+)"', page)
+    assert token and "trigger a run of stack_feedback now" in page
+    form = {
+        "workload": WORKLOAD,
+        "token": token.group(1),
+        "action": "redrive",
+        "reason": "stack test",
+        "item_key": first,
+        "trigger_now": "1",
+    }
+    assert viewer.post("/llm-batch/review/action", data=form).status_code == 403
+    done = admin.post("/llm-batch/review/action", data=form)
+    assert done.status_code == 303, done.text
+    location = parse_qs(urlsplit(done.headers["location"]).query)
+    assert location["moved"] == ["1"]
+    new_run = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{location['triggered'][0]}")
+    assert new_run.status_code == 200
+    assert new_run.json()["triggering_user_name"] == "admin"
+    audit = admin.get("/llm-batch/review", params={"workload": WORKLOAD}).text.split("Audit trail", 1)[1]
+    assert "admin" in audit and "stack test" in audit

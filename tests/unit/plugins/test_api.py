@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -469,20 +469,45 @@ USERS: dict[str, StaticAccess] = {
     "feedback_editor": StaticAccess("feedback_editor", read=frozenset({DAG}), edit=frozenset({DAG})),
     "nobody": StaticAccess("nobody", read=frozenset(), edit=frozenset()),
 }
+
+
+@dataclass(frozen=True)
+class EditNoTrigger:
+    """May edit the feedback DAG but not trigger its runs (an auth manager can answer so)."""
+
+    actor: str = "no_trigger"
+
+    def allowed(self, method: str, dag_id: str | None) -> bool:
+        return dag_id == DAG and method in ("GET", "PUT")
+
+
 SECRET = b"test-form-secret"
 
 
 def user_from_header(request: Request) -> Access:
-    return USERS[request.headers["x-user"]]
+    name = request.headers["x-user"]
+    return EditNoTrigger() if name == "no_trigger" else USERS[name]
 
 
 @dataclass(frozen=True)
 class Shared:
     url: str
+    triggered: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def trigger(self, dag_id: str, actor: str, note: str) -> str:
+        """Stands in for Airflow's trigger_dag (the stack test triggers for real)."""
+        if dag_id == "broken":
+            raise ConnectionError("metadata database unreachable")
+        self.triggered.append((dag_id, actor, note))
+        return f"manual__{len(self.triggered)}"
 
     def client(self, user: str) -> TestClient:
         app = create_app(
-            lambda: self.url, access_for=user_from_header, authenticate=False, form_secret=SECRET
+            lambda: self.url,
+            access_for=user_from_header,
+            authenticate=False,
+            form_secret=SECRET,
+            trigger=self.trigger,
         )
         return TestClient(app, headers={"x-user": user})
 
@@ -818,3 +843,90 @@ def test_each_batch_links_to_its_console_page_at_the_provider(seeded: Seeded) ->
     ]
     page = client_for(seeded.url).get("/run", params={"workload": WL, "run_id": RUN}).text
     assert 'href="https://platform.openai.com/batches/batch_round1_abc" rel="noopener noreferrer"' in page
+
+
+def test_a_redrive_can_go_to_a_run_triggered_now_by_the_user(shared: Shared) -> None:
+    editor = shared.client("feedback_editor")
+    form = review_form(editor, WL)
+    assert "trigger a run of nightly_feedback now" in editor.get("/review", params={"workload": WL}).text
+
+    resp = editor.post(
+        "/review/action",
+        data={
+            **form,
+            "action": "redrive",
+            "reason": "fixed",
+            "item_key": item_key("c09"),
+            "trigger_now": "1",
+        },
+        follow_redirects=False,
+    )
+
+    assert resp.status_code == 303
+    assert shared.triggered == [(DAG, "feedback_editor", "re-drive of 1 review item(s): fixed")]
+    assert item_state(shared.url, WL, "c09") == ("pending", 0)
+    page = editor.get(resp.headers["location"].removeprefix("http://testserver")).text
+    assert 'Triggered run <span class="mono">manual__1</span> of nightly_feedback' in page
+
+
+def test_a_user_who_may_not_trigger_gets_nothing_moved(shared: Shared) -> None:
+    user = shared.client("no_trigger")
+    form = review_form(user, WL)
+    assert "trigger a run of" not in user.get("/review", params={"workload": WL}).text
+
+    resp = user.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+        follow_redirects=False,
+    )
+
+    assert resp.status_code == 403
+    assert shared.triggered == []
+    assert item_state(shared.url, WL, "c09") == ("review", 1)
+    # without the trigger the same user may re-drive
+    plain = user.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09")},
+        follow_redirects=False,
+    )
+    assert plain.status_code == 303
+    assert item_state(shared.url, WL, "c09") == ("pending", 0)
+
+
+def test_a_workload_without_one_recorded_dag_cannot_trigger_and_moves_nothing(shared: Shared) -> None:
+    admin = shared.client("admin")
+    form = review_form(admin, LEGACY)
+
+    resp = admin.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+
+    assert resp.status_code == 409
+    assert "trigger the run you want yourself" in resp.text
+    assert shared.triggered == []
+    assert item_state(shared.url, LEGACY, "c09") == ("review", 1)
+    only_redrive = admin.post(
+        "/review/action",
+        data={**form, "action": "skip", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+    assert only_redrive.status_code == 409
+
+
+def test_a_failed_trigger_keeps_the_redrive_and_says_so(sqlite_url: str) -> None:
+    writer = Ledger.from_url(sqlite_url)
+    seed_finished_run(writer, workload="fragile", dag_id="broken")
+    writer.engine.dispose()
+    shared = Shared(sqlite_url)
+    admin = shared.client("admin")
+    form = review_form(admin, "fragile")
+
+    resp = admin.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+
+    assert resp.status_code == 200
+    assert "could not be triggered (ConnectionError)" in resp.text
+    assert item_state(sqlite_url, "fragile", "c09") == ("pending", 0)
+    open_for_actions.cache_clear()
