@@ -301,6 +301,10 @@ class Supervisor:
                 "AIRFLOW__BATCH_PROVIDER__POLL_FACTOR": "1.5",
                 "AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL": "5",
                 "ABP_SAMPLE_DATA_DIR": str(self.base / "sample-data"),
+                # "console pages" of the emulator's batches: its own batch JSON
+                "AIRFLOW__BATCH_PROVIDER__CONSOLE_URLS": json.dumps(
+                    {"openai": f"{emulator_url}/v1/batches/{{batch_id}}"}
+                ),
                 **{f"AIRFLOW_CONN_{k}": json.dumps(v) for k, v in conns.items()},
             }
         )

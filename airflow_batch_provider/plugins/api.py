@@ -1144,7 +1144,7 @@ def create_app(
                 "in_doubt": in_doubt(ledger, workload),
                 "audit": audit_trail(ledger, workload),
                 "may_act": allowed_all(access, "PUT", dags),
-                "may_trigger": len(dags) == 1 and allowed_all(access, "POST", dags),
+                "may_trigger": len(dags) == 1 and None not in dags and allowed_all(access, "POST", dags),
                 "dags": sorted(d or "(not recorded)" for d in dags),
             }
 

@@ -217,3 +217,75 @@ def test_the_review_queue_is_worked_through_the_page(
     assert new_run.json()["triggering_user_name"] == "admin"
     audit = admin.get("/llm-batch/review", params={"workload": WORKLOAD}).text.split("Audit trail", 1)[1]
     assert "admin" in audit and "stack test" in audit
+
+
+CHROMIUM = Path(os.environ.get("ABP_CHROMIUM", "/usr/bin/chromium"))
+
+
+def test_each_role_uses_the_page_in_a_real_browser(
+    stack: dict[str, Any], finished_run: dict[str, Any]
+) -> None:
+    """Debian's chromium, driven by Playwright (no browser download): log in through Airflow's own
+    login form as each role, read the page inside the Airflow UI, re-drive an item as the admin,
+    follow a batch's console link. Screenshots go to ``$ABP_SCREENSHOTS_DIR`` (``docs/`` keeps them)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"no chromium at {CHROMIUM}: apt-get install chromium (or set ABP_CHROMIUM)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    shots = Path(os.environ.get("ABP_SCREENSHOTS_DIR") or stack["base"] / "screenshots")
+    shots.mkdir(parents=True, exist_ok=True)
+    passwords = json.loads(Path(stack["passwords_file"]).read_text(encoding="utf-8"))
+    api = stack["api_url"]
+    review_url = f"{api}/llm-batch/review?workload={WORKLOAD}"
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            for user in ("viewer", "admin"):
+                context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                page = context.new_page()
+                page.set_default_timeout(120_000)
+                try:
+                    # Airflow's own login form (SimpleAuthManager), then the plugin inside the UI
+                    page.goto(f"{api}/plugin/llm-batch")
+                    page.locator('input[type="password"]').wait_for()
+                    page.locator('input:not([type="password"])').first.fill(user)
+                    page.locator('input[type="password"]').fill(passwords[user])
+                    page.get_by_role("button", name="Sign in").click()
+                    # the login page sends the browser on to where it was going
+                    page.wait_for_url(lambda url: "/auth/" not in url)
+                    if "/plugin/llm-batch" not in page.url:
+                        page.goto(f"{api}/plugin/llm-batch")
+                    frame = page.frame_locator("iframe").first
+                    frame.get_by_text("Recent runs").wait_for()
+                    assert frame.get_by_text(finished_run["run_id"]).first.is_visible()
+                    page.screenshot(path=str(shots / f"ui-{user}.png"))
+
+                    page.goto(review_url)
+                    page.get_by_text("In review").first.wait_for()
+                    if user == "viewer":
+                        assert page.get_by_role("button", name="Re-drive").count() == 0
+                        assert page.get_by_text("needs edit permission").is_visible()
+                        continue
+                    page.locator('input[name="item_key"]').first.check()
+                    page.locator('textarea[name="reason"]').fill("checked by hand in the browser test")
+                    page.get_by_role("button", name="Re-drive").click()
+                    page.get_by_text("Re-driven: 1 item(s)").wait_for()
+                    assert "checked by hand in the browser test" in page.locator("body").inner_text()
+                    page.screenshot(path=str(shots / "ui-review.png"), full_page=True)
+
+                    # a provider batch's console link (the stack points them at the emulator)
+                    page.goto(f"{api}/llm-batch/?workload={WORKLOAD}")
+                    link = page.locator('a[rel="noopener noreferrer"]').first
+                    batch_id = link.inner_text()
+                    with context.expect_page() as opened:
+                        link.click()
+                    console = opened.value
+                    console.wait_for_load_state()
+                    assert batch_id in console.content()
+                except Exception:
+                    page.screenshot(path=str(shots / f"failure-{user}.png"), full_page=True)
+                    raise
+                finally:
+                    context.close()
+        finally:
+            browser.close()

@@ -904,6 +904,7 @@ def test_a_workload_without_one_recorded_dag_cannot_trigger_and_moves_nothing(sh
 
     assert resp.status_code == 409
     assert "trigger the run you want yourself" in resp.text
+    assert "trigger a run of" not in admin.get("/review", params={"workload": LEGACY}).text
     assert shared.triggered == []
     assert item_state(shared.url, LEGACY, "c09") == ("review", 1)
     only_redrive = admin.post(
