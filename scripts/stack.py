@@ -9,6 +9,11 @@
   with the example DAGs of ``dags/`` and SimpleAuthManager logins (``admin``, ``viewer``) whose
   passwords are printed.
 
+With ``ABP_STACK_EXECUTOR=celery`` it starts the distributed form instead: CeleryExecutor with a
+Redis broker (Debian's ``redis-server``), two Celery workers that share nothing on disk (each its
+own logs, sample data and temp folder; staging on S3, served on loopback by moto; the ledger on
+PostgreSQL), naming themselves ``worker-1`` and ``worker-2`` in their task instances.
+
 A supervisor process owns them: it restarts a component that dies (a crashed or killed triggerer
 comes back, as under systemd or Kubernetes) and stops everything, in order, on ``down``. State,
 logs, staging and sample data live in ``.stack/`` (``$ABP_STACK_DIR`` elsewhere); PostgreSQL's
@@ -38,6 +43,10 @@ if str(ROOT) not in sys.path:
 
 #: Airflow components, in start order (stopped in reverse).
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: The Celery form's workers (``ABP_STACK_EXECUTOR=celery``): two, sharing nothing on disk.
+WORKERS = ("worker-1", "worker-2")
+EXECUTORS = ("local", "celery")
+STAGING_BUCKET = "abp-staging"
 USERS = {"admin": "admin", "viewer": "viewer"}
 READY_TIMEOUT_S = float(os.environ.get("ABP_STACK_READY_TIMEOUT", "600"))
 STOP_TIMEOUT_S = 30.0
@@ -120,11 +129,19 @@ class Supervisor:
         self.logs = base / "logs"
         self.stopping = False
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.restarts: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
+        self.restarts: dict[str, int] = {}
         self.log_start: dict[str, int] = {}
         self.state: dict[str, Any] = {"supervisor_pid": os.getpid(), "ready": False, "root": str(ROOT)}
         self.postgres: Any = None
+        self.s3: Any = None
         self.env: dict[str, str] = {}
+        self.executor = os.environ.get("ABP_STACK_EXECUTOR", "local")
+        if self.executor not in EXECUTORS:
+            raise SystemExit(
+                f"ABP_STACK_EXECUTOR must be one of {', '.join(EXECUTORS)}; got {self.executor!r}"
+            )
+        self.components = COMPONENTS + (WORKERS if self.executor == "celery" else ())
+        self.state["executor"] = self.executor
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -202,6 +219,8 @@ class Supervisor:
         self.state["emulator_url"] = emulator_url
         self._save()
 
+        if self.executor == "celery":
+            self._start_celery_services()
         port = int(os.environ.get("ABP_STACK_PORT") or 0) or _free_port()
         self.state["api_url"] = f"http://127.0.0.1:{port}"
         self.env = self._airflow_env(port, emulator_url)
@@ -218,11 +237,53 @@ class Supervisor:
             )
         if done.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed; see {self.logs / 'db-migrate.log'}")
-        for name in COMPONENTS:
+        for name in self.components:
             print(f"starting airflow {name}", flush=True)
             self._start_component(name)
         self._save()
         _wait_http(f"{self.state['api_url']}/api/v2/version", READY_TIMEOUT_S, self.procs["api-server"])
+
+    def _start_celery_services(self) -> None:
+        """Redis (the broker) as a process, S3 (moto, for staging) in this process's threads."""
+        from tests.support.ports import is_listening
+        from tests.support.s3 import start_s3
+
+        redis_dir = self.base / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        port = _free_port()
+        print("starting Redis", flush=True)
+        redis = self._spawn(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(redis_dir),
+            ],
+            env=dict(os.environ),
+        )
+        deadline = time.monotonic() + 60
+        while not is_listening(port):
+            if redis.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start; see {self.logs / 'redis.log'}")
+            time.sleep(0.2)
+        self.state["redis_url"] = f"redis://127.0.0.1:{port}/0"
+        print("starting S3 (moto) for staging", flush=True)
+        self.s3 = start_s3()
+        self.state["s3_endpoint"] = self.s3.endpoint_url
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.s3.endpoint_url, **_DUMMY_AWS_KWARGS).create_bucket(
+            Bucket=STAGING_BUCKET
+        )
+        self._save()
 
     def _emulator_url(self, proc: subprocess.Popen[bytes]) -> str:
         log = self.logs / "emulator.log"
@@ -308,6 +369,31 @@ class Supervisor:
                 **{f"AIRFLOW_CONN_{k}": json.dumps(v) for k, v in conns.items()},
             }
         )
+        env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(_free_port())
+        if self.executor == "celery":
+            env.update(
+                {
+                    "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                    "AIRFLOW__CELERY__BROKER_URL": self.state["redis_url"],
+                    # psycopg2 named: SQLAlchemy's default PostgreSQL driver is psycopg (3), not installed
+                    "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.postgres.url_for("airflow"),
+                    "AIRFLOW__CELERY__WORKER_CONCURRENCY": os.environ.get(
+                        "ABP_STACK_WORKER_CONCURRENCY", "2"
+                    ),
+                    # staging on S3: the workers share no folder
+                    "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"s3://{STAGING_BUCKET}/llm-batch",
+                    "AIRFLOW__BATCH_PROVIDER__STAGING_CONN_ID": "stack_s3",
+                    "AIRFLOW_CONN_STACK_S3": json.dumps(
+                        {
+                            "conn_type": "aws",
+                            "login": _DUMMY_AWS_KWARGS["aws_access_key_id"],
+                            "password": _DUMMY_AWS_KWARGS["aws_secret_access_key"],
+                            "extra": {"endpoint_url": self.state["s3_endpoint"], "region_name": "us-east-1"},
+                        }
+                    ),
+                    **_DUMMY_AWS_ENV,
+                }
+            )
         (self.base / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True), encoding="utf-8")
         (self.base / "env.json").chmod(0o600)
         return env
@@ -324,16 +410,38 @@ class Supervisor:
                 "-w",
                 "1",
             ]
+        if name in WORKERS:
+            # no log server: it would bind every interface, and the workers share no log folder
+            return [_airflow(), "celery", "worker", "--celery-hostname", f"{name}@%h", "--skip-serve-logs"]
         return [_airflow(), name]
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _component_env(self, name: str) -> dict[str, str]:
+        """A worker gets folders of its own (logs, sample data, temp) and names itself in task instances."""
+        if name not in WORKERS:
+            return self.env
+        own = self.base / name
+        for sub in ("logs", "sample-data", "tmp"):
+            (own / sub).mkdir(parents=True, exist_ok=True)
+        return {
+            **self.env,
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(own / "logs"),
+            "ABP_SAMPLE_DATA_DIR": str(own / "sample-data"),
+            "TMPDIR": str(own / "tmp"),
+            "ABP_STACK_WORKER": name,
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "stack_hostname.hostname",
+            "PYTHONPATH": os.pathsep.join([self.env["PYTHONPATH"], str(ROOT / "scripts")]),
+        }
+
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         path = self.logs / f"{name}.log"
         self.log_start[name] = path.stat().st_size if path.exists() else 0
         with path.open("ab") as log:
             proc = subprocess.Popen(
                 argv,
                 env=env,
-                cwd=self.base,
+                cwd=cwd or self.base,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -343,7 +451,8 @@ class Supervisor:
         return proc
 
     def _start_component(self, name: str) -> None:
-        self._spawn(name, self._command(name), self.env)
+        own = self.base / name if name in WORKERS else None
+        self._spawn(name, self._command(name), self._component_env(name), cwd=own)
 
     def _watch(self) -> None:
         for name, proc in list(self.procs.items()):
@@ -352,8 +461,8 @@ class Supervisor:
             _kill_group(proc.pid, signal.SIGKILL)  # what it left behind
             self.restarts[name] = self.restarts.get(name, 0) + 1
             print(f"{name} exited with {proc.returncode}; restart {self.restarts[name]}", flush=True)
-            if name == "emulator":
-                raise RuntimeError("the emulator died; its batches are gone: stop the stack")
+            if name in ("emulator", "redis"):
+                raise RuntimeError(f"the {name} died; its state is gone: stop the stack")
             self._start_component(name)
             self._save()
 
@@ -361,7 +470,7 @@ class Supervisor:
         self.stopping = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for name in [*reversed(COMPONENTS), "emulator"]:
+        for name in [*reversed(self.components), "redis", "emulator"]:
             proc = self.procs.get(name)
             if proc is None:
                 continue
@@ -370,12 +479,28 @@ class Supervisor:
                 proc.wait(STOP_TIMEOUT_S)
             _kill_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        if self.s3 is not None:
+            self.s3.stop()
         if self.postgres is not None:
             self.postgres.stop()
         self.state["ready"] = False
         self.state["stopped"] = True
         self.procs.clear()
         self._save()
+
+
+_DUMMY_AWS_KWARGS = {
+    "aws_access_key_id": "stack",
+    "aws_secret_access_key": "stack-secret",
+    "region_name": "us-east-1",
+}
+_DUMMY_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "stack",
+    "AWS_SECRET_ACCESS_KEY": "stack-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": "/nonexistent/abp-stack/aws/config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/abp-stack/aws/credentials",
+}
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -446,7 +571,7 @@ def down(base: Path) -> int:
     pid = int(state.get("supervisor_pid") or 0)
     if alive(pid):
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S * (len(COMPONENTS) + 2) + 60
+        deadline = time.monotonic() + STOP_TIMEOUT_S * (len(COMPONENTS) + len(WORKERS) + 3) + 60
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.5)
         if alive(pid):
@@ -475,6 +600,14 @@ def summary(base: Path, state: dict[str, Any]) -> str:
             f"LLM batch    {api}/llm-batch/",
             f"emulator     {state['emulator_url']}",
             f"PostgreSQL   {state['postgres']['airflow_url']} (and /ledger)",
+            *(
+                [
+                    f"Celery       {', '.join(WORKERS)} (CeleryExecutor), broker {state['redis_url']}",
+                    f"staging      s3://{STAGING_BUCKET}/llm-batch on {state['s3_endpoint']} (moto)",
+                ]
+                if state.get("executor") == "celery"
+                else []
+            ),
             f"state, logs  {base}",
             "stop it with `make stack-down`",
         ]
