@@ -185,6 +185,7 @@ for wl, dag in (("wl_a", "dag_a"), ("wl_b", "dag_b")):
     routes[f"export_{side}"] = ("GET", "/llm-batch/review/export", {"workload": wl, "format": "jsonl"})
     routes[f"api_review_{side}"] = ("GET", "/llm-batch/api/review", {"workload": wl})
     routes[f"action_{side}"] = ("POST", "/llm-batch/review/action", {"workload": wl})
+    routes[f"trigger_{side}"] = ("POST", "/llm-batch/review/action", {"workload": wl, "trigger_now": "1"})
 routes["index"] = ("GET", "/llm-batch/", {})
 routes["runs"] = ("GET", "/llm-batch/api/runs", {})
 out = {}
@@ -199,10 +200,12 @@ for user in ("anonymous", "viv", "ursula", "alice"):
         if method == "GET":
             resp = client.get(path, params=params, headers=headers)
         else:
+            item = "c07" if "trigger_now" in params else "c08" if user == "alice" else "c09"
             data = {**params, "token": form_token(secret, user, params["workload"]), "action": "redrive",
-                    "reason": f"{user} re-drives", "item_key": item_key("c08" if user == "alice" else "c09")}
+                    "reason": f"{user} re-drives", "item_key": item_key(item)}
             resp = client.post(path, data=data, headers=headers, follow_redirects=False)
-        seen[name] = [resp.status_code, resp.text if name in ("runs", "index") else ""]
+        body = resp.text if name in ("runs", "index") else resp.headers.get("location", "")
+        seen[name] = [resp.status_code, body]
     out[user] = seen
 print(json.dumps(out))
 """
@@ -262,11 +265,10 @@ def test_without_a_login_every_route_is_refused(permission_matrix: dict[str, Any
 
 def test_a_viewer_reads_every_dag_and_may_not_act(permission_matrix: dict[str, Any]) -> None:
     seen = statuses(permission_matrix, "viv")
+    reads = [k for k in seen if not k.startswith(("action", "trigger"))]
 
-    assert {k: v for k, v in seen.items() if not k.startswith("action")} == dict.fromkeys(
-        [k for k in seen if not k.startswith("action")], 200
-    )
-    assert (seen["action_a"], seen["action_b"]) == (403, 403)
+    assert {k: seen[k] for k in reads} == dict.fromkeys(reads, 200)
+    assert [seen[k] for k in ("action_a", "action_b", "trigger_a", "trigger_b")] == [403] * 4
     runs = json.loads(permission_matrix["viv"]["runs"][1])["runs"]
     assert {r["workload"] for r in runs} == {"wl_a", "wl_b", "wl_legacy"}
 
@@ -276,6 +278,9 @@ def test_a_user_role_may_act_on_every_dag(permission_matrix: dict[str, Any]) -> 
 
     assert (seen["action_a"], seen["action_b"]) == (303, 303)
     assert ("ursula", "wl_b", 1) in permission_matrix["audit"]
+    # allowed to trigger; this Airflow has no such DAG, so the re-drive stands and the page says why
+    assert seen["trigger_a"] == 303
+    assert "trigger_failed=DagNotFound" in permission_matrix["ursula"]["trigger_a"][1]
 
 
 def test_a_user_scoped_to_one_dag_sees_and_acts_on_that_dag_only(permission_matrix: dict[str, Any]) -> None:
@@ -289,9 +294,10 @@ def test_a_user_scoped_to_one_dag_sees_and_acts_on_that_dag_only(permission_matr
         "export_a": 200,
         "api_review_a": 200,
         "action_a": 303,
+        "trigger_a": 303,
     }
     assert {k: v for k, v in seen.items() if k.endswith("_b")} == dict.fromkeys(
-        ["run_b", "api_run_b", "tab_b", "review_b", "export_b", "api_review_b", "action_b"], 403
+        ["run_b", "api_run_b", "tab_b", "review_b", "export_b", "api_review_b", "action_b", "trigger_b"], 403
     )
     runs = json.loads(permission_matrix["alice"]["runs"][1])["runs"]
     assert [r["workload"] for r in runs] == ["wl_a"]
