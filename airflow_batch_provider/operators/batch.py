@@ -259,7 +259,9 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
                 f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
             )
-        ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
+        # the run's DAG decides who may see it in the UI (the auth manager's DAG permissions)
+        dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", None)
+        ledger.start_run(self.workload, run_id, self.adapter.name, template.model, dag_id=dag_id)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:

@@ -166,14 +166,6 @@ def test_a_run_survives_a_triggerer_crash_and_pays_for_nothing_twice(
     assert stats["batches_created"] == batches, stats
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "needs the ledger run to carry its DAG: BatchPrepareOperator.execute must call "
-        "start_run(..., dag_id=context['dag'].dag_id) (the lease, acquired before the run row exists, "
-        "cannot record it); remove this mark with that fix"
-    ),
-)
 def test_the_review_queue_is_worked_through_the_page(
     stack: dict[str, Any], finished_run: dict[str, Any]
 ) -> None:

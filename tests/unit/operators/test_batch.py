@@ -352,3 +352,10 @@ def test_publish_settles_an_item_whose_real_time_answer_was_lost_in_a_crash(flow
     assert "fallback" not in states, "fallback is not a final state: publish must settle it"
     assert sum(states.values()) == 3
     assert out["items_by_state"] == states
+
+
+def test_prepare_records_the_dag_of_the_run_so_the_ui_can_check_who_may_see_it(flow: Flow) -> None:
+    flow.prepare(2)
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    (run,) = ledger.runs("flow")
+    assert run["dag_id"] == "flow_dag"
