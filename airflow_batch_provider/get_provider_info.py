@@ -129,6 +129,13 @@ def get_provider_info() -> dict[str, Any]:
                         "",
                         "aws_default",
                     ),
+                    "console_urls": _option(
+                        "JSON object of provider name to a console page template ({batch_id}, {region}) "
+                        "for the batch links on submit and wait tasks; adds to or replaces the shipped "
+                        "OpenAI one.",
+                        "",
+                        '{"anthropic": "https://console.anthropic.com/workspaces/default/batches/{batch_id}"}',
+                    ),
                     "pricing_override": _option(
                         "A JSON file (or JSON text) merged over the shipped price table.",
                         "",
