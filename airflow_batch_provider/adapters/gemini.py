@@ -96,6 +96,7 @@ from airflow_batch_provider.adapters.base import (
     parse_jsonl_results,
     utcnow,
 )
+from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -141,7 +142,6 @@ GRPC_TO_HTTP: Final[dict[int, int]] = {
     15: 500,
     16: 401,
 }
-_RETRYABLE_STATUS: Final = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"})
 #: Canonical (OpenAI-style) generation parameters -> Gemini ``generationConfig`` fields.
 _GENERATION_PARAMS: Final[dict[str, str]] = {
     "max_tokens": "maxOutputTokens",
@@ -403,9 +403,7 @@ def classify_error(code: Any, status: str | None) -> Outcome:
         return "cancelled"
     if name == "DEADLINE_EXCEEDED":
         return "expired"
-    if name in _RETRYABLE_STATUS:
-        return "failed_retryable"
-    return classify_http_error(http, None)
+    return classify_http_error(http, name or None)
 
 
 def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
@@ -554,22 +552,17 @@ class _AsyncGeminiStatus(AsyncStatusClient):
 
 
 def _retry_after(exc: Any) -> float | None:
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    value = headers.get("retry-after") if hasattr(headers, "get") else None
-    if value:
-        try:
-            return float(value)
-        except ValueError:
-            pass
+    """The wait a Gemini error asked for: its ``Retry-After`` header, else the ``RetryInfo`` detail."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    found = parse_retry_after(headers if hasattr(headers, "items") else None)
+    if found is not None:
+        return found
     details = getattr(exc, "details", None) or {}
     error = details.get("error") if isinstance(details, Mapping) else None
     for detail in (error or {}).get("details") or []:
-        delay = detail.get("retryDelay") if isinstance(detail, Mapping) else None
-        if isinstance(delay, str) and delay.endswith("s"):
-            try:
-                return float(delay[:-1])
-            except ValueError:
-                continue
+        delay = parse_duration(str(detail.get("retryDelay") or "")) if isinstance(detail, Mapping) else None
+        if delay is not None:
+            return delay
     return None
 
 
