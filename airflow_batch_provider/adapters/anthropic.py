@@ -326,6 +326,7 @@ class AnthropicBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "anthropic"
     conn_type: ClassVar[str] = "anthropic_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
     limits: ClassVar[Limits] = Limits(
         max_requests=100_000, max_bytes=256 * 1024 * 1024, custom_id_pattern=CUSTOM_ID_PATTERN
     )
@@ -353,6 +354,7 @@ class AnthropicBatchAdapter(BatchAdapter):
         :param request: the canonical request
         :raises ConfigurationError: the request is not a chat request
         """
+        self.check_kind(request)
         return claude_body(request, self.settings.extra, "anthropic")
 
     def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:

@@ -422,6 +422,7 @@ class BedrockBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "bedrock"
     conn_type: ClassVar[str] = "bedrock_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     limits: ClassVar[Limits] = Limits(
         max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS
     )
@@ -530,6 +531,7 @@ class BedrockBatchAdapter(BatchAdapter):
         :param request: the canonical request
         :raises ConfigurationError: the model is not one of the families this adapter formats
         """
+        self.check_kind(request)
         family = model_family(request.model)
         params = dict(request.params)
         if request.kind == "embedding" or family == "titan-embed":

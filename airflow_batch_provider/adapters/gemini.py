@@ -97,7 +97,12 @@ from airflow_batch_provider.adapters.base import (
     utcnow,
 )
 from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
-from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.requests import (
+    CanonicalRequest,
+    RequestKind,
+    canonical_tool_choice,
+    canonical_tools,
+)
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
 from airflow_batch_provider.exceptions import ConfigurationError
 
@@ -216,6 +221,34 @@ def generation_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def gemini_tools(tools: Any) -> list[dict[str, Any]]:
+    """Gemini ``tools``: one tool holding every function declaration.
+
+    :param tools: the prompt's ``tools`` param, in any form the canonical reader accepts
+    """
+    declarations = []
+    for tool in canonical_tools(tools):
+        declaration: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
+        if tool.description:
+            declaration["description"] = tool.description
+        declarations.append(declaration)
+    return [{"functionDeclarations": declarations}] if declarations else []
+
+
+def gemini_tool_config(choice: Any) -> dict[str, Any] | None:
+    """Gemini ``toolConfig`` for a canonical ``tool_choice``.
+
+    :param choice: the prompt's ``tool_choice`` param
+    """
+    value = canonical_tool_choice(choice)
+    if value is None:
+        return None
+    modes = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+    if value in modes:
+        return {"functionCallingConfig": {"mode": modes[value]}}
+    return {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [value]}}
+
+
 def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     """Return the request as Gemini REST JSON: ``GenerateContentRequest`` or ``EmbedContentRequest``.
 
@@ -223,9 +256,16 @@ def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     first for implicit caching; ``assistant`` turns become ``model`` turns. Embedding: the input
     text becomes ``content``; ``dimensions``, ``task_type`` and ``title`` are mapped.
 
+    Tools (any form :func:`~airflow_batch_provider.core.requests.canonical_tools` reads) become
+    ``tools: [{"functionDeclarations": [...]}]`` and ``tool_choice`` becomes
+    ``toolConfig.functionCallingConfig`` (``AUTO``, ``NONE``, ``ANY`` with the allowed names).
+
     :param request: the canonical request
-    :raises ConfigurationError: an embedding parameter Gemini does not know
+    :raises ConfigurationError: a kind Gemini does not accept, or an embedding parameter it does not know
     """
+    refusal = GeminiBatchAdapter.kind_refusal(request.kind)
+    if refusal is not None:
+        raise ConfigurationError(f"item {request.app_id!r}: {refusal}")
     if request.kind == "embedding":
         body: dict[str, Any] = {
             "model": _model_path(request.model),
@@ -251,7 +291,14 @@ def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     body = {"model": _model_path(request.model), "contents": contents}
     if system_parts:
         body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system_parts)}]}
-    config = generation_config(request.params)
+    params = dict(request.params)
+    if "tools" in params:
+        body["tools"] = gemini_tools(params.pop("tools"))
+    if "tool_choice" in params:
+        tool_config = gemini_tool_config(params.pop("tool_choice"))
+        if tool_config is not None:
+            body["toolConfig"] = tool_config
+    config = generation_config(params)
     if config:
         body["generationConfig"] = config
     return body
@@ -383,8 +430,14 @@ def _usage(meta: Mapping[str, Any] | None, fallback_prompt: int = 0) -> Usage:
     meta = meta or {}
     prompt = int(meta.get("promptTokenCount") or fallback_prompt or 0)
     cached = int(meta.get("cachedContentTokenCount") or 0)
-    output = int(meta.get("candidatesTokenCount") or 0) + int(meta.get("thoughtsTokenCount") or 0)
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=output, cached_input_tokens=cached)
+    thoughts = int(meta.get("thoughtsTokenCount") or 0)
+    output = int(meta.get("candidatesTokenCount") or 0) + thoughts
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=output,
+        cached_input_tokens=cached,
+        reasoning_tokens=thoughts,
+    )
 
 
 def classify_error(code: Any, status: str | None) -> Outcome:
@@ -459,6 +512,19 @@ def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
     first = candidates[0]
     parts = (first.get("content") or {}).get("parts") or []
     text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and not p.get("thought"))
+    calls: list[Mapping[str, Any]] = [
+        p["functionCall"]
+        for p in parts
+        if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
+    ]
+    output: Any = text
+    if not text and calls:
+        args = [c.get("args") if isinstance(c, Mapping) else c for c in calls]
+        output = (
+            args[0]
+            if len(args) == 1
+            else [{"name": c.get("name"), "arguments": c.get("args")} for c in calls]
+        )
     finish = first.get("finishReason")
     if finish in _BLOCKED_FINISH and not text:
         return ItemResult(
@@ -471,7 +537,7 @@ def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
     return ItemResult(
         custom_id,
         "succeeded",
-        output=text,
+        output=output,
         usage=usage,
         raw={
             "finish_reason": finish,
@@ -590,8 +656,9 @@ class _GeminiRealtime(AsyncRealtimeClient):
                 line: dict[str, Any] = {"response": {"embedding": {"values": values}, "usageMetadata": meta}}
             else:
                 gen_config = dict(body.get("generationConfig") or {})
-                if "systemInstruction" in body:
-                    gen_config["systemInstruction"] = body["systemInstruction"]
+                for name in ("systemInstruction", "tools", "toolConfig"):
+                    if name in body:
+                        gen_config[name] = body[name]
                 gen_config["http_options"] = {"headers": {CUSTOM_ID_HEADER: custom_id}}
                 response = await aio.models.generate_content(
                     model=request.model,
@@ -632,6 +699,7 @@ class GeminiBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "gemini"
     conn_type: ClassVar[str] = "gemini_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
     #: chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
     limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024)

@@ -122,11 +122,14 @@ class ToolSpec:
     :param name: the function's name
     :param description: what it does, for the model
     :param parameters: the JSON Schema of its arguments
+    :param strict: OpenAI's strict argument validation (``None``: the provider's default); carried
+        to OpenAI only
     """
 
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
 
 
 def _tool(entry: Any, position: int) -> ToolSpec:
@@ -148,7 +151,10 @@ def _tool(entry: Any, position: int) -> ToolSpec:
         schema = {"type": "object", "properties": {}}
     if not isinstance(schema, Mapping):
         raise ConfigurationError(f"tool {name!r}: parameters must be a JSON Schema object, not {schema!r}.")
-    return ToolSpec(name, str(entry.get("description") or ""), dict(schema))
+    strict = entry.get("strict")
+    return ToolSpec(
+        name, str(entry.get("description") or ""), dict(schema), strict if isinstance(strict, bool) else None
+    )
 
 
 def canonical_tools(tools: Any) -> tuple[ToolSpec, ...]:

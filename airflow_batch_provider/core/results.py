@@ -30,12 +30,16 @@ class Usage:
     :param output_tokens: completion tokens
     :param cached_input_tokens: prompt tokens read from the provider's prompt cache
     :param cache_write_tokens: prompt tokens written to the prompt cache
+    :param reasoning_tokens: the part of ``output_tokens`` the model spent reasoning (OpenAI's
+        ``output_tokens_details.reasoning_tokens``, Gemini's ``thoughtsTokenCount``); already
+        counted in ``output_tokens`` and priced as output, reported for insight only
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -43,6 +47,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cached_input_tokens + other.cached_input_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
     @property

@@ -666,3 +666,9 @@ def test_a_failed_job_carries_a_normalised_error_code(env_factory: EnvFactory) -
         status = _walk(env, env.submit(MIN_RECORDS, "abp-failed-code"), [DONE_S])[-1]
         assert (status.state, status.error_code) == ("failed", "invalid_file")
         assert status.error_message == status.reason
+
+
+def test_a_responses_request_is_refused_at_formatting_naming_the_provider_that_takes_it() -> None:
+    req = CanonicalRequest("r1", "v1", CLAUDE, kind="response", messages=({"role": "user", "content": "x"},))
+    with pytest.raises(ConfigurationError, match=r"provider 'bedrock' accepts only \['chat', 'embedding'\]"):
+        offline().format_line(req, "r1__a1c0")
