@@ -35,8 +35,10 @@ retries off (``attempts=1``) under :func:`~airflow_batch_provider.adapters.base.
 a look-up by display name (and size, for a file) before anything is sent again.
 
 *Progress counts.* The SDK's ``BatchJob`` does not expose the Developer API's ``batchStats``, so
-:class:`BatchStatus` counts are 0 there (the contract's "unknown"); Vertex jobs report
-``completion_stats``.
+:meth:`~GeminiBatchAdapter.status` (and the async status) read them from the REST answer of a
+``GET batches/{id}`` sent through the SDK's own API client (same base URL, version, credentials
+and retries); when that answer cannot be read, the counts stay 0 (the contract's "unknown").
+Vertex jobs report ``completion_stats`` through the SDK.
 
 *States.* ``JOB_STATE_*`` (and the API's own ``BATCH_STATE_*``): ``QUEUED``/``PENDING`` ->
 ``validating``; ``RUNNING``/``UPDATING``/``PAUSED`` -> ``in_progress``; ``SUCCEEDED``/
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -108,6 +111,8 @@ from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from google import genai
+
+log = logging.getLogger(__name__)
 
 DEFAULT_API_VERSION: Final = "v1beta"
 INLINE_CEILING_BYTES: Final = 20 * 1024 * 1024
@@ -368,7 +373,72 @@ def state_of(raw: str) -> BatchState:
     return STATE_MAP.get(suffix, "in_progress")
 
 
-def _status(job: Any) -> BatchStatus:
+def batch_stats(body: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
+    """Read ``(successful, failed, pending)`` from a Developer API batch's REST answer.
+
+    ``GET /v1beta/batches/{id}`` answers an operation whose ``metadata`` (the batch) holds
+    ``batchStats`` (``requestCount``, ``successfulRequestCount``, ``failedRequestCount``,
+    ``pendingRequestCount``; int64 values written as strings), which the SDK's ``BatchJob`` drops.
+
+    :param body: the parsed answer (the operation, or the batch itself)
+    :return: the counts, or ``None`` when the answer carries none
+    """
+    if not isinstance(body, Mapping):
+        return None
+    metadata = body.get("metadata")
+    batch: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else body
+    stats = batch.get("batchStats")
+    if not isinstance(stats, Mapping):
+        return None
+    try:
+        total = int(stats.get("requestCount") or 0)
+        succeeded = int(stats.get("successfulRequestCount") or 0)
+        failed = int(stats.get("failedRequestCount") or 0)
+        pending = int(stats.get("pendingRequestCount") or max(0, total - succeeded - failed))
+    except (TypeError, ValueError):
+        return None
+    return succeeded, failed, pending
+
+
+def _batch_path(batch_id: str) -> str:
+    return batch_id if batch_id.startswith("batches/") else f"batches/{batch_id}"
+
+
+def _rest_stats(client: Any, batch_id: str) -> tuple[int, int, int] | None:
+    """The batch's ``batchStats``, read by a GET through the SDK's own API client.
+
+    The client brings its base URL, API version, credentials and retries. ``None`` on Vertex (the
+    SDK reports ``completion_stats`` there) or when the answer cannot be read (counts stay unknown).
+    """
+    api = getattr(client, "_api_client", None)
+    if api is None or getattr(api, "vertexai", False):
+        return None
+    try:
+        response = api.request("get", _batch_path(batch_id), {}, None)
+        return batch_stats(json.loads(response.body or "{}"))
+    except Exception as exc:  # counts are progress only: never fail a status read for them
+        log.info(
+            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
+        )
+        return None
+
+
+async def _rest_stats_async(client: Any, batch_id: str) -> tuple[int, int, int] | None:
+    """:func:`_rest_stats` on the SDK's async transport."""
+    api = getattr(client, "_api_client", None)
+    if api is None or getattr(api, "vertexai", False):
+        return None
+    try:
+        response = await api.async_request("get", _batch_path(batch_id), {}, None)
+        return batch_stats(json.loads(response.body or "{}"))
+    except Exception as exc:  # counts are progress only: never fail a status read for them
+        log.info(
+            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
+        )
+        return None
+
+
+def _status(job: Any, rest_stats: tuple[int, int, int] | None = None) -> BatchStatus:
     state = job.state
     raw = str(getattr(state, "value", state) or "JOB_STATE_UNSPECIFIED")
     neutral = state_of(raw)
@@ -376,6 +446,8 @@ def _status(job: Any) -> BatchStatus:
     completed = int(getattr(stats, "successful_count", 0) or 0) if stats else 0
     failed = int(getattr(stats, "failed_count", 0) or 0) if stats else 0
     incomplete = int(getattr(stats, "incomplete_count", 0) or 0) if stats else 0
+    if stats is None and rest_stats is not None:
+        completed, failed, incomplete = rest_stats
     error = getattr(job, "error", None)
     reason = None
     error_code = error_message = None
@@ -611,7 +683,11 @@ class _AsyncGeminiStatus(AsyncStatusClient):
         self._client = genai.Client(**client_kwargs(settings, attempts=1))
 
     async def status(self, ref: BatchRef) -> BatchStatus:
-        return _status(await self._client.aio.batches.get(name=ref.batch_id))
+        job = await self._client.aio.batches.get(name=ref.batch_id)
+        stats = None
+        if getattr(job, "completion_stats", None) is None:
+            stats = await _rest_stats_async(self._client, ref.batch_id)
+        return _status(job, stats)
 
     async def close(self) -> None:
         await self._client.aio.aclose()
@@ -931,7 +1007,11 @@ class GeminiBatchAdapter(BatchAdapter):
         return None
 
     def status(self, ref: BatchRef) -> BatchStatus:
-        return _status(self.client.batches.get(name=ref.batch_id))
+        job = self.client.batches.get(name=ref.batch_id)
+        stats = (
+            _rest_stats(self.client, ref.batch_id) if getattr(job, "completion_stats", None) is None else None
+        )
+        return _status(job, stats)
 
     def async_client(self) -> AsyncStatusClient:
         return _AsyncGeminiStatus(self.settings)

@@ -68,7 +68,7 @@ class Profile:
     :param user_path: where the first user text sits in a line
     :param model_path: where the line names the model; ``None`` where it does not (Bedrock: the job
         names it)
-    :param reports_counts: the SDK's status object exposes request counts
+    :param reports_counts: the status carries request counts
     :param unrun_items_have_lines: a cancelled batch writes a ``cancelled`` line for every item it
         never ran (Bedrock writes none: such items are absent, hence ``missing`` and retried)
     :param fault_codes: the provider's own error code of each injected per-item fault
@@ -109,14 +109,15 @@ PROFILES: dict[str, Profile] = {
         system_path=("request", "systemInstruction", "parts", 0, "text"),
         user_path=("request", "contents", 0, "parts", 0, "text"),
         model_path=("request", "model"),
-        # google-genai's BatchJob drops the Developer API's batchStats: counts stay 0 ("unknown").
-        reports_counts=False,
+        # google-genai's BatchJob drops the Developer API's batchStats; the adapter reads them
+        # from the REST answer itself.
+        reports_counts=True,
         fault_codes={"rate_500": "INTERNAL", "rate_context_length": "INVALID_ARGUMENT"},
     ),
     "bedrock": Profile(
         model="anthropic.claude-3-5-haiku-20241022-v1:0",
         id_field="recordId",
-        system_path=("modelInput", "system"),
+        system_path=("modelInput", "system", 0, "text"),
         user_path=("modelInput", "messages", 0, "content"),
         model_path=None,
         reports_counts=True,

@@ -686,3 +686,35 @@ def test_a_kind_gemini_does_not_accept_is_refused_naming_the_alternative(kind: s
         match=rf"provider 'gemini' accepts only \['chat', 'embedding'\].*accept '{kind}': openai",
     ):
         GeminiBatchAdapter(AdapterSettings()).format_line(request, "r1")
+
+
+# -- progress counts (batchStats) ------------------------------------------------------------------
+
+
+def test_progress_counts_come_from_the_rest_batch_stats_that_the_sdk_drops(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(6)], key="abp-stats")
+    assert adapter.status(ref).total == 6
+    seen = set()
+    for _ in range(40):
+        emu.advance(1)
+        status = adapter.status(ref)
+        seen.add(status.completed)
+        assert status.completed + status.failed <= status.total == 6
+        if status.terminal:
+            break
+    assert (status.state, status.total, status.completed, status.failed) == ("completed", 6, 6, 0)
+    assert len(seen) > 2, f"counts should grow while the batch runs, saw {sorted(seen)}"
+
+
+async def test_the_async_status_reads_the_same_progress_counts(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(3)], key="abp-stats-async")
+    emu.advance(FINISH_S)
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert (status.state, status.total, status.completed) == ("completed", 3, 3)
+    assert status == adapter.status(ref)

@@ -375,7 +375,7 @@ def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) ->
     other = emu.client.files.create(file=("notes.txt", b"hello"), purpose="user_data")
     with pytest.raises(openai.BadRequestError) as bad_endpoint:
         emu.client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h"
+            input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h"
         )
     assert bad_endpoint.value.body["param"] == "endpoint"
     with pytest.raises(openai.BadRequestError):
