@@ -76,6 +76,7 @@ from airflow_batch_provider.adapters.base import (
     create_once,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
 from airflow_batch_provider.adapters.claude import claude_body, claude_result
@@ -270,9 +271,7 @@ class _AsyncAnthropicRealtime(AsyncRealtimeClient):
         try:
             params = self._adapter.params(request)
         except ConfigurationError as exc:
-            return RealtimeReply(
-                ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
-            )
+            return unsupported_reply(custom_id, exc)
         try:
             raw = await self._client.messages.with_raw_response.create(
                 **params, extra_headers={CUSTOM_ID_HEADER: custom_id}

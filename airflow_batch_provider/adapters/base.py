@@ -219,6 +219,17 @@ class RealtimeReply:
     rate_limit: Mapping[str, str] = field(default_factory=dict)
 
 
+def unsupported_reply(custom_id: str, exc: Exception) -> RealtimeReply:
+    """The real-time answer to a request this adapter cannot send (its kind, a refused parameter).
+
+    :param custom_id: the item's custom id
+    :param exc: the :class:`~airflow_batch_provider.exceptions.ConfigurationError` that says why
+    """
+    return RealtimeReply(
+        ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
+    )
+
+
 class AsyncRealtimeClient(ABC):
     """The provider's real-time API, async, for the synchronous fallback at full price."""
 

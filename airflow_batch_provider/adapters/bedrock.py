@@ -83,6 +83,7 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
 from airflow_batch_provider.adapters.claude import (
@@ -377,7 +378,10 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
     async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        body = self._adapter.model_input(request)
+        try:
+            body = self._adapter.model_input(request)
+        except ConfigurationError as exc:
+            return unsupported_reply(custom_id, exc)
         try:
             client = await self._get()
             response = await client.invoke_model(

@@ -97,6 +97,7 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
 from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
@@ -717,7 +718,10 @@ class _GeminiRealtime(AsyncRealtimeClient):
     async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
         from google.genai import errors, types
 
-        body = rest_request(request)
+        try:
+            body = rest_request(request)
+        except ConfigurationError as exc:
+            return unsupported_reply(custom_id, exc)
         aio = self._client.aio
         try:
             if request.kind == "embedding":

@@ -39,6 +39,7 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
 from airflow_batch_provider.core.requests import (
@@ -406,9 +407,7 @@ class _AsyncOpenAIRealtime(AsyncRealtimeClient):
         try:
             body = self._adapter.body(request)
         except ConfigurationError as exc:
-            return RealtimeReply(
-                ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
-            )
+            return unsupported_reply(custom_id, exc)
         model = body.pop("model")
         headers = {CUSTOM_ID_HEADER: custom_id}
         try:

@@ -18,6 +18,7 @@ validation), so every batch here holds ``max(3, limits.min_requests)`` requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import re
@@ -526,3 +527,20 @@ async def test_a_rate_limited_realtime_call_reports_retryable_with_retry_after_i
     reply = await complete_one(contract)
     assert reply.result.outcome == "failed_retryable", reply
     assert reply.retry_after is not None and reply.retry_after > 0, reply
+
+
+async def test_a_realtime_request_of_a_kind_the_provider_refuses_is_a_permanent_failure_not_an_exception(
+    contract: Contract,
+) -> None:
+    refused = sorted({"chat", "embedding", "response", "moderation"} - set(contract.adapter.kinds))
+    if not refused:
+        pytest.skip(f"{contract.name} accepts every kind")
+    (request,) = contract.requests(1)
+    odd = dataclasses.replace(request, kind=refused[0])
+    client = contract.adapter.realtime_client()
+    try:
+        reply = await client.complete(odd, contract.custom_id(odd))
+    finally:
+        await client.close()
+    assert (reply.result.outcome, reply.result.error_code) == ("failed_permanent", "unsupported")
+    assert f"accepts only {sorted(contract.adapter.kinds)}" in str(reply.result.error_message)
