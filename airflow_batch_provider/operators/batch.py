@@ -245,7 +245,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             check_budget(estimate, Decimal(str(self.budget_usd)))
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        from airflow_batch_provider.services.records import Reject, load_records
+        from airflow_batch_provider.services.records import Reject, check_kind, load_records
 
         run_id = context["run_id"]
         template = self.template
@@ -259,6 +259,8 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
                 f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
             )
+        # a kind the provider does not accept is refused before anything reaches the ledger
+        check_kind(self.workload, template, self.adapter)
         # the run's DAG decides who may see it in the UI (the auth manager's DAG permissions)
         dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", None)
         ledger.start_run(self.workload, run_id, self.adapter.name, template.model, dag_id=dag_id)
@@ -281,6 +283,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 records=self.source_records(context, files),
                 write_reject=write_reject,
                 log=self.log,
+                adapter=self.adapter,
             )
         summary = {**result.to_dict(), "rejects": str(rejects_path) if result.rejected else None}
         with self.staging.writer(folder / "prepare_summary.json") as fh:
