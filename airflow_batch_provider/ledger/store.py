@@ -14,12 +14,13 @@ runs again converges to the same rows.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     Engine,
@@ -360,6 +361,11 @@ def _transition(
     return total
 
 
+#: PostgreSQL advisory lock held while the schema is created or upgraded (any constant will do;
+#: this one is "abp:ledger" in ASCII).
+SCHEMA_LOCK_KEY: Final = 0x6162703A6C6564
+
+
 class Ledger:
     """The per-item store.
 
@@ -400,8 +406,34 @@ class Ledger:
     def ensure_schema(self) -> None:
         """Create missing tables and check the schema version.
 
+        Safe when many processes open a new ledger at once (the first lease and prepare tasks of
+        concurrent runs do).
+
+        On PostgreSQL the whole step runs under a session advisory lock, so a second process
+        waits and then finds the tables (``CREATE TABLE`` of two sessions at once fails on the
+        catalogue's unique index). On SQLite a racing creator's "already exists" is retried.
+
         :raises LedgerError: the database holds a newer schema than this package knows
         """
+        if self.engine.dialect.name == "postgresql":
+            with self.engine.connect() as lock:
+                lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                try:
+                    self._ensure_schema()
+                finally:
+                    lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": SCHEMA_LOCK_KEY})
+                    lock.commit()
+            return
+        for attempt in range(5):
+            try:
+                self._ensure_schema()
+                return
+            except DBAPIError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    def _ensure_schema(self) -> None:
         s.metadata.create_all(self.engine)
         with self.engine.connect() as conn:
             found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version")).scalar()
