@@ -79,25 +79,41 @@ def build_report(
 
     paid_twice = 0
 
+    def attempt_record(a: Mapping[str, Any], resend: Usage | None) -> AttemptRecord:
+        if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE:
+            # Sent, answered, and the answer lost in a crash: the provider billed it, and the usage
+            # is unknown. It is priced as the resend of the same request was (the closest figure
+            # there is), as a paid and discarded duplicate, never as free.
+            return AttemptRecord(usage=resend or a["usage"], mode="sync", discarded=True, reason=DUPLICATE)
+        return AttemptRecord(
+            usage=a["usage"],
+            mode=a["mode"],
+            discarded=a["discarded"],
+            # A discarded success (a late or second answer for an item that already had one) is
+            # paid twice; the same work done synchronously would be paid once.
+            reason=(DUPLICATE if a["outcome"] == "succeeded" else a["error_code"])
+            if a["discarded"]
+            else None,
+        )
+
     def records() -> Iterator[ItemCostRecord]:
         nonlocal paid_twice
         for row in ledger.iter_cost_rows(workload, run_id):
-            paid_twice += sum(
-                1 for a in row["attempts"] if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE
+            lost = [
+                a for a in row["attempts"] if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE
+            ]
+            paid_twice += len(lost)
+            resend = next(
+                (
+                    a["usage"]
+                    for a in reversed(row["attempts"])
+                    if a["mode"] == "sync"
+                    and a["outcome"] == "succeeded"
+                    and a["error_code"] != POSSIBLY_PAID_TWICE
+                ),
+                None,
             )
-            attempts = tuple(
-                AttemptRecord(
-                    usage=a["usage"],
-                    mode=a["mode"],
-                    discarded=a["discarded"],
-                    # A discarded success (a late or second answer for an item that already had
-                    # one) is paid twice; the same work done synchronously would be paid once.
-                    reason=(DUPLICATE if a["outcome"] == "succeeded" else a["error_code"])
-                    if a["discarded"]
-                    else None,
-                )
-                for a in row["attempts"]
-            )
+            attempts = tuple(attempt_record(a, resend if lost else None) for a in row["attempts"])
             route = row["route"] or (
                 "resubmitted" if sum(1 for a in attempts if a.mode == "batch") > 1 else "batch"
             )

@@ -113,3 +113,14 @@ def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment
 def test_the_settings_come_from_the_arguments_or_the_config() -> None:
     op = SyncFallbackOperator(task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2)
     assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
+    # The report prices the lost answer (the provider billed it) like its resend: paid, discarded.
+    from airflow_batch_provider.services.report import build_report
+
+    with urllib.request.urlopen(f"{emulator}/_emulator/record", timeout=10) as resp:
+        record = json.loads(resp.read())
+    billed = [entry["usage"] for entry in record["realtime"]["openai"]]
+    assert len(billed) == ITEMS + 1
+    report = build_report(ledger, WORKLOAD, RUN, "openai", None)
+    assert report["possibly_paid_twice"] == 1
+    assert report["usage"]["input_tokens"] == sum(u["input_tokens"] for u in billed)
+    assert report["usage"]["output_tokens"] == sum(u["output_tokens"] for u in billed)
