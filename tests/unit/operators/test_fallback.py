@@ -108,11 +108,6 @@ def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment
     paid_twice = sync_requests(emulator) - ITEMS
     assert paid_twice == 1
     assert summary["possibly_paid_twice"] == paid_twice == possibly_paid_twice(ledger, WORKLOAD, RUN)
-
-
-def test_the_settings_come_from_the_arguments_or_the_config() -> None:
-    op = SyncFallbackOperator(task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2)
-    assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
     # The report prices the lost answer (the provider billed it) like its resend: paid, discarded.
     from airflow_batch_provider.services.report import build_report
 
@@ -124,3 +119,8 @@ def test_the_settings_come_from_the_arguments_or_the_config() -> None:
     assert report["possibly_paid_twice"] == 1
     assert report["usage"]["input_tokens"] == sum(u["input_tokens"] for u in billed)
     assert report["usage"]["output_tokens"] == sum(u["output_tokens"] for u in billed)
+
+
+def test_the_settings_come_from_the_arguments_or_the_config() -> None:
+    op = SyncFallbackOperator(task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2)
+    assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
