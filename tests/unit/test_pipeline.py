@@ -63,7 +63,7 @@ def test_the_sensor_and_the_harvest_poll_with_the_same_policy_and_the_harvest_wa
     assert harvest.partial_kwargs["harvest_timeout"] >= 600
 
 
-@pytest.mark.parametrize("workload", ["../..", "a/b", "", "x" * 101])
+@pytest.mark.parametrize("workload", ["../..", "a/b", "", "x" * 101])  # hostile input
 def test_a_workload_name_that_could_leave_the_staging_root_is_refused_with_the_rule(workload: str) -> None:
     with (
         pytest.raises(ConfigurationError, match="is not a valid workload name"),

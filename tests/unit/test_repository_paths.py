@@ -19,6 +19,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TEXT_SUFFIXES = {".py", ".sh", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".json", ".md", ".html", ".txt", ""}
 # ``../x`` as a path segment (not ``.../`` prose, not ``a../``)
 CLIMB = re.compile(r"(?<![.\w])\.\.[/\\]")
+# a test's deliberately hostile input (a workload named "../..") carries this comment on its line
+HOSTILE_MARK = "# hostile input"
 # a path-like token: what stands between spaces, quotes, backticks, brackets and parentheses
 TOKEN = re.compile(r"[^\s`'\"()\[\]<>,;=]+")
 
@@ -150,7 +152,7 @@ def test_no_file_names_a_relative_path_that_climbs_out_of_the_repository() -> No
         offenders.extend(
             f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
             for number, line in enumerate(text.splitlines(), start=1)
-            if climbs_out(path, line, REPO_ROOT)
+            if climbs_out(path, line, REPO_ROOT) and HOSTILE_MARK not in line
         )
     assert not offenders, "names of paths outside the repository:\n" + "\n".join(offenders)
 

@@ -38,7 +38,7 @@ def test_the_default_root_comes_from_the_config(monkeypatch: pytest.MonkeyPatch,
     assert str(Staging().root).endswith("/staged")
 
 
-@pytest.mark.parametrize("workload", ["../..", "..", "a/../../b", "/etc", "a/b"])
+@pytest.mark.parametrize("workload", ["../..", "..", "a/../../b", "/etc", "a/b"])  # hostile input
 def test_a_workload_that_would_leave_the_staging_root_is_refused(tmp_path: Path, workload: str) -> None:
     staging = Staging(f"file://{tmp_path / 'root'}")
     with pytest.raises(ConfigurationError, match="is not a valid workload name"):
@@ -50,7 +50,7 @@ def test_a_workload_that_would_leave_the_staging_root_is_refused(tmp_path: Path,
     "run_id",
     [
         "manual__2026-11-29T14:44:44+00:00",
-        "../../../escape",
+        "../../../escape",  # hostile input
         "..",
         "/abs/path",
         "a/b\\c",

@@ -15,7 +15,7 @@ def test_a_plain_workload_name_is_accepted(name: str) -> None:
     "name",
     [
         "",
-        "../..",
+        "../..",  # hostile input
         "..",
         "a..b",
         "a/b",

@@ -114,7 +114,7 @@ def test_without_a_budget_every_retryable_item_is_staged(ledger: Ledger) -> None
     assert sum(m["lines"] for m in manifests) == 2
 
 
-@pytest.mark.parametrize("workload", ["../..", "a/../../b", "/tmp/x", "a..b"])
+@pytest.mark.parametrize("workload", ["../..", "a/../../b", "/tmp/x", "a..b"])  # hostile input
 def test_prepare_refuses_a_workload_that_could_leave_the_staging_root_when_the_dag_is_parsed(
     workload: str,
 ) -> None:
