@@ -57,9 +57,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import ApiError
+from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, retry_after_header
+from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
 from airflow_batch_provider.emulator.lifecycle import Job, JobItem
 from airflow_batch_provider.emulator.store import EmulatorState, StoredFile
 
@@ -239,6 +239,19 @@ def message_object(
     }
 
 
+def message_billed(usage: Mapping[str, Any]) -> dict[str, int]:
+    """Return the record's billed tokens of a ``Message`` usage object.
+
+    :param usage: the message's ``usage``
+    """
+    return {
+        "input_tokens": int(usage.get("input_tokens") or 0),
+        "output_tokens": int(usage.get("output_tokens") or 0),
+        "cached_input_tokens": int(usage.get("cache_read_input_tokens") or 0),
+        "cache_write_tokens": int(usage.get("cache_creation_input_tokens") or 0),
+    }
+
+
 def cache_split(prompt: MessagesPrompt, seen: bool, config: EmulatorConfig) -> tuple[int, int]:
     """Return ``(cache_read, cache_write)`` tokens of one request.
 
@@ -260,6 +273,7 @@ def build_router(state: EmulatorState) -> APIRouter:
     :param state: the shared state
     """
     api = AnthropicEmulator(state)
+    state.finalizers[PROVIDER] = api.batch_json
 
     def check_auth(request: Request) -> None:
         expected = state.config.api_key
@@ -318,8 +332,13 @@ class AnthropicEmulator:
 
     # -- batches ---------------------------------------------------------------------------
 
-    async def create_batch(self, request: Request) -> dict[str, Any]:
-        """``POST /v1/messages/batches``: ``{"requests": [{"custom_id", "params"}, ...]}``."""
+    async def create_batch(self, request: Request) -> Any:
+        """``POST /v1/messages/batches`` (``{"requests": [{"custom_id", "params"}, ...]}``), faulty."""
+        return await guard_create(
+            self.state, PROVIDER, "create", lambda: self._create_batch(request), _refuse
+        )
+
+    async def _create_batch(self, request: Request) -> dict[str, Any]:
         body = await _json_body(request, MAX_BODY_BYTES)
         requests = body.get("requests")
         if not isinstance(requests, list) or not requests:
@@ -449,12 +468,14 @@ class AnthropicEmulator:
                 cache_write=write,
                 service_tier="batch",
             )
+            job.bill(item.custom_id, **message_billed(message["usage"]))
             line = _jsonl({"custom_id": item.custom_id, "result": {"type": "succeeded", "message": message}})
             if item.decision.malformed:
                 line = line[: max(1, len(line) // 2)] + b"\n"
             lines.append(line)
             if item.decision.duplicate:
                 lines.append(line)
+        lines.extend(foreign_lines(lines, "custom_id", job.faults.unknown_result_lines, job.id))
         stamp = int(self.state.now())
         meta = StoredFile(
             id=self.state.new_id("file-"),
@@ -601,7 +622,22 @@ class AnthropicEmulator:
             cache_write=write,
             service_tier="standard",
         )
+        self.state.record_realtime(
+            PROVIDER, request.headers.get(CUSTOM_ID_HEADER), message_billed(obj["usage"])
+        )
         return JSONResponse(obj, headers=headers)
+
+
+def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
+    """The answer of a create refused by an injected fault, before anything was created."""
+    if status == 429:
+        return _fail(
+            429,
+            "rate_limit_error",
+            "Number of request tokens has exceeded your rate limit (emulated create fault).",
+            headers,
+        )
+    return _fail(status, "api_error", "Internal server error (emulated create fault).", headers)
 
 
 def _injected_error(item: JobItem) -> dict[str, Any] | None:

@@ -15,23 +15,58 @@ Admin endpoints (JSON):
 - ``POST /_emulator/reset``: forget all files, batches and counters; restore the start config
 - ``POST /_emulator/clock``: ``{"advance_s": 30}`` moves the emulator clock forward (time travel
   for tests); answers ``{"now": <unix seconds>}``
+- ``GET /_emulator/record``: the emulator's own record of what it created and billed, for
+  invariant checks (a reset clears it)::
+
+    {"now": <unix seconds>,
+     "batches": {"<provider>": [            # every batch job ever created, oldest first
+        {"id": "batch_...",                   # the provider's id (Bedrock: the job id, not the ARN)
+         "creation_index": 0,                 # 0-based among the provider's batches
+         "created_at": 1760000000.0,          # emulator clock, unix seconds
+         "keys": {"metadata": {...},          # what a client can find it by, where the provider
+                  "display_name": "...",      #   has it: OpenAI metadata, Gemini display name,
+                  "job_name": "...",          #   Bedrock job name and client request token;
+                  "client_token": "..."},     #   {} for Anthropic (it has none)
+         "request_count": 3,
+         "custom_ids": ["...", ...],          # every request's id, input order
+         "status": "completed",               # the neutral status now
+         "billed": {"<custom_id>": {"input_tokens": 0, "cached_input_tokens": 0,
+                                    "cache_write_tokens": 0, "output_tokens": 0}}
+                                              # per item that was processed and billed (an errored,
+                                              # expired or cancelled item is absent); null until the
+                                              # batch has ended
+        }, ...]},
+     "realtime": {"<provider>": [           # every billed real-time answer, in order
+        {"custom_id": "..." | null,           # from the x-abp-custom-id request header, if sent
+         "at": 1760000000.0,
+         "usage": {...same four token counts...}}, ...]}}
+
+  ``input_tokens`` excludes cached input tokens (the package's :class:`Usage` meaning).
+
+Create faults (``faults.create_*``, see :mod:`~airflow_batch_provider.emulator.faults`) are applied
+by :func:`guard_create` around every create-like handler of every provider.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.faults import CreateOp, retry_after_header
 from airflow_batch_provider.emulator.store import Clock, EmulatorState
 
 RouterFactory = Callable[[EmulatorState], APIRouter]
+
+#: request header a client may set to name the item of a real-time call (kept in the record)
+CUSTOM_ID_HEADER: Final = "x-abp-custom-id"
 
 #: Modules mounted by :func:`create_app` by default; each has ``build_router(state)``.
 PROVIDER_ROUTERS: Final[tuple[str, ...]] = (
@@ -57,6 +92,56 @@ class ApiError(Exception):
         self.status = status
         self.body = dict(body)
         self.headers = dict(headers or {})
+
+
+class DroppedConnection(Exception):
+    """Raised inside a started answer so that the server drops the connection (fault ``drop_after``)."""
+
+
+async def _dropped_body() -> AsyncIterator[bytes]:
+    yield b"{"
+    raise DroppedConnection("emulated fault drop_after: the connection drops mid-answer")
+
+
+async def guard_create(
+    state: EmulatorState,
+    provider: str,
+    op: CreateOp,
+    act: Callable[[], Awaitable[Any]],
+    refuse: Callable[[int, Mapping[str, str]], ApiError],
+) -> Any:
+    """Run one create-like handler under the configured create faults.
+
+    ``429`` and ``500`` answer before ``act`` runs (nothing is created); ``500_after``,
+    ``drop_after`` and ``slow_after`` run ``act`` (the object exists) and then lose or delay the
+    answer.
+
+    :param state: the shared state
+    :param provider: the router
+    :param op: ``upload`` or ``create``
+    :param act: the handler body; its return value is the answer
+    :param refuse: builds the provider-shaped error of a status, with extra headers
+    """
+    fault = state.take_create_fault(provider, op)
+    faults = state.config.faults
+    if fault == "429":
+        wait = faults.create_retry_after_s
+        raise refuse(
+            429,
+            {"retry-after": retry_after_header(wait), "retry-after-ms": str(int(wait * 1000))},
+        )
+    if fault == "500":
+        raise refuse(500, {})
+    answer = await act()
+    if fault == "500_after":
+        raise refuse(500, {})
+    if fault == "drop_after":
+        return StreamingResponse(
+            _dropped_body(), media_type="application/json", headers={"content-length": "4096"}
+        )
+    if fault == "slow_after":
+        await asyncio.sleep(faults.create_slow_s)
+    return answer
 
 
 def _error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:
@@ -163,6 +248,10 @@ def _admin_router(state: EmulatorState) -> APIRouter:
             "counters": counters,
             "batches": batches,
         }
+
+    @router.get("/record")
+    def record() -> dict[str, Any]:
+        return state.record()
 
     @router.post("/reset")
     def reset() -> dict[str, Any]:

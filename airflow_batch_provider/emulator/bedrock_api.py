@@ -65,9 +65,9 @@ from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.adapters.bedrock import model_family
 from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import ApiError
+from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import retry_after_header
+from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
 from airflow_batch_provider.emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
 from airflow_batch_provider.emulator.store import EmulatorState
 
@@ -296,6 +296,31 @@ def model_output(
     return out, prompt.input_tokens, reply.output_tokens
 
 
+def invoke_billed(used_in: int, used_out: int, cache: tuple[int, int]) -> dict[str, int]:
+    """Return the record's billed tokens of one answer.
+
+    :param used_in: input tokens, all of them
+    :param used_out: output tokens
+    :param cache: ``(cache read, cache write)`` input tokens
+    """
+    read, write = cache
+    return {
+        "input_tokens": used_in - read - write,
+        "cached_input_tokens": read,
+        "cache_write_tokens": write,
+        "output_tokens": used_out,
+    }
+
+
+def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
+    """The answer of a create refused by an injected fault, before anything was created."""
+    if status == 429:
+        return _error(429, "ThrottlingException", "Too many requests (emulated create fault).", headers)
+    return _error(
+        status, "InternalServerException", "Internal server error (emulated create fault).", headers
+    )
+
+
 def _cache_for(prompt: Prompt, seen: set[str], config: EmulatorConfig) -> tuple[int, int]:
     """Return ``(cache read, cache write)`` tokens: only ``cache_control``-marked Anthropic prefixes."""
     if not prompt.cache_marked or prompt.prefix_key is None or prompt.prefix_tokens < config.cache_min_tokens:
@@ -340,6 +365,7 @@ def build_router(state: EmulatorState) -> APIRouter:
     :param state: the shared state
     """
     api = BedrockEmulator(state)
+    state.finalizers[PROVIDER] = api.job_json
     router = APIRouter()
     router.add_api_route("/model-invocation-job", api.create_job, methods=["POST"])
     router.add_api_route("/model-invocation-jobs", api.list_jobs, methods=["GET"])
@@ -509,8 +535,14 @@ class BedrockEmulator:
             raise _error(404, "ResourceNotFoundException", f"The specified job {raw} was not found.")
         return job
 
-    async def create_job(self, request: Request) -> JSONResponse:
-        """``POST /model-invocation-job`` (CreateModelInvocationJob)."""
+    async def create_job(self, request: Request) -> Response:
+        """``POST /model-invocation-job`` (CreateModelInvocationJob), under the create faults."""
+        answer: Response = await guard_create(
+            self.state, PROVIDER, "create", lambda: self._create_job(request), _refuse
+        )
+        return answer
+
+    async def _create_job(self, request: Request) -> JSONResponse:
         try:
             body = json.loads(await request.body() or b"{}")
         except ValueError as exc:
@@ -707,13 +739,15 @@ class BedrockEmulator:
                 continue
             counts["success"] += 1
             prompt = Prompt(family, item.body)
+            cache = _cache_for(prompt, seen, job.config)
             output, used_in, used_out = model_output(
                 family,
                 job.attrs["modelId"],
                 item.body,
                 message_id=self.state.new_id("msg_bdrk_", 24),
-                cache=_cache_for(prompt, seen, job.config),
+                cache=cache,
             )
+            job.bill(item.custom_id, **invoke_billed(used_in, used_out, cache))
             counts["input"] += used_in
             counts["output"] += used_out
             if item.decision.fault == "missing":
@@ -724,6 +758,10 @@ class BedrockEmulator:
             lines.append(line)
             if item.decision.duplicate:
                 lines.append(line)
+        if per_file:
+            per_file[0].extend(
+                foreign_lines(per_file[0], "recordId", job.faults.unknown_result_lines, job.id)
+            )
         client = self.s3()
         written = []
         for name, lines in zip(names, per_file, strict=True):
@@ -862,4 +900,7 @@ class BedrockEmulator:
         )
         headers["X-Amzn-Bedrock-Input-Token-Count"] = str(used_in)
         headers["X-Amzn-Bedrock-Output-Token-Count"] = str(used_out)
+        state.record_realtime(
+            PROVIDER, request.headers.get(CUSTOM_ID_HEADER), invoke_billed(used_in, used_out, cache)
+        )
         return JSONResponse(output, headers=headers)

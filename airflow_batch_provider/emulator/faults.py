@@ -8,7 +8,14 @@ random generator's state:
   number) rolls again;
 - batch-level faults (expiry) roll on ``(seed, creation index)``;
 - request-level faults (transient 5xx on retrieve, 429/500 on the synchronous endpoints) roll on
-  ``(seed, request counter)``.
+  ``(seed, request counter)``;
+- create faults (on every create-like call: a file upload, a batch create) come first from the
+  ``create_script`` (consumed in order, one entry per matching call), else roll on
+  ``(seed, provider, operation, request counter)``. They model the failures that make a create
+  ambiguous for the client: refused before acting (``429``, ``500``: nothing was created), or
+  acted and the reply lost (``500_after``: the batch or file exists and the answer is a 500;
+  ``drop_after``: it exists and the connection drops mid-answer; ``slow_after``: it exists and
+  the answer comes after ``create_slow_s`` real seconds, longer than a client's timeout).
 
 When faults apply: item and batch faults are taken from the configuration **at the moment a batch
 is created** and kept with the batch, so a change through ``PUT /_emulator/config`` affects only
@@ -19,13 +26,22 @@ moment of each request, so they apply at once.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Final, Literal
 
 ItemFault = Literal["none", "server_error", "rate_limited", "invalid_request", "context_length", "missing"]
+CreateFault = Literal["none", "429", "500", "500_after", "drop_after", "slow_after"]
+CreateOp = Literal["upload", "create"]
+
+#: Create faults that answer before anything is created (the client may safely send again).
+CREATE_FAULTS_BEFORE: Final[frozenset[str]] = frozenset({"429", "500"})
+#: Create faults that act first and then lose the answer (the object exists).
+CREATE_FAULTS_AFTER: Final[frozenset[str]] = frozenset({"500_after", "drop_after", "slow_after"})
+_CREATE_OPS: Final = ("upload", "create", "*")
 
 #: Item faults that end as an error line (and count as ``failed``).
 FAILING_FAULTS: Final[frozenset[str]] = frozenset(
@@ -45,6 +61,19 @@ _RATE_FIELDS: Final = (
     "retrieve_5xx_rate",
     "sync_429_rate",
     "sync_500_rate",
+    "create_429_rate",
+    "create_500_rate",
+    "create_500_after_rate",
+    "create_drop_after_rate",
+    "create_slow_after_rate",
+)
+#: create fault -> the rate field that rolls it (in this order; their sum must not exceed 1)
+_CREATE_RATES: Final = (
+    ("429", "create_429_rate"),
+    ("500", "create_500_rate"),
+    ("500_after", "create_500_after_rate"),
+    ("drop_after", "create_drop_after_rate"),
+    ("slow_after", "create_slow_after_rate"),
 )
 
 
@@ -84,6 +113,28 @@ class FaultConfig:
         get ``batch_expired`` lines in the error file
     :param fail_validation: the next this-many batches fail validation; counts down as they are
         created
+    :param fail_token_limit: the next this-many OpenAI batches fail like an organisation over its
+        enqueued-token limit (``failed``, ``errors.data[0].code`` ``token_limit_exceeded``); counts
+        down as they are created
+    :param stuck_batches: 0-based creation indices of batches that never leave ``in_progress`` (and
+        finish no item) until cancelled
+    :param unknown_result_lines: result lines with custom ids the caller never sent, added to each
+        batch's results (a copy of a real line under a foreign id); sticky at creation
+
+    Create faults (every create-like call: file upload, batch create; see the module docstring):
+
+    :param create_script: faults for the next create-like calls, consumed in order: each entry is
+        ``"<op>:<fault>"`` with op ``upload``, ``create`` or ``*`` and fault ``429``, ``500``,
+        ``500_after``, ``drop_after`` or ``slow_after``; a call takes the first entry whose op
+        matches it
+    :param create_429_rate: chance a create-like call is refused with 429 (and ``Retry-After``)
+        before acting
+    :param create_500_rate: chance it is refused with a 500 before acting
+    :param create_500_after_rate: chance it acts and then answers a 500
+    :param create_drop_after_rate: chance it acts and then drops the connection mid-answer
+    :param create_slow_after_rate: chance it acts and answers only after ``create_slow_s``
+    :param create_slow_s: real seconds a ``slow_after`` answer is held back
+    :param create_retry_after_s: the ``Retry-After`` of a create 429, in real seconds
 
     Request faults (apply to each request at once):
 
@@ -108,6 +159,17 @@ class FaultConfig:
     expire_rate: float = 0.0
     expire_after_fraction: float = 0.5
     fail_validation: int = 0
+    fail_token_limit: int = 0
+    stuck_batches: tuple[int, ...] = ()
+    unknown_result_lines: int = 0
+    create_script: tuple[str, ...] = ()
+    create_429_rate: float = 0.0
+    create_500_rate: float = 0.0
+    create_500_after_rate: float = 0.0
+    create_drop_after_rate: float = 0.0
+    create_slow_after_rate: float = 0.0
+    create_slow_s: float = 3.0
+    create_retry_after_s: float = 1.0
     retrieve_5xx_rate: float = 0.0
     sync_429_rate: float = 0.0
     sync_500_rate: float = 0.0
@@ -128,16 +190,34 @@ class FaultConfig:
                 f"rate_500 + rate_429 + rate_400 + rate_context_length + rate_missing = {exclusive:.3f} "
                 "exceeds 1; each item gets at most one of these faults."
             )
-        if self.fail_validation < 0:
-            raise ValueError("fail_validation must be 0 or more (the number of next batches to fail).")
+        for name in ("fail_validation", "fail_token_limit", "unknown_result_lines"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more (a count of batches or lines).")
+        create_sum = sum(getattr(self, rate) for _, rate in _CREATE_RATES)
+        if create_sum > 1.0 + 1e-9:
+            raise ValueError(
+                f"the create_*_rate settings add up to {create_sum:.3f}; each create-like call gets at most "
+                "one fault, so their sum must not exceed 1."
+            )
+        for entry in self.create_script:
+            op, _, fault = entry.partition(":")
+            if op not in _CREATE_OPS or fault not in CREATE_FAULTS_BEFORE | CREATE_FAULTS_AFTER:
+                raise ValueError(
+                    f"create_script entry {entry!r} is not '<op>:<fault>' with op in {list(_CREATE_OPS)} and "
+                    f"fault in {sorted(CREATE_FAULTS_BEFORE | CREATE_FAULTS_AFTER)}."
+                )
+        if self.create_slow_s < 0 or self.create_retry_after_s < 0:
+            raise ValueError("create_slow_s and create_retry_after_s must be 0 or more seconds.")
         if self.sync_retry_after_s < 0:
             raise ValueError("sync_retry_after_s must be 0 or more seconds.")
         for name in ("rpm_limit", "tpm_limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value}: give a positive limit, or null for unlimited.")
-        if any(i < 0 for i in self.expire_batches):
-            raise ValueError("expire_batches holds 0-based creation indices; negative values are invalid.")
+        if any(i < 0 for i in (*self.expire_batches, *self.stuck_batches)):
+            raise ValueError(
+                "expire_batches and stuck_batches hold 0-based creation indices; negative values are invalid."
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> FaultConfig:
@@ -166,8 +246,42 @@ class FaultConfig:
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["expire_batches"] = list(self.expire_batches)
+        for name in ("expire_batches", "stuck_batches", "create_script"):
+            out[name] = list(getattr(self, name))
         return out
+
+    def script_index(self, op: CreateOp) -> int | None:
+        """Return the index of the first ``create_script`` entry that applies to ``op``, if any.
+
+        :param op: ``upload`` or ``create``
+        """
+        for i, entry in enumerate(self.create_script):
+            if entry.partition(":")[0] in (op, "*"):
+                return i
+        return None
+
+    def decide_create(self, seed: int, provider: str, op: CreateOp, counter: int) -> CreateFault:
+        """Roll the rate-driven fault of one create-like call (the script is handled by the caller).
+
+        :param seed: the emulator seed
+        :param provider: the router (``openai`` ...)
+        :param op: ``upload`` or ``create``
+        :param counter: 0-based number of the call among the provider's calls of this op
+        """
+        u = roll(seed, "create", provider, op, counter)
+        edge = 0.0
+        for fault, rate in _CREATE_RATES:
+            edge += getattr(self, rate)
+            if u < edge:
+                return fault  # type: ignore[return-value]
+        return "none"
+
+    def batch_stuck(self, creation_index: int) -> bool:
+        """Return True when the batch never leaves ``in_progress`` until cancelled.
+
+        :param creation_index: 0-based index of the batch among those created since start or reset
+        """
+        return creation_index in self.stuck_batches
 
     def decide_item(self, seed: int, custom_id: str) -> ItemDecision:
         """Decide what happens to one item, from the seed and its ``custom_id`` only.
@@ -237,17 +351,23 @@ class ItemDecision:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name == "expire_batches":
+    if name in ("expire_batches", "stuck_batches"):
         if isinstance(value, str):
             value = [v for v in value.replace(",", " ").split() if v]
         if not isinstance(value, (list, tuple)):
-            raise ValueError("expire_batches must be a list of 0-based batch creation indices.")
+            raise ValueError(f"{name} must be a list of 0-based batch creation indices.")
         return tuple(int(v) for v in value)
+    if name == "create_script":
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError("create_script must be a list of '<op>:<fault>' entries.")
+        return tuple(str(v) for v in value)
     if name in ("rpm_limit", "tpm_limit"):
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         return int(value)
-    if name == "fail_validation":
+    if name in ("fail_validation", "fail_token_limit", "unknown_result_lines"):
         return int(value)
     if isinstance(value, bool):
         raise ValueError(f"fault {name} takes a number, not a boolean.")
@@ -347,6 +467,36 @@ class SlidingWindowLimiter:
             if fits_r and fits_t:
                 return max(0.0, at + window_s - now)
         return window_s
+
+
+def foreign_lines(lines: Sequence[bytes], id_field: str, count: int, salt: str) -> list[bytes]:
+    """Return ``count`` copies of a result line under custom ids nobody sent (``unknown_result_lines``).
+
+    The ids are ``unknown-<hex>``, deterministic in ``salt`` (the job id) and the copy's number.
+
+    :param lines: the job's rendered result lines
+    :param id_field: the key that holds the custom id (``custom_id``, ``key``, ``recordId``)
+    :param count: how many
+    :param salt: the job id
+    """
+    if count <= 0:
+        return []
+    for raw in lines:
+        try:
+            template = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(template, dict) and id_field in template:
+            break
+    else:
+        return []
+    out = []
+    for n in range(count):
+        digest = hashlib.blake2b(f"{salt}:{n}".encode(), digest_size=6).hexdigest()
+        out.append(
+            json.dumps({**template, id_field: f"unknown-{digest}"}, separators=(",", ":")).encode() + b"\n"
+        )
+    return out
 
 
 def retry_after_header(seconds: float) -> str:

@@ -64,9 +64,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import ApiError
+from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import retry_after_header
+from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
 from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
 from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
@@ -317,6 +317,25 @@ def embed_response(body: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     return obj, tokens
 
 
+def generate_billed(used: Mapping[str, int]) -> dict[str, int]:
+    """Return the record's billed tokens of a :func:`generate_response` usage.
+
+    :param used: ``input``/``cached``/``output`` token counts
+    """
+    return {
+        "input_tokens": used["input"] - used["cached"],
+        "cached_input_tokens": used["cached"],
+        "output_tokens": used["output"],
+    }
+
+
+def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
+    """The answer of a create refused by an injected fault, before anything was created."""
+    if status == 429:
+        return _fail(429, "Resource has been exhausted (emulated create fault).", headers=headers)
+    return _fail(status, "Internal error encountered (emulated create fault).", headers=headers)
+
+
 def _injected_error(item: JobItem) -> dict[str, Any] | None:
     fault = item.decision.fault
     if fault == "server_error":
@@ -352,6 +371,7 @@ def build_router(state: EmulatorState) -> APIRouter:
     :param state: the shared state
     """
     api = GeminiEmulator(state)
+    state.finalizers[PROVIDER] = api.operation_json
     router = APIRouter()
     router.add_api_route(f"/upload/{API_VERSION}/files", api.upload, methods=["POST"])
     router.add_api_route(f"/{API_VERSION}/files", api.list_files, methods=["GET"])
@@ -449,8 +469,19 @@ class GeminiEmulator:
         return meta
 
     async def upload(self, request: Request) -> Response:
-        """``POST /upload/v1beta/files``: resumable upload ``start``, ``upload`` and ``finalize``."""
+        """``POST /upload/v1beta/files``: resumable upload ``start``, ``upload`` and ``finalize``.
+
+        The ``finalize`` command (which creates the file) runs under the create faults.
+        """
         command = request.headers.get("x-goog-upload-command", "").lower()
+        if "finalize" in command:
+            answer: Response = await guard_create(
+                self.state, PROVIDER, "upload", lambda: self._upload(request, command), _refuse
+            )
+            return answer
+        return await self._upload(request, command)
+
+    async def _upload(self, request: Request, command: str) -> Response:
         if "start" in command:
             self.check_auth(request)  # later commands are authorised by the session's upload_id
             return await self._upload_start(request)
@@ -586,14 +617,19 @@ class GeminiEmulator:
         name, _, action = model_ref.partition(":")
         model_name = _model_name(name)
         body = await _json_body(request)
-        if action == "batchGenerateContent":
-            return JSONResponse(await self.create_batch(model_name, body, "generate"))
-        if action == "asyncBatchEmbedContent":
-            return JSONResponse(await self.create_batch(model_name, body, "embed"))
+        if action in ("batchGenerateContent", "asyncBatchEmbedContent"):
+            kind = "generate" if action == "batchGenerateContent" else "embed"
+
+            async def act() -> JSONResponse:
+                return JSONResponse(await self.create_batch(model_name, body, kind))
+
+            answer: Response = await guard_create(self.state, PROVIDER, "create", act, _refuse)
+            return answer
+        custom_id = request.headers.get(CUSTOM_ID_HEADER)
         if action == "generateContent":
-            return self.generate_content(model_name, body)
+            return self.generate_content(model_name, body, custom_id)
         if action == "embedContent":
-            return self.embed_content(model_name, body)
+            return self.embed_content(model_name, body, custom_id)
         if action == "batchEmbedContents":
             return self.batch_embed_contents(model_name, body)
         raise _fail(
@@ -860,20 +896,23 @@ class GeminiEmulator:
                     continue
                 elif kind == "embed":
                     entry = {"response": embed_response(item.body)[0]}
+                    job.bill(
+                        item.custom_id, input_tokens=entry["response"]["usageMetadata"]["promptTokenCount"]
+                    )
                 else:
                     prompt = GeminiPrompt(item.body)
                     seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
                     if prompt.prefix_key is not None:
                         seen_prefixes.add(prompt.prefix_key)
                     cached = model.cached_tokens(prompt.prefix_tokens, seen, config.cache_min_tokens, 1)
-                    entry = {
-                        "response": generate_response(
-                            item.body,
-                            model_name=model_name,
-                            response_id=_stable_id("", job.id, item.custom_id, length=20),
-                            cached=cached,
-                        )[0]
-                    }
+                    answer, used = generate_response(
+                        item.body,
+                        model_name=model_name,
+                        response_id=_stable_id("", job.id, item.custom_id, length=20),
+                        cached=cached,
+                    )
+                    entry = {"response": answer}
+                    job.bill(item.custom_id, **generate_billed(used))
             if inline:
                 index = by_id.get(item.custom_id, -1)
                 meta = metas[index] if 0 <= index < len(metas) else None
@@ -889,6 +928,7 @@ class GeminiEmulator:
                 lines.append(line)
         if inline:
             return {"output": {"inlinedResponses": {"inlinedResponses": inlined}}}
+        lines.extend(foreign_lines(lines, "key", job.faults.unknown_result_lines, job.id))
         stamp = int(self.state.now())
         meta = StoredFile(
             id=self.state.new_id("gr", 20),
@@ -996,7 +1036,9 @@ class GeminiEmulator:
             429, error_body(429, message, details=details), {"retry-after": retry_after_header(wait)}
         )
 
-    def generate_content(self, model_name: str, body: Mapping[str, Any]) -> JSONResponse:
+    def generate_content(
+        self, model_name: str, body: Mapping[str, Any], custom_id: str | None = None
+    ) -> JSONResponse:
         """``POST /v1beta/models/{model}:generateContent``."""
         problem = generate_request_error(body, self.state.config)
         prompt = GeminiPrompt(body)
@@ -1011,12 +1053,15 @@ class GeminiEmulator:
             if prompt.prefix_key is not None:
                 self.state.seen_prefixes.add(prompt.prefix_key)
         cached = model.cached_tokens(prompt.prefix_tokens, seen, config.cache_min_tokens, 1)
-        obj, _ = generate_response(
+        obj, used = generate_response(
             body, model_name=model_name, response_id=self.state.new_id("", 20), cached=cached
         )
+        self.state.record_realtime(PROVIDER, custom_id, generate_billed(used))
         return JSONResponse(obj)
 
-    def embed_content(self, model_name: str, body: Mapping[str, Any]) -> JSONResponse:
+    def embed_content(
+        self, model_name: str, body: Mapping[str, Any], custom_id: str | None = None
+    ) -> JSONResponse:
         """``POST /v1beta/models/{model}:embedContent``."""
         del model_name
         problem = embed_request_error(body)
@@ -1025,7 +1070,8 @@ class GeminiEmulator:
             raise ApiError(
                 problem["code"], error_body(problem["code"], problem["message"], problem["status"])
             )
-        obj, _ = embed_response(body)
+        obj, tokens = embed_response(body)
+        self.state.record_realtime(PROVIDER, custom_id, {"input_tokens": tokens})
         return JSONResponse(obj)
 
     def batch_embed_contents(self, model_name: str, body: Mapping[str, Any]) -> JSONResponse:

@@ -9,7 +9,9 @@ order is a seeded shuffle. Asking for the job's state at a time ``now`` only doe
 - a job with validation issues is ``failed`` at ``t1``;
 - an expiring job stops at ``t1 + expire_after_fraction * (t2 - t1)`` and is ``expired`` there;
 - a cancel at ``tc`` (before the natural end) stops the work at ``tc``; the job is ``cancelling``
-  until ``tc + cancelling delay`` and ``cancelled`` after.
+  until ``tc + cancelling delay`` and ``cancelled`` after;
+- a stuck job (fault ``stuck_batches``) stays ``in_progress`` with no item finished until it is
+  cancelled.
 
 Items finish evenly spread over ``in_progress`` in processing order (the ``k``-th item at
 ``t1 + k / n * (t2 - t1)``), so request counts grow with time. Status names are OpenAI's, which are
@@ -33,6 +35,33 @@ JobStatus = Literal[
 ]
 TERMINAL: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
 ItemEnd = Literal["processed", "expired", "cancelled"]
+
+
+#: job attribute -> its name in the record's ``keys`` (what a client may find a job by)
+_KEY_ATTRS: Final = (
+    ("metadata", "metadata"),
+    ("display_name", "display_name"),
+    ("jobName", "job_name"),
+    ("clientRequestToken", "client_token"),
+)
+
+
+def billed(
+    input_tokens: int = 0, output_tokens: int = 0, cached_input_tokens: int = 0, cache_write_tokens: int = 0
+) -> dict[str, int]:
+    """Return one item's billed tokens in the record's shape.
+
+    :param input_tokens: input tokens at the full input rate (cached ones excluded)
+    :param output_tokens: output tokens
+    :param cached_input_tokens: input tokens read from the prompt cache
+    :param cache_write_tokens: input tokens written to the prompt cache
+    """
+    return {
+        "input_tokens": int(input_tokens),
+        "output_tokens": int(output_tokens),
+        "cached_input_tokens": int(cached_input_tokens),
+        "cache_write_tokens": int(cache_write_tokens),
+    }
 
 
 @dataclass(frozen=True)
@@ -159,8 +188,15 @@ class Job:
         self.t_in_progress = created + t.validating_s * scale
         self.t_finalizing = self.t_in_progress + t.in_progress_s * scale
         self.t_completed = self.t_finalizing + t.finalizing_s * scale
+        self.stuck = not issues and self.faults.batch_stuck(creation_index)
+        if self.stuck:
+            self.t_finalizing = self.t_completed = math.inf
+        #: billed tokens per custom id, filled by the provider router as it renders the results
+        self.billed: dict[str, dict[str, int]] = {}
         self.cancel_delay = t.cancelling_s * scale
-        self.expires = not self.issues and self.faults.batch_expires(config.seed, creation_index)
+        self.expires = (
+            not self.issues and not self.stuck and self.faults.batch_expires(config.seed, creation_index)
+        )
         self.t_expired = self.t_in_progress + self.faults.expire_after_fraction * (
             self.t_finalizing - self.t_in_progress
         )
@@ -172,6 +208,33 @@ class Job:
         for idx in self.order:
             failed_prefix.append(failed_prefix[-1] + (1 if self.items[idx].failing else 0))
         self._failed_prefix = failed_prefix
+
+    def bill(self, custom_id: str, **usage: int) -> None:
+        """Record the tokens billed for one item (once per item, whatever its result lines).
+
+        :param custom_id: the item
+        :param usage: ``input_tokens`` (uncached), ``cached_input_tokens``, ``cache_write_tokens``,
+            ``output_tokens``
+        """
+        self.billed[custom_id] = billed(**usage)
+
+    def record(self, now: float) -> dict[str, Any]:
+        """Return this job's entry of the emulator's record (see ``GET /_emulator/record``).
+
+        :param now: the current time
+        """
+        view = self.view(now)
+        keys = {name: self.attrs[attr] for attr, name in _KEY_ATTRS if self.attrs.get(attr) is not None}
+        return {
+            "id": self.id,
+            "creation_index": self.creation_index,
+            "created_at": self.created,
+            "keys": keys,
+            "request_count": len(self.items),
+            "custom_ids": [item.custom_id for item in self.items],
+            "status": view.status,
+            "billed": dict(self.billed) if self.results is not None else None,
+        }
 
     # -- schedule ------------------------------------------------------------------------
 

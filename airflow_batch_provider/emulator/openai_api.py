@@ -38,9 +38,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import ApiError
+from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, retry_after_header
+from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
 from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
 from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
@@ -342,6 +342,7 @@ def build_router(state: EmulatorState) -> APIRouter:
     :param state: the shared state
     """
     api = OpenAIEmulator(state)
+    state.finalizers[PROVIDER] = api.batch_json
 
     def check_auth(request: Request) -> None:
         expected = state.config.api_key
@@ -439,8 +440,11 @@ class OpenAIEmulator:
             raise _fail(404, f"No such File object: {file_id}", param="id", code=None)
         return meta
 
-    async def upload_file(self, request: Request) -> dict[str, Any]:
-        """``POST /v1/files`` (multipart: ``file``, ``purpose``)."""
+    async def upload_file(self, request: Request) -> Any:
+        """``POST /v1/files`` (multipart: ``file``, ``purpose``), under the create faults."""
+        return await guard_create(self.state, PROVIDER, "upload", lambda: self._upload_file(request), _refuse)
+
+    async def _upload_file(self, request: Request) -> dict[str, Any]:
         form = await request.form()
         try:
             upload = form.get("file")
@@ -526,8 +530,13 @@ class OpenAIEmulator:
 
     # -- batches ---------------------------------------------------------------------------
 
-    async def create_batch(self, request: Request) -> dict[str, Any]:
-        """``POST /v1/batches``."""
+    async def create_batch(self, request: Request) -> Any:
+        """``POST /v1/batches``, under the create faults."""
+        return await guard_create(
+            self.state, PROVIDER, "create", lambda: self._create_batch(request), _refuse
+        )
+
+    async def _create_batch(self, request: Request) -> dict[str, Any]:
         body = await _json_body(request)
         for name in ("input_file_id", "endpoint", "completion_window"):
             if not isinstance(body.get(name), str):
@@ -577,6 +586,16 @@ class OpenAIEmulator:
                     "The input file failed validation (emulator fault fail_validation).",
                 )
             ]
+        model_name = next((str(i.body.get("model")) for i in items if i.body.get("model")), None)
+        if not issues and state.consume_countdown("fail_token_limit"):
+            issues = [
+                ValidationIssue(
+                    "token_limit_exceeded",
+                    f"Enqueued token limit reached for {model_name} in organization org-emulator. "
+                    "Limit: 90,000 enqueued tokens. Please try again once some in_progress batches have "
+                    "been completed.",
+                )
+            ]
         job = state.create_job(
             PROVIDER,
             state.new_id("batch_", 32),
@@ -588,7 +607,7 @@ class OpenAIEmulator:
                 "input_file_id": meta.id,
                 "completion_window": "24h",
                 "metadata": metadata,
-                "model": next((str(i.body.get("model")) for i in items if i.body.get("model")), None),
+                "model": model_name,
             },
         )
         return self.batch_json(job, state.now())
@@ -807,6 +826,12 @@ class OpenAIEmulator:
                 )
             for key in usage:
                 usage[key] += used[key]
+            job.bill(
+                item.custom_id,
+                input_tokens=used["input"] - used["cached"],
+                cached_input_tokens=used["cached"],
+                output_tokens=used["output"],
+            )
             line = _jsonl(
                 {
                     "id": line_id,
@@ -831,6 +856,7 @@ class OpenAIEmulator:
         }
         if status == "failed":
             return results
+        out_lines.extend(foreign_lines(out_lines, "custom_id", job.faults.unknown_result_lines, job.id))
         if out_lines or status == "completed":
             results["output_file_id"] = self._store_result(job, "output", out_lines)
         if err_lines:
@@ -955,8 +981,17 @@ class OpenAIEmulator:
         cached = model.cached_tokens(
             prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
         )
-        obj, _ = chat_completion(
+        obj, used = chat_completion(
             body, completion_id=self.state.new_id("chatcmpl-"), created=int(self.state.now()), cached=cached
+        )
+        self.state.record_realtime(
+            PROVIDER,
+            request.headers.get(CUSTOM_ID_HEADER),
+            {
+                "input_tokens": used["input"] - used["cached"],
+                "cached_input_tokens": used["cached"],
+                "output_tokens": used["output"],
+            },
         )
         return JSONResponse(obj, headers=headers)
 
@@ -972,8 +1007,24 @@ class OpenAIEmulator:
                 error_body(problem["message"], problem["type"], problem["param"], problem["code"]),
                 headers,
             )
-        obj, _ = embedding_list(body)
+        obj, used = embedding_list(body)
+        self.state.record_realtime(
+            PROVIDER, request.headers.get(CUSTOM_ID_HEADER), {"input_tokens": used["input"]}
+        )
         return JSONResponse(obj, headers=headers)
+
+
+def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
+    """The answer of a create refused by an injected fault, before anything was created."""
+    if status == 429:
+        return _fail(
+            429,
+            "Rate limit reached for requests (emulated create fault). Please try again later.",
+            "requests",
+            code="rate_limit_exceeded",
+            headers=headers,
+        )
+    return _fail(status, _SERVER_ERROR, "server_error", headers=headers)
 
 
 def _injected_error(item: JobItem) -> dict[str, Any] | None:

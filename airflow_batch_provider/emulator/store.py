@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import SlidingWindowLimiter
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
+from airflow_batch_provider.emulator.faults import CreateFault, CreateOp, SlidingWindowLimiter
+from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue, billed
 
 CHUNK: Final = 64 * 1024
 
@@ -292,6 +292,10 @@ class EmulatorState:
         self.seen_prefixes: set[str] = set()
         self._ids: Counter[str] = Counter()
         self._generation = 0
+        #: every real-time answer given, for the record (see :meth:`record_realtime`)
+        self.realtime: list[dict[str, Any]] = []
+        #: provider -> a function that brings a job's results up to date (renders them once it ended)
+        self.finalizers: dict[str, Callable[[Job, float], object]] = {}
 
     def now(self) -> float:
         """Return the emulator's current time."""
@@ -379,12 +383,72 @@ class EmulatorState:
 
     def consume_validation_failure(self) -> bool:
         """Return True (and count one down) when the next batch must fail validation."""
+        return self.consume_countdown("fail_validation")
+
+    def consume_countdown(self, name: str) -> bool:
+        """Return True (and count one down) when a countdown fault (``fail_validation`` ...) is armed.
+
+        :param name: the fault setting that counts the next batches to fail
+        """
         with self.lock:
-            remaining = self.config.faults.fail_validation
+            remaining = int(getattr(self.config.faults, name))
             if remaining <= 0:
                 return False
-            self.config = self.config.updated({"faults": {"fail_validation": remaining - 1}})
+            self.config = self.config.updated({"faults": {name: remaining - 1}})
             return True
+
+    def take_create_fault(self, provider: str, op: CreateOp) -> CreateFault:
+        """Decide the fault of one create-like call: the next matching script entry, else a roll.
+
+        Counted as ``<provider>.create_faults.<fault>`` when one is injected.
+
+        :param provider: the router
+        :param op: ``upload`` or ``create``
+        """
+        with self.lock:
+            faults = self.config.faults
+            counter = self.count(f"{provider}.{op}_calls")
+            index = faults.script_index(op)
+            if index is not None:
+                script = list(faults.create_script)
+                fault: CreateFault = script.pop(index).partition(":")[2]  # type: ignore[assignment]
+                self.config = self.config.updated({"faults": {"create_script": script}})
+            else:
+                fault = faults.decide_create(self.config.seed, provider, op, counter)
+            if fault != "none":
+                self.bump(provider, f"create_faults.{fault}")
+            return fault
+
+    def record_realtime(self, provider: str, custom_id: str | None, usage: dict[str, int]) -> None:
+        """Remember one real-time answer that was billed, for ``GET /_emulator/record``.
+
+        :param provider: the router
+        :param custom_id: the caller's id of the item (``x-abp-custom-id`` header), if sent
+        :param usage: billed tokens (``input_tokens`` uncached, ``cached_input_tokens``,
+            ``cache_write_tokens``, ``output_tokens``)
+        """
+        with self.lock:
+            self.realtime.append(
+                {"provider": provider, "custom_id": custom_id, "at": self.now(), "usage": billed(**usage)}
+            )
+
+    def record(self) -> dict[str, Any]:
+        """Return everything the emulator created and billed (the ``GET /_emulator/record`` body)."""
+        now = self.now()
+        with self.lock:
+            jobs = self.jobs.list()[::-1]
+            for job in jobs:
+                finalize = self.finalizers.get(job.provider)
+                if finalize is not None:
+                    finalize(job, now)
+            out: dict[str, Any] = {"now": now, "batches": {}, "realtime": {}}
+            for job in jobs:
+                out["batches"].setdefault(job.provider, []).append(job.record(now))
+            for answer in self.realtime:
+                out["realtime"].setdefault(answer["provider"], []).append(
+                    {k: v for k, v in answer.items() if k != "provider"}
+                )
+            return out
 
     def reset(self) -> None:
         """Forget every file, job and counter, and restore the start configuration."""
@@ -394,6 +458,7 @@ class EmulatorState:
             self.counters.clear()
             self.limiter.reset()
             self.seen_prefixes.clear()
+            self.realtime.clear()
             self._ids.clear()
             self._generation += 1
             self.config = self.initial_config

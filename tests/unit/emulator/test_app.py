@@ -46,16 +46,19 @@ def test_a_bad_config_update_is_refused_and_changes_nothing(client: TestClient, 
     assert client.get("/_emulator/config").json() == before
 
 
-def _upload_and_create(client: TestClient) -> str:
+def _create_answer(client: TestClient) -> httpx.Response:
     text = "\n".join(json.dumps(line) for line in chat_lines(4))
     file_id = client.post("/v1/files", files={"file": ("in.jsonl", text)}, data={"purpose": "batch"}).json()[
         "id"
     ]
-    batch = client.post(
+    return client.post(
         "/v1/batches",
         json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
-    ).json()
-    return str(batch["id"])
+    )
+
+
+def _upload_and_create(client: TestClient) -> str:
+    return str(_create_answer(client).json()["id"])
 
 
 def test_stats_count_batches_files_and_sync_requests(client: TestClient) -> None:
@@ -150,3 +153,144 @@ def test_run_emulator_also_serves_on_ipv6_loopback() -> None:
     with run_emulator(EmulatorConfig(host="[::1]")) as url:
         assert url.startswith("http://[::1]:")
         assert httpx.get(url + "/_emulator/health").json() == {"status": "ok"}
+
+
+def _script(client: TestClient, *entries: str) -> None:
+    client.put("/_emulator/config", json={"faults": {"create_script": list(entries), "rate_500": 0}})
+
+
+def _batches(client: TestClient) -> list[dict[str, object]]:
+    return list(client.get("/_emulator/record").json()["batches"].get("openai", []))
+
+
+@pytest.mark.parametrize("fault,status", [("429", 429), ("500", 500)])
+def test_a_create_refused_before_acting_creates_nothing(client: TestClient, fault: str, status: int) -> None:
+    _script(client, f"create:{fault}")
+    assert _create_answer(client).status_code == status
+    assert _batches(client) == []
+    _upload_and_create(client)
+    assert len(_batches(client)) == 1, "the script entry is consumed; the next create succeeds"
+
+
+def test_a_refused_create_says_when_to_come_back(client: TestClient) -> None:
+    _script(client, "create:429")
+    answer = _create_answer(client)
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_create_that_fails_after_acting_leaves_the_batch_behind(client: TestClient) -> None:
+    _script(client, "create:500_after")
+    assert _create_answer(client).status_code == 500
+    assert len(_batches(client)) == 1, "the client saw a 500, but the batch exists"
+
+
+def test_an_upload_fault_applies_to_uploads_only(client: TestClient) -> None:
+    _script(client, "upload:500_after")
+    answer = client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    assert answer.status_code == 500
+    assert len(client.get("/v1/files").json()["data"]) == 1, "the file was stored before the 500"
+    assert client.get("/_emulator/stats").json()["counters"]["openai.create_faults.500_after"] == 1
+
+
+def test_a_dropped_or_slow_create_reply_still_creates_the_batch() -> None:
+    import openai
+
+    faults = FaultConfig(create_script=("create:drop_after", "create:slow_after"), create_slow_s=1.0)
+    with run_emulator(EmulatorConfig(faults=faults)) as url:
+        sdk = openai.OpenAI(api_key="k", base_url=url + "/v1", max_retries=0, timeout=0.3)
+        upload = sdk.files.create(file=("in.jsonl", json.dumps(chat_lines(1)[0]).encode()), purpose="batch")
+        for _ in range(2):
+            with pytest.raises(openai.APIConnectionError):
+                sdk.batches.create(
+                    input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+                )
+        record = httpx.get(url + "/_emulator/record").json()
+    assert len(record["batches"]["openai"]) == 2
+
+
+def test_create_faults_roll_the_same_way_for_the_same_seed() -> None:
+    def outcomes() -> list[int]:
+        faults = FaultConfig(create_429_rate=0.3, create_500_rate=0.3)
+        with TestClient(create_app(EmulatorConfig(seed=7, faults=faults), clock=Clock(lambda: 1e9))) as c:
+            body = {
+                "input_file_id": "missing",
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            }
+            return [c.post("/v1/batches", json=body).status_code for _ in range(12)]
+
+    first = outcomes()
+    assert first == outcomes()
+    assert {429, 500, 404} <= set(first), "both faults and the plain answer (no such file) occur"
+
+
+def test_the_record_lists_every_batch_with_its_keys_ids_and_billed_tokens(client: TestClient) -> None:
+    client.put("/_emulator/config", json={"faults": {"rate_500": 0}})
+    lines = "\n".join(json.dumps(line) for line in chat_lines(3))
+    file_id = client.post(
+        "/v1/files", files={"file": ("in.jsonl", lines.encode())}, data={"purpose": "batch"}
+    ).json()["id"]
+    client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"abp_idempotency_key": "job-1"},
+        },
+    )
+    client.post(
+        "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-abp-custom-id": "rt-1"},
+    )
+    (entry,) = _batches(client)
+    assert entry["keys"] == {"metadata": {"abp_idempotency_key": "job-1"}}
+    assert entry["request_count"] == 3 and entry["custom_ids"] == [
+        line["custom_id"] for line in chat_lines(3)
+    ]
+    assert entry["billed"] is None, "nothing is billed before the batch ends"
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    record = client.get("/_emulator/record").json()
+    billed = record["batches"]["openai"][0]["billed"]
+    assert set(billed) == set(entry["custom_ids"])  # type: ignore[arg-type]
+    assert all(usage["input_tokens"] > 0 and usage["output_tokens"] > 0 for usage in billed.values())
+    (answer,) = record["realtime"]["openai"]
+    assert answer["custom_id"] == "rt-1" and answer["usage"]["output_tokens"] > 0
+
+
+def test_unknown_result_lines_carry_ids_nobody_sent(client: TestClient) -> None:
+    client.put("/_emulator/config", json={"faults": {"rate_500": 0, "unknown_result_lines": 2}})
+    batch_id = _upload_and_create(client)
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    text = client.get(f"/v1/files/{batch['output_file_id']}/content").text
+    ids = [json.loads(line)["custom_id"] for line in text.splitlines() if line.strip()]
+    unknown = [i for i in ids if i.startswith("unknown-")]
+    assert len(unknown) == 2 and len(ids) == 6
+
+
+def test_a_token_limit_failure_ends_the_batch_failed_with_openais_code(client: TestClient) -> None:
+    client.put("/_emulator/config", json={"faults": {"fail_token_limit": 1}})
+    batch_id = _upload_and_create(client)
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "failed"
+    (error,) = batch["errors"]["data"]
+    assert error["code"] == "token_limit_exceeded"
+    assert error["message"].startswith("Enqueued token limit reached for gpt-4o-mini in organization ")
+    assert client.get(f"/v1/batches/{_upload_and_create(client)}").json()["status"] == "validating"
+
+
+def test_a_stuck_batch_stays_in_progress_until_cancelled(client: TestClient) -> None:
+    client.put("/_emulator/config", json={"faults": {"stuck_batches": [0]}})
+    batch_id = _upload_and_create(client)
+    client.post("/_emulator/clock", json={"advance_s": 86_000})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "in_progress" and batch["request_counts"]["completed"] == 0
+    client.post(f"/v1/batches/{batch_id}/cancel")
+    assert client.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelling"
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    assert client.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled"
