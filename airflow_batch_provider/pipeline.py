@@ -2,10 +2,13 @@
 
 ::
 
-    prepare -> submit[] -> wait[] -> download[] -> reconcile[]          (round 1, mapped per chunk)
+    lease -> prepare -> submit[] -> wait[] -> download[] -> reconcile[] (round 1, mapped per chunk)
             -> resubmit_2 -> submit_2[] -> ... -> reconcile_2[]          (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+
+``lease`` takes the workload for the run (one run of a workload at a time; a second live run fails
+fast naming the holder, a dead holder's lease is taken over); ``publish`` gives it back.
 
 With a deadline (and its policy, which has no default), a ``deadline`` task resolves the run's
 deadline first; each sensor stops at it, a ``harvest`` task after each sensor cancels a batch the
@@ -40,9 +43,11 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchWorkloadLeaseOperator,
     RecordSource,
 )
 from airflow_batch_provider.operators.deadline import (
+    HARVEST_TIMEOUT_S,
     BatchDeadlineBranchOperator,
     BatchDeadlineHarvestOperator,
     BatchDeadlineOperator,
@@ -85,7 +90,7 @@ def batch_inference_group(
     deadline: datetime | str | timedelta | DeadlineSpec | None = None,
     deadline_policy: str | None = None,
     deadline_margin: float = 0.0,
-    harvest_timeout: float = 300.0,
+    harvest_timeout: float = HARVEST_TIMEOUT_S,
     fallback_rpm: int | None = None,
     fallback_tpm: int | None = None,
     fallback_concurrency: int | None = None,
@@ -120,7 +125,8 @@ def batch_inference_group(
     :param deadline_policy: what happens to items not done by the deadline: ``sync_fallback``,
         ``publish_pending`` or ``skip``; required with a deadline, refused without one
     :param deadline_margin: seconds before the deadline to stop waiting
-    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to be cancelled
+    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to reach its terminal
+        state (default 600: OpenAI documents up to 10 minutes for a cancel)
     :param fallback_rpm: requests per minute of the synchronous fallback (default from config)
     :param fallback_tpm: tokens per minute of the synchronous fallback (default from config)
     :param fallback_concurrency: requests in flight in the synchronous fallback
@@ -152,6 +158,7 @@ def batch_inference_group(
         "staging_conn_id": staging_conn_id,
     }
     with TaskGroup(group_id or workload, tooltip=f"batch inference: {workload}") as group:
+        lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
         prepare = BatchPrepareOperator(
             task_id="prepare",
             records=records,
@@ -167,6 +174,7 @@ def batch_inference_group(
             resolve = BatchDeadlineOperator(task_id="deadline", spec=spec, doc_md=spec.describe())
             deadline_value = "{{ ti.xcom_pull(task_ids='" + resolve.task_id + "')['deadline'] }}"
             resolve >> prepare
+        lease >> prepare
         manifests: Any = prepare.output
         last: Any = prepare
         for round_number in range(1, max_attempts + 1):
@@ -198,11 +206,13 @@ def batch_inference_group(
                 deadline=deadline_value,
                 deadline_margin=deadline_margin,
                 deferrable=deferrable,
+                staging_root=staging_root,
+                staging_conn_id=staging_conn_id,
             ).expand(batch=submit.output)
             waited: Any = wait.output
             if deadline_policy is not None:
                 harvest = BatchDeadlineHarvestOperator.partial(
-                    task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, **common
+                    task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, poll=policy, **common
                 ).expand(batch=wait.output)
                 waited = harvest.output
             download = BatchDownloadOperator.partial(task_id=f"download{suffix}", **common).expand(
@@ -216,6 +226,7 @@ def batch_inference_group(
             max_attempts=max_attempts,
             unfinished=unfinished,
             pricing_override=pricing_override,
+            prompt=prompt,
             trigger_rule="none_failed",
             outlets=list(outlets),
             **common,

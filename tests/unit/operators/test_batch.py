@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import pytest
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
-from airflow_batch_provider.operators.batch import BatchResubmitOperator
+from airflow_batch_provider.operators.batch import (
+    BatchDownloadOperator,
+    BatchPrepareOperator,
+    BatchPublishOperator,
+    BatchReconcileOperator,
+    BatchResubmitOperator,
+    BatchSubmitOperator,
+)
+from airflow_batch_provider.sensors.batch import BatchStatusSensor
 
 PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", system="Label it.")
 RUN = "manual__2026-11-29T00:00:00+00:00"
@@ -94,3 +109,109 @@ def test_a_round_within_the_budget_is_staged_and_a_rerun_is_not_checked_again(le
 def test_without_a_budget_every_retryable_item_is_staged(ledger: Ledger) -> None:
     manifests = resubmit(None).execute({"run_id": RUN})  # type: ignore[arg-type]
     assert sum(m["lines"] for m in manifests) == 2
+
+
+# ---------------------------------------------------------------------------- the run, task by task
+
+
+class Flow:
+    """The batch operators run one after the other in-process against the emulator, as a DAG would."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.url = url
+        self.common = {"workload": "flow", "batch_conn_id": "flow_emu"}
+        self.tmp_path = tmp_path
+
+    def context(self, task_id: str, map_index: int = -1) -> Any:
+        ti = SimpleNamespace(dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1)
+        return {"run_id": RUN, "ti": ti}
+
+    def fault(self, **faults: Any) -> None:
+        httpx.put(f"{self.url}/_emulator/config", json={"faults": faults}).raise_for_status()
+
+    def prepare(self, n: int, **kw: Any) -> list[dict[str, Any]]:
+        records = [{"id": f"r{k}", "text": f"text {k}"} for k in range(n)]
+        op = BatchPrepareOperator(
+            task_id="prepare", records=lambda ctx: records, prompt=PROMPT, **self.common, **kw
+        )
+        return op.execute(self.context("prepare"))  # type: ignore[no-any-return]
+
+    def round(self, manifests: list[dict[str, Any]], suffix: str = "") -> list[dict[str, Any]]:
+        out = []
+        for i, manifest in enumerate(manifests):
+            submitted = BatchSubmitOperator(
+                task_id=f"submit{suffix}", job=manifest, prompt=PROMPT, **self.common
+            )
+            sub = submitted.execute(self.context(f"submit{suffix}", i))
+            wait = BatchStatusSensor(
+                task_id=f"wait{suffix}", batch=sub, batch_conn_id="flow_emu", poll=FAST, deferrable=False
+            )
+            waited = wait.execute(self.context(f"wait{suffix}", i))
+            got = BatchDownloadOperator(task_id=f"download{suffix}", batch=waited, **self.common).execute(
+                self.context(f"download{suffix}", i)
+            )
+            out.append(
+                BatchReconcileOperator(
+                    task_id=f"reconcile{suffix}", batch=got, prompt=PROMPT, **self.common
+                ).execute(self.context(f"reconcile{suffix}", i))
+            )
+        return out
+
+    def resubmit(self, round_number: int, **kw: Any) -> list[dict[str, Any]]:
+        op = BatchResubmitOperator(
+            task_id=f"resubmit_{round_number}", round_number=round_number, max_attempts=3, **self.common, **kw
+        )
+        return op.execute(self.context(op.task_id))  # type: ignore[no-any-return]
+
+    def publish(self) -> dict[str, Any]:
+        op = BatchPublishOperator(task_id="publish", max_attempts=3, prompt=PROMPT, **self.common)
+        return op.execute(self.context("publish"))
+
+
+FAST = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05)
+
+
+@pytest.fixture
+def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__LEDGER_URL", f"sqlite:///{tmp_path / 'flow.sqlite'}")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path / 'staging'}")
+    with run_emulator(EmulatorConfig(time_scale=0.02)) as url:
+        conn = {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "k"}
+        monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+        yield Flow(url, tmp_path)
+
+
+def test_a_failed_batch_does_not_fail_the_run_its_items_are_retried_and_publish_reports_it(
+    flow: Flow,
+) -> None:
+    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    assert len(manifests) == 2
+    flow.fault(fail_validation=1)  # the first batch created fails at the provider
+    first = flow.round(manifests)
+    assert [r["complete"] for r in first] == [True, True]
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    states = ledger.count_states("flow", RUN)
+    assert states.get("succeeded") == 3 and sum(states.values()) == 6
+    second = flow.resubmit(2)
+    assert sum(m["lines"] for m in second) == 3
+    flow.round(second, "_2")
+    out = flow.publish()
+    assert out["items_by_state"] == {"succeeded": 6}
+    assert out["failed_batches"] == 1
+    report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
+    (failed,) = report["failed_batches"]
+    assert failed["lines"] == 3 and failed["error"]
+    assert "failed batches: 1" in report["table"]
+
+
+def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size_chunks(flow: Flow) -> None:
+    (manifest,) = flow.prepare(8)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    rows = list(ledger.iter_items("flow", RUN, columns=["error_code"]))
+    assert {(r["state"], r["error_code"]) for r in rows} == {("failed_retryable", "token_limit_exceeded")}
+    second = flow.resubmit(2)
+    assert [m["lines"] for m in second] == [4, 4]
+    flow.round(second, "_2")
+    assert flow.publish()["items_by_state"] == {"succeeded": 8}

@@ -19,7 +19,7 @@ from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
-from airflow_batch_provider.exceptions import BatchFailedError, PollError
+from airflow_batch_provider.exceptions import PollError
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 from airflow_batch_provider.triggers.batch import BatchStatusTrigger
 
@@ -61,10 +61,14 @@ def test_polling_in_the_worker_returns_the_terminal_state_and_counts(emulator: s
     assert result["counts"] == {"total": 1, "completed": 1, "failed": 0}
 
 
-def test_a_batch_that_failed_validation_fails_the_task_with_the_providers_reason(emulator: str) -> None:
+def test_a_batch_that_failed_at_the_provider_ends_the_wait_with_its_cause_instead_of_failing_the_task(
+    emulator: str,
+) -> None:
     httpx.put(f"{emulator}/_emulator/config", json={"faults": {"fail_validation": 1}}).raise_for_status()
-    with pytest.raises(BatchFailedError, match=r"failed at the provider before running: .*emulated"):
-        sensor(submitted(emulator, "k2"), deferrable=False).execute({})  # type: ignore[arg-type]
+    result = sensor(submitted(emulator, "k2"), deferrable=False).execute({})  # type: ignore[arg-type]
+    assert result["state"] == "failed"
+    assert result["deadline"] is False
+    assert result["error_code"]
 
 
 def test_the_deadline_ends_the_wait_without_failing(emulator: str) -> None:

@@ -1,0 +1,91 @@
+"""Submit exactly once: claims, re-attach, find by key, in-doubt jobs (against the emulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_batch_provider.exceptions import JobClaimedError
+from airflow_batch_provider.services import submit
+from airflow_batch_provider.services.submit import epoch, submit_job
+from tests.unit.services.workload import World, world
+
+
+def created(w: World) -> int:
+    return int(w.stats()["batches_created"])
+
+
+def one_job(w: World) -> str:
+    (manifest,) = w.stage(3)
+    return str(manifest["job_id"])
+
+
+def test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        first = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try1")
+        again = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert (first.how, again.how) == ("created", "recorded")
+        assert first.batch_id == again.batch_id
+        assert created(w) == 1
+
+
+def test_a_lost_create_reply_is_found_by_its_key_and_not_created_again(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        job = w.ledger.job(job_id)
+        # the provider acted, the reply was lost: the ledger never heard of this batch
+        with w.staging.at(job["staged_path"]).open("rb") as fh:
+            ref = w.adapter.submit(
+                w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
+            )
+        got = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert (got.how, got.batch_id) == ("found", ref.batch_id)
+        assert created(w) == 1
+        # the poll timeout counts from the intent, not from the re-attach
+        assert got.submitted_at == epoch(job["created_at"])
+        assert w.ledger.job(job_id)["batch_id"] == ref.batch_id
+
+
+def test_a_zombie_and_its_retry_never_both_create_the_retry_attaches_to_the_zombies_batch(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, "zombie-try1", 600)
+        calls: list[float] = []
+
+        def zombie_finishes(_: float) -> None:
+            # while the retry waits, the zombie's create returns and it records its batch
+            calls.append(_)
+            job = w.ledger.job(job_id)
+            with w.staging.at(job["staged_path"]).open("rb") as fh:
+                ref = w.adapter.submit(
+                    w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
+                )
+            w.ledger.mark_submitted(job_id, ref.batch_id, "file")
+
+        got = submit_job(
+            ledger=w.ledger,
+            adapter=w.adapter,
+            staging=w.staging,
+            job_id=job_id,
+            owner="retry-try2",
+            sleep=zombie_finishes,
+        )
+        assert got.how == "recorded" and len(calls) == 1
+        assert created(w) == 1
+
+
+def test_a_claim_held_by_a_live_attempt_is_refused_with_the_holder_named(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, "zombie-try1", 600)
+        with pytest.raises(JobClaimedError, match="zombie-try1"):
+            w.ledger.claim_job(job_id, "retry-try2", 600)
+
+
+def test_the_claim_owner_names_the_task_attempt_and_the_process() -> None:
+    owner = submit.claim_owner("dag", "run", "g.submit", 3, 2)
+    assert owner.startswith("dag/run/g.submit/3/2@") and ":" in owner
