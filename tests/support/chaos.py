@@ -57,7 +57,7 @@ DAG_ID: Final = "chaos_workload"
 WORKLOAD: Final = "chaos"
 KILL_AFTER_ENV: Final = "ABP_CHAOS_KILL_AFTER"
 #: how often a run is resumed after its kills before the case gives up
-MAX_RESUMES: Final = 4
+MAX_RESUMES: Final = 3
 #: seconds one DAG run process may take
 RUN_TIMEOUT_S: Final = 240.0
 
@@ -117,9 +117,11 @@ class Attempt:
         """True when the process died of SIGKILL."""
         return self.returncode == -signal.SIGKILL
 
-    def tail(self, chars: int = 4000) -> str:
-        """The end of the output, for failure messages."""
-        return self.output[-chars:]
+    def tail(self, chars: int = 3000) -> str:
+        """The errors the process logged (at most 12 lines) and the end of its output, for messages."""
+        errors = [line[:400] for line in self.output.splitlines() if "[error" in line or "Error:" in line]
+        head = "\n".join(errors[-12:])
+        return f"errors logged:\n{head}\n... output ends with:\n{self.output[-chars:]}"
 
 
 @dataclass
