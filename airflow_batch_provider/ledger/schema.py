@@ -5,22 +5,64 @@ Money is stored as integer nano-dollars (``*_nusd``): exact on SQLite and Postgr
 
 from __future__ import annotations
 
-from typing import Final
+from datetime import datetime, timezone
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
     DateTime,
+    Dialect,
     Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    TypeDecorator,
 )
 
-SCHEMA_VERSION: Final = 1
+#: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
+#: the ``abp_leases`` and ``abp_audit`` tables. Older ledgers are upgraded in place on open.
+SCHEMA_VERSION: Final = 2
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that goes in as UTC and comes back timezone-aware UTC, on SQLite too.
+
+    SQLite keeps no zone: a naive value read back would be taken for local time by ``astimezone``
+    or ``timestamp()``. Values are converted to UTC on the way in (a naive value is taken to be
+    UTC already, as every earlier version of this package wrote it) and marked UTC on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; SQLite stores the naive UTC wall clock.
+
+        :param value: the value written
+        :param dialect: the database dialect
+        """
+        if value is None:
+            return None
+        utc = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        """Return an aware UTC datetime.
+
+        :param value: the value read
+        :param dialect: the database dialect
+        """
+        if value is None:
+            return None
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=timezone.utc)
+        return moment.astimezone(timezone.utc)
+
 
 metadata = MetaData()
 
@@ -62,8 +104,11 @@ items = Table(
     Column("error_code", String(100)),
     Column("error_message", Text),
     Column("succeeded_hash", String(64)),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    # a person's decision on a review item: NULL (open), ``resolved`` or ``skipped``
+    Column("review_action", String(16)),
+    Column("review_note", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
     Index("ix_abp_items_run_state", "workload", "run_id", "state"),
     # keyset pages of one run in key order (iter_items)
     Index("ix_abp_items_run_key", "workload", "run_id", "item_key", "prompt_version"),
@@ -98,10 +143,17 @@ jobs = Table(
     Column("unknown_lines", Integer, nullable=False, default=0),
     Column("missing", Integer, nullable=False, default=0),
     Column("error", Text),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("submitted_at", DateTime(timezone=True)),
-    Column("finished_at", DateTime(timezone=True)),
-    Column("reconciled_at", DateTime(timezone=True)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("submitted_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("reconciled_at", UTCDateTime()),
+    # compare-and-set claim on the create call (Ledger.claim_job)
+    Column("claim_owner", String(250)),
+    Column("claim_count", Integer, nullable=False, default=0, server_default="0"),
+    Column("claim_expires_at", UTCDateTime()),
+    # why a create call's outcome is unknown (state ``in_doubt``)
+    Column("in_doubt_reason", Text),
+    Column("in_doubt_at", UTCDateTime()),
     Index("ix_abp_jobs_run", "workload", "run_id", "round"),
 )
 
@@ -121,8 +173,8 @@ attempts = Table(
     Column("error_code", String(100)),
     Column("error_message", Text),
     *_usage_columns(),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
     Index("ix_abp_attempts_item", "workload", "item_key", "prompt_version"),
     Index("ix_abp_attempts_run", "workload", "run_id"),
 )
@@ -134,9 +186,10 @@ runs = Table(
     Column("run_id", String(250), primary_key=True),
     Column("provider", String(64)),
     Column("model", String(200)),
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("finished_at", DateTime(timezone=True)),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
     Column("report_json", Text),
+    Column("dag_id", String(250)),
 )
 
 published = Table(
@@ -149,5 +202,37 @@ published = Table(
     Column("run_id", String(250), nullable=False),
     Column("state", String(32), nullable=False),
     Column("output_json", Text),
-    Column("published_at", DateTime(timezone=True), nullable=False),
+    Column("published_at", UTCDateTime(), nullable=False),
 )
+
+leases = Table(
+    "abp_leases",
+    metadata,
+    Column("workload", String(200), primary_key=True),
+    Column("run_id", String(250), nullable=False),
+    Column("dag_id", String(250)),
+    Column("owner", String(250), nullable=False),
+    Column("acquired_at", UTCDateTime(), nullable=False),
+    Column("taken_over_from", String(250)),
+)
+
+audit = Table(
+    "abp_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("workload", String(200), nullable=False),
+    Column("item_count", Integer, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Index("ix_abp_audit_workload", "workload", "at"),
+)
+
+#: Columns added after version 1, by table: an older ledger gets them with ``ALTER TABLE ... ADD``.
+ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "abp_items": ("review_action", "review_note"),
+    "abp_jobs": ("claim_owner", "claim_count", "claim_expires_at", "in_doubt_reason", "in_doubt_at"),
+    "abp_runs": ("dag_id",),
+}
