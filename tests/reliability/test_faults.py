@@ -49,6 +49,8 @@ def test_openai_create_faults_never_create_a_second_batch_nor_lose_an_item(
     assert not verdict.violations, verdict.explain()
     assert not left, f"create faults never reached: {left}"
     assert sum(faults.values()) >= len(CREATE_SCRIPT), faults
+    # an ambiguous create is settled inside the same task attempt, by a look-up by key
+    assert run.attempts[0].returncode == 0, run.attempts[0].tail()
 
 
 def test_anthropic_a_lost_create_reply_is_in_doubt_until_resolved_and_never_paid_twice(

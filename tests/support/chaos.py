@@ -408,7 +408,9 @@ class Verdict:
     :param lost: rows not in exactly one final state nor rejected (``id: why``)
     :param sent_twice: custom ids the provider received in more than one batch
     :param unknown_batches: batch ids at the emulator that no ledger job names
-    :param paid_twice: item keys billed for more than one answer
+    :param paid_twice: item keys billed for more than one answer (counted; a violation only when
+        the ledger does not record each of them, see ``unrecorded_payments``)
+    :param unrecorded_payments: item keys billed for more answers than the ledger has attempts
     :param cost_mismatch: the published cost against what the emulator billed, when they differ
     :param states: final state -> items, over the runs
     :param batches: batches the emulator created
@@ -419,6 +421,7 @@ class Verdict:
     sent_twice: list[str]
     unknown_batches: list[str]
     paid_twice: list[str]
+    unrecorded_payments: list[str]
     cost_mismatch: list[str]
     states: dict[str, int]
     batches: int
@@ -429,7 +432,7 @@ class Verdict:
         out = [f"lost: {x}" for x in self.lost]
         out += [f"custom id sent in two batches: {x}" for x in self.sent_twice]
         out += [f"batch the ledger does not know: {x}" for x in self.unknown_batches]
-        out += [f"item billed twice: {x}" for x in self.paid_twice]
+        out += [f"billed more often than the ledger knows: {x}" for x in self.unrecorded_payments]
         out += [f"cost: {x}" for x in self.cost_mismatch]
         return out
 
@@ -444,11 +447,12 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
     """Check the invariant for runs of one workload (one ledger) against the emulator's record.
 
     (a) every input row is an item in exactly one final state, or rejected (the ledger keeps one
-    row per item of a workload, so for two runs of the same records it is checked over both); (b) no custom id was
-    sent in two batches; (c) every batch at the emulator is a job's batch in the ledger; (d) the
-    cost the runs published equals what the emulator billed (batches at the batch price, real-time
-    answers at full price), token for token and to the exact decimal. The session's
-    :data:`TALLY` gets the counts.
+    row per item of a workload, so for two runs of the same records it is checked over both); (b)
+    no custom id was sent in two batches, and no item was billed for more answers than the ledger
+    has attempts for it (a real-time answer is attributed by its ``x-abp-custom-id`` header); (c)
+    every batch at the emulator is a job's batch in the ledger; (d) the cost the runs published
+    equals what the emulator billed (batches at the batch price, real-time answers at full price),
+    token for token and to the exact decimal. The session's :data:`TALLY` gets the counts.
 
     :param base_url: the emulator
     :param runs: the runs (sharing one ledger)
@@ -460,6 +464,10 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             dict(r) for r in conn.execute(select(s.items).where(s.items.c.workload == WORKLOAD)).mappings()
         ]
         jobs = [dict(r) for r in conn.execute(select(s.jobs).where(s.jobs.c.workload == WORKLOAD)).mappings()]
+        known_attempts = Counter(
+            r.item_key
+            for r in conn.execute(select(s.attempts.c.item_key).where(s.attempts.c.workload == WORKLOAD))
+        )
         reports = {
             r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
             for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
@@ -517,6 +525,11 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             if answer.get("custom_id"):
                 billed_answers[item_key_of(answer["custom_id"])] += 1
     paid_twice = [f"{key} ({n} answers billed)" for key, n in sorted(billed_answers.items()) if n > 1]
+    unrecorded = [
+        f"{key}: {n} answers billed, {known_attempts[key]} attempts in the ledger"
+        for key, n in sorted(billed_answers.items())
+        if n > known_attempts[key]
+    ]
 
     mismatch: list[str] = []
     published_paid = Decimal(0)
@@ -539,6 +552,7 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
         sent_twice=sent_twice,
         unknown_batches=unknown,
         paid_twice=paid_twice,
+        unrecorded_payments=unrecorded,
         cost_mismatch=mismatch,
         states=dict(states),
         batches=len(batches),
