@@ -6,6 +6,8 @@ line in the task log is enough to act on without reading code.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class BatchProviderError(Exception):
     """Base class of every error raised by this package."""
@@ -139,4 +141,33 @@ class WorkloadLeasedError(LedgerError):
             "may work on a workload. Wait for that run to finish, set max_active_runs=1 on the DAG "
             "(and give each DAG its own workload name), or, after checking that the run is dead, "
             f"release it with `airflow-batch lease release --workload {workload} --run-id {run_id}`."
+        )
+
+
+class BatchInDoubtError(SubmitError):
+    """A create may or may not have made a provider batch, and the provider cannot tell yet.
+
+    Raised by ``BatchAdapter.submit`` after an ambiguous failure (timeout, dropped connection,
+    5xx) where the provider cannot be asked whether the batch exists, and by
+    ``BatchAdapter.resolve_in_doubt`` while that is still undecidable. Nothing may be created for
+    the job until the doubt is resolved, or the chunk could be paid twice.
+
+    :param key: the job's idempotency key
+    :param created_after: when the create was attempted (a batch it made was created after this)
+    :param request_count: requests in the chunk (0 when unknown)
+    :param reason: what happened and what is unknown
+    """
+
+    def __init__(self, key: str, created_after: datetime, request_count: int, reason: str) -> None:
+        self.key = key
+        self.created_after = created_after
+        self.request_count = request_count
+        self.reason = reason
+        count = f"{request_count} requests" if request_count else "its requests"
+        super().__init__(
+            f"job {key} is in doubt: a batch of {count} may have been created at the provider after "
+            f"{created_after.isoformat()}, and it is unknown whether it was: {reason}. Nothing new is created "
+            "for this job until the doubt is resolved: resolve_in_doubt() matches the provider's batch list "
+            "(created after that time, same request count, the job's custom ids once the batch has ended), "
+            "or a person resolves the job with its batch id (or none) after checking the provider's console."
         )

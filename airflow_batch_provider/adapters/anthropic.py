@@ -41,23 +41,26 @@ token and no name, and a batch's requests cannot be read back; only ``created_at
 its results). So:
 
 - the ledger's job row (the intent) exists before :meth:`submit`; the create call is sent once,
-  with the SDK's automatic retries off (an SDK retry after a timeout could create a second
-  batch); only answers that prove nothing was created (429, 529, 503 with no body change) are
-  retried here;
-- :meth:`find` first returns a batch created by this adapter object for the key; then, for a key
-  whose chunk was staged by this object (so that its request count and ``custom_id`` set are
-  known), it lists batches created since the staged chunk was written (the file's modification
-  time from the staging store, minus ``find_clock_skew_s``, default 300 s; when the store gives no
-  time, the last ``find_window_s``, default 26 h) with the same request count, and matches an
-  **ended** one whose results' first ``find_verify_lines`` (default 20) ``custom_id`` values all
-  belong to the chunk. ``custom_id`` values name the item, the attempt and the chunk index, so
-  this match is exact within a run;
-- it **cannot** recognise a batch that is still in progress: chunks of the same size (every full
-  chunk of a round) are indistinguishable until their results exist. When a create reply was lost
-  and the batch has not ended yet when the task retries, a second batch is created: the chunk is
-  paid twice, and only the second batch is known to the ledger (the first one's results are
-  never read, its cost is not counted). It also cannot see batches created with another API key
-  or workspace, or those older than the window.
+  with the SDK's automatic retries off, under
+  :func:`~airflow_batch_provider.adapters.base.create_once`: 429 and 529 (overloaded) prove that
+  nothing was created and are sent again after ``retry-after``; any other failure that may have
+  acted (timeout, dropped connection, other 5xx) raises
+  :class:`~airflow_batch_provider.exceptions.BatchInDoubtError` at once, because a running batch
+  cannot be recognised: nothing more is created for the job until the doubt is settled;
+- :meth:`find` returns a batch created by this adapter object for the key; then, for a key whose
+  chunk was staged by this object (so that its request count and ``custom_id`` set are known), it
+  lists batches created since the staged chunk was written (or since ``created_after``; minus
+  ``find_clock_skew_s``, default 300 s; when neither is known, the last ``find_window_s``,
+  default 26 h) with the same request count, and matches an **ended** one whose results' first
+  ``find_verify_lines`` (default 20) ``custom_id`` values all belong to the chunk;
+- :meth:`resolve_in_doubt` settles a job in doubt from the batch list: no batch created after the
+  intent with the chunk's request count means none exists (``None``, safe to create); an ended
+  one whose results carry the chunk's custom ids is the job's batch; a candidate still running,
+  or an ended one when the custom ids are not known, keeps the job in doubt (it raises
+  :class:`~airflow_batch_provider.exceptions.BatchInDoubtError` again). Pass the job's custom ids
+  (the ledger's items of the job) when the chunk was not staged by this adapter object.
+  ``custom_id`` values name the item, the attempt and the chunk index, so the match is exact
+  within a run. It cannot see batches created with another API key or workspace.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -76,20 +79,25 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
     BatchStatus,
+    CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
+    create_once,
+    http_failure,
     parse_jsonl_results,
+    utcnow,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage
-from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
 
 if TYPE_CHECKING:
     import anthropic
@@ -354,6 +362,17 @@ def _mtime(chunk: IO[bytes]) -> float | None:
     return None
 
 
+def _classify(exc: Exception) -> CreateFailure | None:
+    """Read a failed create: 429 and 529 refused, other 5xx/timeout/connection ambiguous."""
+    import anthropic
+
+    if isinstance(exc, anthropic.APIStatusError):
+        return http_failure(exc.status_code, exc.response.headers, refused=(429, 529))
+    if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
+        return http_failure(None)
+    return None
+
+
 class _AsyncAnthropicStatus(AsyncStatusClient):
     def __init__(self, settings: AdapterSettings) -> None:
         import anthropic
@@ -388,7 +407,9 @@ class _AsyncAnthropicRealtime(AsyncRealtimeClient):
                 ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
             )
         try:
-            raw = await self._client.messages.with_raw_response.create(**params)
+            raw = await self._client.messages.with_raw_response.create(
+                **params, extra_headers={CUSTOM_ID_HEADER: custom_id}
+            )
         except anthropic.APIStatusError as exc:
             inner = _error_object(exc.body)
             error_type = str(inner.get("type")) if inner.get("type") else None
@@ -587,7 +608,13 @@ class AnthropicBatchAdapter(BatchAdapter):
         return custom_id
 
     def submit(
-        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+        self,
+        input_ref: InputRef,
+        key: str,
+        metadata: Mapping[str, str],
+        kind: RequestKind = "chat",
+        *,
+        created_after: datetime | None = None,
     ) -> BatchRef:
         """Post the staged requests as one Message Batch; see the module docstring on idempotency.
 
@@ -595,9 +622,9 @@ class AnthropicBatchAdapter(BatchAdapter):
         :param key: the idempotency key
         :param metadata: ignored (Anthropic batches take no metadata)
         :param kind: must be ``chat``
+        :param created_after: when the job's intent was recorded
+        :raises BatchInDoubtError: the create failed ambiguously (see the module docstring)
         """
-        import anthropic
-
         if kind != "chat":
             raise ConfigurationError(
                 f"Anthropic has no {kind!r} batch endpoint; point this workload at an OpenAI or Gemini "
@@ -608,7 +635,7 @@ class AnthropicBatchAdapter(BatchAdapter):
                 f"the Anthropic adapter posts requests inline; got a {input_ref.kind!r} input {input_ref.value!r}."
             )
         path = Path(input_ref.value)
-        found = self.find(key)
+        found = self.find(key, created_after=created_after)
         if found is not None:
             path.unlink(missing_ok=True)
             return found
@@ -619,57 +646,56 @@ class AnthropicBatchAdapter(BatchAdapter):
         with path.open("rb") as fh:
             requests = [json.loads(line) for line in fh if line.strip()]
         client = self.client.with_options(max_retries=0)
-        attempts = max(1, int(self.settings.extra.get("create_attempts", 3)))
-        for attempt in range(1, attempts + 1):
-            try:
-                batch = client.messages.batches.create(requests=requests)
-                break
-            except anthropic.APIStatusError as exc:
-                # 429/529/503 refuse the request before anything is created: safe to try again.
-                if exc.status_code not in (429, 503, 529) or attempt == attempts:
-                    raise
-                wait = min(_retry_after(exc.response.headers) or 2.0**attempt, 60.0)
-                log.warning(
-                    "create of batch %s refused with HTTP %s; trying again in %.1fs",
-                    key,
-                    exc.status_code,
-                    wait,
-                )
-                time.sleep(wait)
+        started = utcnow()
+        batch = create_once(
+            key=key,
+            what="batch create",
+            create=lambda: client.messages.batches.create(requests=requests),
+            lookup=None,  # a running batch cannot be recognised: an ambiguous failure is in doubt
+            classify=_classify,
+            policy=self.create_policy(),
+            created_after=created_after or started,
+            request_count=len(requests),
+        )
         self._created[key] = batch.id
         path.unlink(missing_ok=True)
         return BatchRef(self.name, batch.id, key)
 
-    def find(self, key: str) -> BatchRef | None:
+    def _candidates(self, not_before: float, count: int) -> Iterator[Any]:
+        """Batches created at or after ``not_before`` with ``count`` requests, newest first, all pages."""
+        limit = self.settings.extra.get("find_scan_limit")
+        for i, batch in enumerate(self.client.messages.batches.list(limit=100)):
+            if (limit is not None and i >= int(limit)) or batch.created_at.timestamp() < not_before:
+                break
+            counts = batch.request_counts
+            total = sum(
+                int(getattr(counts, n)) for n in ("processing", "succeeded", "errored", "canceled", "expired")
+            )
+            if total == count:
+                yield batch
+
+    def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
         """Return the batch created earlier for ``key``, when it can be recognised.
 
         Exact for a batch this object created, and for an ended batch whose results carry the
         staged chunk's custom ids; blind to batches still in progress (see the module docstring).
 
         :param key: the idempotency key
+        :param created_after: when the job's intent was recorded
         """
         if key in self._created:
             return BatchRef(self.name, self._created[key], key)
         intent = self._intents.get(key)
         if intent is None:
             return None
-        extra = self.settings.extra
-        scan = int(extra.get("find_scan_limit", 1000))
-        verify = max(1, int(extra.get("find_verify_lines", 20)))
+        not_before = self.find_not_before(created_after)
+        verify = max(1, int(self.settings.extra.get("find_verify_lines", 20)))
         unverifiable = 0
-        for i, batch in enumerate(self.client.messages.batches.list(limit=100)):
-            if i >= scan or batch.created_at.timestamp() < intent.not_before:
-                break
-            counts = batch.request_counts
-            total = sum(
-                int(getattr(counts, n)) for n in ("processing", "succeeded", "errored", "canceled", "expired")
-            )
-            if total != intent.count:
-                continue
+        for batch in self._candidates(intent.not_before if not_before is None else not_before, intent.count):
             if batch.processing_status != "ended" or not batch.results_url:
                 unverifiable += 1
                 continue
-            if self._results_match(batch.id, intent, verify):
+            if self._results_match(batch.id, intent.custom_ids, verify):
                 self._created[key] = batch.id
                 return BatchRef(self.name, batch.id, key)
         if unverifiable:
@@ -682,7 +708,59 @@ class AnthropicBatchAdapter(BatchAdapter):
             )
         return None
 
-    def _results_match(self, batch_id: str, intent: _Intent, lines: int) -> bool:
+    def resolve_in_doubt(
+        self,
+        key: str,
+        created_after: datetime,
+        request_count: int,
+        *,
+        custom_ids: Collection[str] | None = None,
+    ) -> BatchRef | None:
+        """Settle a job in doubt from the batch list (see the module docstring).
+
+        :param key: the idempotency key
+        :param created_after: when the create was attempted
+        :param request_count: requests in the chunk
+        :param custom_ids: the chunk's custom ids; default: those of the chunk staged by this object
+        :raises BatchInDoubtError: a candidate still runs, or an ended one cannot be checked
+        """
+        if key in self._created:
+            return BatchRef(self.name, self._created[key], key)
+        intent = self._intents.get(key)
+        ids = frozenset(custom_ids) if custom_ids is not None else intent.custom_ids if intent else None
+        not_before = self.find_not_before(created_after)
+        assert not_before is not None
+        verify = max(1, int(self.settings.extra.get("find_verify_lines", 20)))
+        running: list[str] = []
+        unchecked: list[str] = []
+        for batch in self._candidates(not_before, request_count):
+            if batch.processing_status != "ended" or not batch.results_url:
+                running.append(batch.id)
+            elif ids is None:
+                unchecked.append(batch.id)
+            elif self._results_match(batch.id, ids, verify):
+                self._created[key] = batch.id
+                return BatchRef(self.name, batch.id, key)
+        if running or unchecked:
+            reasons = []
+            if running:
+                reasons.append(
+                    f"{len(running)} batch(es) with {request_count} requests still run ({', '.join(running[:5])})"
+                )
+            if unchecked:
+                reasons.append(
+                    f"{len(unchecked)} ended batch(es) ({', '.join(unchecked[:5])}) cannot be checked without the "
+                    "job's custom ids; pass custom_ids"
+                )
+            raise BatchInDoubtError(
+                key,
+                created_after,
+                request_count,
+                "; ".join(reasons) + "; Anthropic shows a batch's custom ids only once it has ended",
+            )
+        return None
+
+    def _results_match(self, batch_id: str, custom_ids: frozenset[str], lines: int) -> bool:
         seen = 0
         with self.client.messages.batches.with_streaming_response.results(batch_id) as response:
             for raw in response.iter_lines():
@@ -692,7 +770,7 @@ class AnthropicBatchAdapter(BatchAdapter):
                     custom_id = json.loads(raw).get("custom_id")
                 except ValueError:
                     continue
-                if custom_id not in intent.custom_ids:
+                if custom_id not in custom_ids:
                     return False
                 seen += 1
                 if seen >= lines:

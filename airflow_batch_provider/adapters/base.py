@@ -8,19 +8,51 @@ connection and hand it to the adapter.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, ClassVar, Final, Literal, get_args
+from datetime import datetime, timezone
+from typing import IO, Any, ClassVar, Final, Literal, TypeVar, get_args
 
+from airflow_batch_provider.core.ratelimit import RetryPolicy, parse_retry_after, retry_delay
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
+from airflow_batch_provider.exceptions import BatchInDoubtError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BatchState = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
 ]
 BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
+#: Header naming the item of a real-time call: providers ignore it, the emulator records it.
+CUSTOM_ID_HEADER: Final = "x-abp-custom-id"
 TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
+#: Why a whole batch ended ``failed``, normalised across providers (:func:`failure_code`).
+BatchErrorCode = Literal["token_limit_exceeded", "quota_exceeded", "invalid_file", "provider_error"]
+BATCH_ERROR_CODES: Final[tuple[str, ...]] = get_args(BatchErrorCode)
+
+
+def failure_code(*words: object) -> BatchErrorCode:
+    """Normalise a provider's words on a failed batch (codes, statuses, messages) to one code.
+
+    ``token_limit_exceeded``: OpenAI's enqueued-token limit (send smaller chunks, or later);
+    ``quota_exceeded``: a quota, billing or resource-exhausted refusal; ``invalid_file``: the
+    input failed validation; ``provider_error``: anything else.
+
+    :param words: the provider's error code(s), status and message, in any order
+    """
+    text = " ".join(str(w) for w in words if w is not None).lower()
+    if "token_limit" in text or "enqueued token" in text:
+        return "token_limit_exceeded"
+    if any(w in text for w in ("quota", "billing", "resource_exhausted", "insufficient", "exceeded your")):
+        return "quota_exceeded"
+    if any(w in text for w in ("invalid", "validation", "malformed", "parse", "empty_file", "line ")):
+        return "invalid_file"
+    return "provider_error"
 
 
 @dataclass(frozen=True)
@@ -108,6 +140,10 @@ class BatchStatus:
     :param failed: requests that failed so far
     :param reason: provider's words on why it failed or expired, if any
     :param raw_state: the provider's own state string, for logs
+    :param error_code: for a batch that ended ``failed``, why, normalised
+        (:data:`BatchErrorCode`: ``token_limit_exceeded``, ``quota_exceeded``, ``invalid_file``,
+        ``provider_error``); ``None`` otherwise
+    :param error_message: the provider's message for ``error_code``
     """
 
     state: BatchState
@@ -116,6 +152,8 @@ class BatchStatus:
     failed: int = 0
     reason: str | None = None
     raw_state: str | None = None
+    error_code: BatchErrorCode | None = None
+    error_message: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -131,6 +169,8 @@ class BatchStatus:
             "failed": self.failed,
             "reason": self.reason,
             "raw_state": self.raw_state,
+            "error_code": self.error_code,
+            "error_message": self.error_message,
         }
 
     @classmethod
@@ -146,6 +186,8 @@ class BatchStatus:
             failed=int(data.get("failed") or 0),
             reason=data.get("reason"),
             raw_state=data.get("raw_state"),
+            error_code=data.get("error_code"),
+            error_message=data.get("error_message"),
         )
 
 
@@ -224,22 +266,83 @@ class BatchAdapter(ABC):
 
     @abstractmethod
     def submit(
-        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+        self,
+        input_ref: InputRef,
+        key: str,
+        metadata: Mapping[str, str],
+        kind: RequestKind = "chat",
+        *,
+        created_after: datetime | None = None,
     ) -> BatchRef:
-        """Create the job; idempotent on ``key`` as far as the provider allows.
+        """Create the job; never creates two batches inside one call (see :func:`create_once`).
 
         :param input_ref: where the input is
         :param key: the idempotency key
         :param metadata: small labels to attach (workload, run, chunk)
         :param kind: the request kind of every line (decides the endpoint)
+        :param created_after: when the job's intent was recorded; :meth:`find` stops at batches
+            older than this (``None``: the whole list is searched)
+        :raises BatchInDoubtError: a create failed ambiguously and the batch's existence cannot be
+            established now; nothing more may be created for ``key`` until
+            :meth:`resolve_in_doubt` (or a person) settles it
         """
 
     @abstractmethod
-    def find(self, key: str) -> BatchRef | None:
+    def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
         """Find a job created earlier with ``key`` (a submit whose reply was lost).
 
+        Pages through the provider's whole list; where the provider lists newest first, it stops at
+        the first batch created before ``created_after`` (minus ``find_clock_skew_s``, default 300).
+
         :param key: the idempotency key
+        :param created_after: when the job's intent was recorded (``None``: search everything)
         """
+
+    def resolve_in_doubt(
+        self,
+        key: str,
+        created_after: datetime,
+        request_count: int,
+        *,
+        custom_ids: Collection[str] | None = None,
+    ) -> BatchRef | None:
+        """Settle a job in doubt: return its batch, or ``None`` when it provably does not exist.
+
+        The default is exact for providers that keep the key with the batch (metadata, display
+        name, job name): it is :meth:`find`. Providers without such a key override it.
+
+        :param key: the idempotency key
+        :param created_after: when the create was attempted (from the job's intent)
+        :param request_count: requests in the chunk
+        :param custom_ids: the chunk's custom ids (the ledger's items of the job), where the
+            provider shows custom ids only in results
+        :raises BatchInDoubtError: it cannot be decided yet (e.g. a matching batch still runs)
+        """
+        del request_count, custom_ids
+        return self.find(key, created_after=created_after)
+
+    def create_policy(self) -> RetryPolicy:
+        """The retry policy of create-like calls, from the connection extras.
+
+        ``create_attempts`` (default 3), ``create_retry_initial_s`` (1.0) and
+        ``create_retry_max_s`` (30.0); ``Retry-After`` is honoured up to 60 seconds.
+        """
+        extra = self.settings.extra
+        initial = float(extra.get("create_retry_initial_s", 1.0))
+        return RetryPolicy(
+            max_attempts=max(1, int(extra.get("create_attempts", 3))),
+            initial_delay=initial,
+            max_delay=max(initial, float(extra.get("create_retry_max_s", 30.0))),
+        )
+
+    def find_not_before(self, created_after: datetime | None) -> float | None:
+        """Epoch seconds before which a listed batch cannot be the job's (clock skew allowed).
+
+        :param created_after: when the job's intent was recorded
+        """
+        if created_after is None:
+            return None
+        return created_after.timestamp() - float(self.settings.extra.get("find_clock_skew_s", 300))
 
     @abstractmethod
     def status(self, ref: BatchRef) -> BatchStatus:
@@ -302,6 +405,139 @@ class BatchAdapter(ABC):
                 if self.download(ref, kind, buf):  # type: ignore[arg-type]
                     buf.seek(0)
                     yield from self.parse_results(buf)
+
+
+@dataclass(frozen=True)
+class CreateFailure:
+    """How a failed create-like call is to be read.
+
+    :param kind: ``refused``: the provider proved nothing was created (429 before acting), send
+        again after ``retry_after``; ``ambiguous``: it may have acted (timeout, connection error,
+        5xx), look before sending again
+    :param retry_after: seconds the provider asked to wait
+    """
+
+    kind: Literal["refused", "ambiguous"]
+    retry_after: float | None = None
+
+
+def http_failure(
+    status: int | None, headers: Mapping[str, str] | None = None, refused: Collection[int] = (429,)
+) -> CreateFailure | None:
+    """Read a failed create-like call from its HTTP status.
+
+    No status (timeout, dropped connection), 408 and 5xx are ambiguous; ``refused`` statuses
+    (429, and a provider's own "overloaded, not processed" status) prove nothing was created;
+    anything else (400, 401, 403, 404, 409, 422 ...) is for the caller to raise.
+
+    :param status: the HTTP status, ``None`` when no answer came
+    :param headers: the answer's headers (``Retry-After``)
+    :param refused: statuses that prove the call did nothing
+    """
+    if status is None:
+        return CreateFailure("ambiguous")
+    if status in refused:
+        return CreateFailure("refused", parse_retry_after(headers or {}))
+    if status >= 500 or status == 408:
+        return CreateFailure("ambiguous")
+    return None
+
+
+def utcnow() -> datetime:
+    """The current time, tz-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+def create_once(
+    *,
+    key: str,
+    what: str,
+    create: Callable[[], T],
+    lookup: Callable[[], T | None] | None,
+    classify: Callable[[Exception], CreateFailure | None],
+    policy: RetryPolicy,
+    created_after: datetime,
+    request_count: int = 0,
+    lookup_rounds: int = 2,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run a create-like call (file upload, batch create) so that it never creates twice.
+
+    The SDK must not retry ``create`` itself. A failure that ``classify`` calls ``refused`` is
+    retried after the provider's ``Retry-After`` or the policy's backoff; one it calls
+    ``ambiguous`` is followed by ``lookup`` (the object by its idempotency key), up to
+    ``lookup_rounds`` times with backoff, before anything is sent again; only when every look
+    finds nothing is ``create`` sent again. Where the provider cannot be asked (``lookup`` is
+    ``None``), an ambiguous failure raises :class:`BatchInDoubtError` at once. Any other error
+    (``classify`` returns ``None``: 400, 401, 403, 404, 422 ...) is raised unchanged.
+    Every wait comes from :func:`~airflow_batch_provider.core.ratelimit.retry_delay`.
+
+    :param key: the idempotency key (named in logs and errors)
+    :param what: what is created, for logs (``batch create``, ``upload of <name>``)
+    :param create: sends the create once
+    :param lookup: finds what an earlier ``create`` of this key made, or ``None`` if nothing
+    :param classify: reads a failure of ``create``
+    :param policy: tries and backoff
+    :param created_after: when the call began (carried by :class:`BatchInDoubtError`)
+    :param request_count: requests in the chunk, for :class:`BatchInDoubtError` (0: unknown)
+    :param lookup_rounds: looks after one ambiguous failure before sending again
+    :param sleep: the wait (tests pass a no-op)
+    :raises BatchInDoubtError: ambiguous and undecidable, or ambiguous on the last try
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return create()
+        except Exception as exc:
+            failure = classify(exc)
+            if failure is None:
+                raise
+            last = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if failure.kind == "refused":
+                delay = retry_delay(policy, attempt, "failed_retryable", failure.retry_after)
+                if delay is None:
+                    raise
+                log.warning("%s for job %s refused (%s); sending again in %.1fs", what, key, last, delay)
+                sleep(delay)
+                continue
+            if lookup is None:
+                raise BatchInDoubtError(
+                    key,
+                    created_after,
+                    request_count,
+                    f"the {what} failed ambiguously ({last}) and this provider cannot be asked by key "
+                    "whether it acted",
+                ) from exc
+            log.warning("%s for job %s failed ambiguously (%s); looking it up by its key", what, key, last)
+            for look in range(1, lookup_rounds + 1):
+                sleep(retry_delay(policy, look, "failed_retryable") or policy.initial_delay)
+                try:
+                    found = lookup()
+                except Exception as lookup_exc:
+                    raise BatchInDoubtError(
+                        key,
+                        created_after,
+                        request_count,
+                        f"the {what} failed ambiguously ({last}) and the look-up by key failed too "
+                        f"({type(lookup_exc).__name__}: {str(lookup_exc)[:200]})",
+                    ) from exc
+                if found is not None:
+                    log.warning("%s for job %s had acted; its result was found by key", what, key)
+                    return found
+            delay = retry_delay(policy, attempt, "failed_retryable")
+            if delay is None:
+                raise BatchInDoubtError(
+                    key,
+                    created_after,
+                    request_count,
+                    f"the {what} failed ambiguously on each of {attempt} tries (last: {last}); the look-up by "
+                    "key found nothing, but the provider may still show it later",
+                ) from exc
+            log.warning(
+                "%s for job %s: nothing found by key after %d looks; sending again", what, key, lookup_rounds
+            )
+            sleep(delay)
 
 
 def parse_jsonl_results(

@@ -15,6 +15,14 @@ same job ARN, as AWS promises for a repeated token), :meth:`find` lists jobs by 
 ``<output_s3_uri>/<job id>/`` (successes and errors share one file: the ``errors`` download is
 always empty). :meth:`manifest` reads ``manifest.json.out``.
 
+The create rule: ``create_model_invocation_job`` is sent by a client with botocore's retries off
+(``max_attempts`` 1) under :func:`~airflow_batch_provider.adapters.base.create_once`: a
+``ThrottlingException`` (429) is sent again after backoff; a timeout, dropped connection or 5xx is
+followed by :meth:`find` (the job name) before the create is sent again, with the same
+``clientRequestToken``, so even a job the list does not show yet comes back as the same ARN. The
+S3 upload of a chunk is a ``PUT`` of one fixed key: repeating it overwrites the same object, so it
+keeps boto3's retries, and :meth:`stage` first looks for an object of that key and size.
+
 Limits used (AWS default quotas, checked against the Bedrock user guide and service quotas in
 November 2025): at most 50,000 records and 1 GB per input file, at least 100 records per job
 (``Minimum number of records per batch inference job``; set ``min_records`` in the connection
@@ -52,6 +60,7 @@ import json
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import IO, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
@@ -62,10 +71,15 @@ from airflow_batch_provider.adapters.base import (
     BatchRef,
     BatchState,
     BatchStatus,
+    CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
+    create_once,
+    failure_code,
+    http_failure,
     parse_jsonl_results,
+    utcnow,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
@@ -196,14 +210,35 @@ def _runtime_endpoint(settings: AdapterSettings) -> str | None:
 
 def _status(job: Mapping[str, Any]) -> BatchStatus:
     raw = str(job.get("status") or "Submitted")
+    state = STATES.get(raw, "in_progress")
+    message = job.get("message") or None
     return BatchStatus(
-        state=STATES.get(raw, "in_progress"),
+        state=state,
         total=int(job.get("totalRecordCount") or 0),
         completed=int(job.get("successRecordCount") or 0),
         failed=int(job.get("errorRecordCount") or 0),
-        reason=job.get("message") or None,
+        reason=message,
         raw_state=raw,
+        error_code=failure_code(message) if state == "failed" else None,
+        error_message=message if state == "failed" else None,
     )
+
+
+def _classify(exc: Exception) -> CreateFailure | None:
+    """Read a failed create: throttling refused, 5xx/timeout/connection ambiguous, other 4xx raised."""
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(exc, ClientError):
+        meta = exc.response.get("ResponseMetadata") or {}
+        code = (exc.response.get("Error") or {}).get("Code")
+        status = (
+            429 if code in ("ThrottlingException", "TooManyRequestsException") else meta.get("HTTPStatusCode")
+        )
+        return http_failure(int(status) if status else None, meta.get("HTTPHeaders"))
+    if isinstance(exc, (HTTPClientError, BotoConnectionError)):
+        return http_failure(None)
+    return None
 
 
 def _usage(family: str | None, output: Mapping[str, Any]) -> Usage:
@@ -420,16 +455,34 @@ class BedrockBatchAdapter(BatchAdapter):
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
         self._bedrock: Any = None
+        self._creator: Any = None
         self._s3: Any = None
 
     # -- clients and settings ------------------------------------------------------------------
 
-    def _config(self) -> Any:
+    def _config(self, attempts: int | None = None) -> Any:
         from botocore.config import Config
 
+        extra = self.settings.extra
+        tries = attempts if attempts is not None else int(extra.get("max_retries", 3)) + 1
+        timeout = float(extra.get("timeout", 60.0))
         return Config(
-            retries={"max_attempts": int(self.settings.extra.get("max_retries", 3)) + 1, "mode": "standard"}
+            retries={"max_attempts": tries, "mode": "standard"}, read_timeout=timeout, connect_timeout=timeout
         )
+
+    @property
+    def _create_bedrock(self) -> Any:
+        """The ``bedrock`` client for creates: botocore's retries off (see :func:`create_once`)."""
+        if self._creator is None:
+            import boto3
+
+            self._creator = boto3.session.Session().client(
+                "bedrock",
+                endpoint_url=_bedrock_endpoint(self.settings),
+                config=self._config(attempts=1),
+                **_session_kwargs(self.settings),
+            )
+        return self._creator
 
     @property
     def bedrock(self) -> Any:
@@ -616,7 +669,13 @@ class BedrockBatchAdapter(BatchAdapter):
         return sum(1 for line in body.iter_lines() if line.strip())
 
     def submit(
-        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+        self,
+        input_ref: InputRef,
+        key: str,
+        metadata: Mapping[str, str],
+        kind: RequestKind = "chat",
+        *,
+        created_after: datetime | None = None,
     ) -> BatchRef:
         found = self.find(key)
         if found is not None:
@@ -657,11 +716,26 @@ class BedrockBatchAdapter(BatchAdapter):
         ][:50]
         if tags:
             request["tags"] = tags
-        response = self.bedrock.create_model_invocation_job(**request)
         del kind
-        return BatchRef(self.name, str(response["jobArn"]), key)
 
-    def find(self, key: str) -> BatchRef | None:
+        def create() -> BatchRef:
+            response = self._create_bedrock.create_model_invocation_job(**request)
+            return BatchRef(self.name, str(response["jobArn"]), key)
+
+        started = utcnow()
+        return create_once(
+            key=key,
+            what="model invocation job create",
+            create=create,
+            lookup=lambda: self.find(key),
+            classify=_classify,
+            policy=self.create_policy(),
+            created_after=created_after or started,
+            request_count=records or 0,
+        )
+
+    def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
+        del created_after  # the name filter keeps the scan short; the job name is exact
         name = job_name(key)
         token: str | None = None
         while True:

@@ -25,10 +25,14 @@ arguments; every line carries its ``request.model`` (the API accepts it; the emu
 it), and :meth:`~GeminiBatchAdapter.stage` reads it from the chunk's first line. A ``model`` in
 ``submit``'s metadata, or the connection extra ``model``, wins.
 
-*Idempotency.* The batch's ``display_name`` is the idempotency key; :meth:`find` lists batches
-(newest first, up to ``find_scan_limit``) and matches it. Uploads are named (``display_name``)
-after the key and reused when a file of the same name and size exists. Gemini batches take no
-labels, so ``submit``'s metadata is not attached.
+*Idempotency.* The batch's ``display_name`` is the idempotency key; :meth:`find` pages through
+the whole batch list (the API promises no order, so it does not stop early; ``find_scan_limit``
+caps it when set) and matches it. Uploads are named (``display_name``) after the key and reused
+when a file of the same name and size exists. Gemini batches take no labels, so ``submit``'s
+metadata is not attached. Create-like calls (upload, batch create) are sent with the SDK's
+retries off (``attempts=1``) under :func:`~airflow_batch_provider.adapters.base.create_once`:
+429 is sent again after its ``Retry-After``; a timeout, dropped connection or 5xx is followed by
+a look-up by display name (and size, for a file) before anything is sent again.
 
 *Progress counts.* The SDK's ``BatchJob`` does not expose the Developer API's ``batchStats``, so
 :class:`BatchStatus` counts are 0 there (the contract's "unknown"); Vertex jobs report
@@ -69,9 +73,11 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
@@ -79,10 +85,15 @@ from airflow_batch_provider.adapters.base import (
     BatchRef,
     BatchState,
     BatchStatus,
+    CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
+    create_once,
+    failure_code,
+    http_failure,
     parse_jsonl_results,
+    utcnow,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
@@ -319,10 +330,15 @@ def _status(job: Any) -> BatchStatus:
     incomplete = int(getattr(stats, "incomplete_count", 0) or 0) if stats else 0
     error = getattr(job, "error", None)
     reason = None
+    error_code = error_message = None
     if error is not None and (error.message or error.code):
         reason = f"{error.code}: {error.message}" if error.code else str(error.message)
     elif neutral in ("failed", "expired"):
         reason = f"Gemini reported {raw} for {job.name} without an error message"
+    if neutral == "failed":
+        code = getattr(error, "code", None)
+        error_message = getattr(error, "message", None) or reason
+        error_code = failure_code(_RPC_CODES.get(code) if isinstance(code, int) else code, error_message)
     return BatchStatus(
         state=neutral,
         total=completed + failed + max(incomplete, 0),
@@ -330,7 +346,36 @@ def _status(job: Any) -> BatchStatus:
         failed=failed,
         reason=reason,
         raw_state=raw,
+        error_code=error_code,
+        error_message=error_message,
     )
+
+
+#: ``google.rpc.Code`` numbers a failed batch's error may carry, by name
+_RPC_CODES: Final = {3: "INVALID_ARGUMENT", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 13: "INTERNAL"}
+
+
+def _classify(exc: Exception) -> CreateFailure | None:
+    """Read a failed create: 429 refused, 5xx/timeout/connection ambiguous, other 4xx raised."""
+    from google.genai import errors
+
+    if isinstance(exc, errors.APIError):
+        headers = getattr(exc.response, "headers", None)
+        return http_failure(int(exc.code), headers)
+    if isinstance(exc, (TimeoutError, ConnectionError, *_transport_errors())):
+        return http_failure(None)
+    return None
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP clients' transport errors (timeouts, dropped connections) the SDK lets through."""
+    found: list[type[Exception]] = []
+    for module in ("httpx", "httpx2"):
+        try:
+            found.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 def _usage(meta: Mapping[str, Any] | None, fallback_prompt: int = 0) -> Usage:
@@ -553,10 +598,11 @@ class _GeminiRealtime(AsyncRealtimeClient):
                 gen_config = dict(body.get("generationConfig") or {})
                 if "systemInstruction" in body:
                     gen_config["systemInstruction"] = body["systemInstruction"]
+                gen_config["http_options"] = {"headers": {CUSTOM_ID_HEADER: custom_id}}
                 response = await aio.models.generate_content(
                     model=request.model,
                     contents=[types.Content.model_validate(c) for c in body["contents"]],
-                    config=types.GenerateContentConfig.model_validate(gen_config) if gen_config else None,
+                    config=types.GenerateContentConfig.model_validate(gen_config),
                 )
                 line = {"response": _dump(response)}
         except errors.APIError as exc:
@@ -599,6 +645,7 @@ class GeminiBatchAdapter(BatchAdapter):
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
         self._client_obj: genai.Client | None = None
+        self._create_obj: genai.Client | None = None
         self._models: dict[str, str] = {}
         self._inline: dict[str, list[dict[str, Any]]] = {}
 
@@ -610,6 +657,19 @@ class GeminiBatchAdapter(BatchAdapter):
 
             self._client_obj = genai.Client(**client_kwargs(self.settings))
         return self._client_obj
+
+    @property
+    def _create_client(self) -> genai.Client:
+        """The client for create-like calls: SDK retries off (see :func:`create_once`)."""
+        if self._create_obj is None:
+            from google import genai
+
+            self._create_obj = genai.Client(**client_kwargs(self.settings, attempts=1))
+        return self._create_obj
+
+    def _scan_limit(self) -> int | None:
+        value = self.settings.extra.get("find_scan_limit")
+        return int(value) if value is not None else None
 
     @property
     def vertex(self) -> bool:
@@ -652,19 +712,42 @@ class GeminiBatchAdapter(BatchAdapter):
             self._models[ref.value] = model
         return ref
 
-    def _upload(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
-        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+    def _find_file(self, name: str, size: int) -> InputRef | None:
+        limit = self._scan_limit()
         for i, existing in enumerate(self.client.files.list(config={"page_size": 100})):
-            if i >= scan:
+            if limit is not None and i >= limit:
                 break
             if existing.display_name == name and int(existing.size_bytes or 0) == size and existing.name:
                 return InputRef("file", existing.name)
-        uploaded = self.client.files.upload(file=chunk, config={"mime_type": "jsonl", "display_name": name})  # type: ignore[arg-type]
-        if not uploaded.name:
-            raise RuntimeError(
-                f"Gemini accepted the upload of {name} but returned no file name; retry the task."
+        return None
+
+    def _upload(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        found = self._find_file(name, size)
+        if found is not None:
+            return found
+        start = chunk.tell()
+
+        def upload() -> InputRef:
+            chunk.seek(start)
+            uploaded = self._create_client.files.upload(
+                file=chunk,  # type: ignore[arg-type]
+                config={"mime_type": "jsonl", "display_name": name},
             )
-        return InputRef("file", uploaded.name)
+            if not uploaded.name:
+                raise RuntimeError(
+                    f"Gemini accepted the upload of {name} but returned no file name; retry the task."
+                )
+            return InputRef("file", uploaded.name)
+
+        return create_once(
+            key=name,
+            what=f"upload of {name}",
+            create=upload,
+            lookup=lambda: self._find_file(name, size),
+            classify=_classify,
+            policy=self.create_policy(),
+            created_after=utcnow(),
+        )
 
     def _gcs_prefix(self) -> str:
         prefix = str(self.settings.extra.get("gcs_prefix") or "")
@@ -695,44 +778,68 @@ class GeminiBatchAdapter(BatchAdapter):
         return str(model)
 
     def submit(
-        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
+        self,
+        input_ref: InputRef,
+        key: str,
+        metadata: Mapping[str, str],
+        kind: RequestKind = "chat",
+        *,
+        created_after: datetime | None = None,
     ) -> BatchRef:
-        found = self.find(key)
+        found = self.find(key, created_after=created_after)
         if found is not None:
             return found
         model = self._model_for(input_ref, metadata)
-        if self.vertex:
-            if kind == "embedding":
-                raise ConfigurationError(
-                    "Vertex AI batch prediction through google-genai has no embeddings batch; use a Gemini "
-                    "Developer API connection (vertexai false) for embedding workloads."
-                )
-            job = self.client.batches.create(
-                **vertex_create_args(model, input_ref.value, key, self._gcs_prefix())
+        if self.vertex and kind == "embedding":
+            raise ConfigurationError(
+                "Vertex AI batch prediction through google-genai has no embeddings batch; use a Gemini "
+                "Developer API connection (vertexai false) for embedding workloads."
             )
-        elif input_ref.kind == "inline":
-            entries = self._inline.pop(input_ref.value, None)
+        entries: list[dict[str, Any]] | None = None
+        if not self.vertex and input_ref.kind == "inline":
+            entries = self._inline.get(input_ref.value)
             if entries is None:
                 raise ConfigurationError(
                     f"inline chunk {input_ref.value!r} is no longer in memory (stage and submit ran in different "
                     "processes); rerun the submit task, which stages it again."
                 )
-            job = self.client.batches.create(
-                model=model, src=self.inline_requests(entries), config={"display_name": key}
-            )
-        elif kind == "embedding":
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # create_embeddings is marked experimental in the SDK
-                job = self.client.batches.create_embeddings(
-                    model=model, src={"file_name": input_ref.value}, config={"display_name": key}
+        client = self._create_client
+
+        def create() -> BatchRef:
+            if self.vertex:
+                job = client.batches.create(
+                    **vertex_create_args(model, input_ref.value, key, self._gcs_prefix())
                 )
-        else:
-            job = self.client.batches.create(model=model, src=input_ref.value, config={"display_name": key})
-        if not job.name:
-            raise RuntimeError(
-                f"Gemini created a batch for key {key} but returned no name; the next submit finds it."
-            )
-        return BatchRef(self.name, job.name, key)
+            elif entries is not None:
+                job = client.batches.create(
+                    model=model, src=self.inline_requests(entries), config={"display_name": key}
+                )
+            elif kind == "embedding":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # create_embeddings is marked experimental in the SDK
+                    job = client.batches.create_embeddings(
+                        model=model, src={"file_name": input_ref.value}, config={"display_name": key}
+                    )
+            else:
+                job = client.batches.create(model=model, src=input_ref.value, config={"display_name": key})
+            if not job.name:
+                raise RuntimeError(
+                    f"Gemini created a batch for key {key} but returned no name; the next submit finds it."
+                )
+            return BatchRef(self.name, job.name, key)
+
+        started = utcnow()
+        ref = create_once(
+            key=key,
+            what="batch create",
+            create=create,
+            lookup=lambda: self.find(key, created_after=started),
+            classify=_classify,
+            policy=self.create_policy(),
+            created_after=created_after or started,
+        )
+        self._inline.pop(input_ref.value, None)
+        return ref
 
     @staticmethod
     def inline_requests(entries: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -757,10 +864,13 @@ class GeminiBatchAdapter(BatchAdapter):
             )
         return out
 
-    def find(self, key: str) -> BatchRef | None:
-        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+    def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
+        # The list has no documented order, so every page is read (the key is exact; created_after
+        # cannot shorten the scan here).
+        del created_after
+        limit = self._scan_limit()
         for i, job in enumerate(self.client.batches.list(config={"page_size": 100})):
-            if i >= scan:
+            if limit is not None and i >= limit:
                 break
             if job.display_name == key and job.name:
                 return BatchRef(self.name, job.name, key)

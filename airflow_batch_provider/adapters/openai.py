@@ -5,28 +5,41 @@ OpenAI-compatible base URL (the bundled emulator, a vLLM or LiteLLM server) set 
 connection. The SDK is imported inside methods only, so importing this module is free.
 
 Idempotency: OpenAI's batch create takes no idempotency key, so the key goes into the batch's
-``metadata`` and :meth:`find` scans recent batches for it before any create. Uploads are named
-after the key and reused when a file of the same name and size exists, so a retried task never
-uploads or pays twice.
+``metadata`` and :meth:`find` pages through the batch list for it (newest first, down to the
+job's intent) before any create. Uploads are named after the key and reused when a file of the
+same name and size exists. Create-like calls (upload, batch create) are sent with the SDK's
+retries off and follow :func:`~airflow_batch_provider.adapters.base.create_once`: a 429 is sent
+again after ``Retry-After``; a timeout, dropped connection or 5xx is followed by a look-up by key
+(file name and size, batch metadata) before anything is sent again, so a retried task never
+uploads, creates or pays twice.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
 
 from airflow_batch_provider.adapters.base import (
+    CUSTOM_ID_HEADER,
     AdapterSettings,
     AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
     BatchStatus,
+    CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
+    create_once,
+    failure_code,
+    http_failure,
     parse_jsonl_results,
+    utcnow,
 )
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
@@ -77,15 +90,30 @@ def _usage(body: Mapping[str, Any]) -> Usage:
     )
 
 
+def _classify(exc: Exception) -> CreateFailure | None:
+    """Read a failed create: 429 refused, 5xx/timeout/connection ambiguous, other 4xx raised."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return http_failure(exc.status_code, exc.response.headers)
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return http_failure(None)
+    return None
+
+
 def _status(batch: Any) -> BatchStatus:
     counts = batch.request_counts
     raw = str(batch.status)
     reason = None
+    error_code = error_message = None
     errors = getattr(batch, "errors", None)
     if errors is not None and getattr(errors, "data", None):
         reason = "; ".join(
             f"{e.code}: {e.message}" + (f" (line {e.line})" if e.line else "") for e in errors.data[:5]
         )
+        if raw == "failed":
+            first = errors.data[0]
+            error_code, error_message = failure_code(first.code, first.message), first.message
     return BatchStatus(
         state=raw if raw in _STATES else "in_progress",  # type: ignore[arg-type]
         total=int(counts.total) if counts else 0,
@@ -93,6 +121,8 @@ def _status(batch: Any) -> BatchStatus:
         failed=int(counts.failed) if counts else 0,
         reason=reason,
         raw_state=raw,
+        error_code=error_code,
+        error_message=error_message,
     )
 
 
@@ -137,14 +167,15 @@ class _AsyncOpenAIRealtime(AsyncRealtimeClient):
         # The same body as the batch line, so a fallback answer is the batch answer at full price.
         body = dict(json.loads(self._adapter.format_line(request, custom_id))["body"])
         model = body.pop("model")
+        headers = {CUSTOM_ID_HEADER: custom_id}
         try:
             if request.kind == "embedding":
                 raw: Any = await self._client.embeddings.with_raw_response.create(
-                    model=model, input=body.pop("input"), extra_body=body or None
+                    model=model, input=body.pop("input"), extra_body=body or None, extra_headers=headers
                 )
             else:
                 raw = await self._client.chat.completions.with_raw_response.create(
-                    model=model, messages=body.pop("messages"), extra_body=body or None
+                    model=model, messages=body.pop("messages"), extra_body=body or None, extra_headers=headers
                 )
         except openai.APIStatusError as exc:
             return self._error_reply(custom_id, exc)
@@ -197,8 +228,10 @@ class OpenAIBatchAdapter(BatchAdapter):
     """OpenAI and OpenAI-compatible batch endpoints.
 
     Connection extras: ``api_type`` (``openai`` or ``azure``), ``api_version`` (Azure),
-    ``organization``, ``project``, ``max_retries``, ``timeout``, ``find_scan_limit`` (how many
-    recent batches :meth:`find` inspects, default 1000).
+    ``organization``, ``project``, ``max_retries`` (reads only; creates are never retried by the
+    SDK), ``timeout``, ``find_scan_limit`` (an optional cap on the batches or files a look-up
+    inspects; default none), ``find_clock_skew_s``, ``create_attempts``,
+    ``create_retry_initial_s``, ``create_retry_max_s``.
     """
 
     name: ClassVar[str] = "openai"
@@ -246,36 +279,96 @@ class OpenAIBatchAdapter(BatchAdapter):
         line = {"custom_id": custom_id, "method": "POST", "url": self.endpoint(request.kind), "body": body}
         return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
-    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
-        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+    @property
+    def _create_client(self) -> openai.OpenAI:
+        """The client for create-like calls: SDK retries off (see :func:`create_once`)."""
+        return self.client.with_options(max_retries=0)
+
+    def _scan_limit(self) -> int | None:
+        value = self.settings.extra.get("find_scan_limit")
+        return int(value) if value is not None else None
+
+    def _find_file(self, name: str, size: int) -> InputRef | None:
+        limit = self._scan_limit()
         for i, existing in enumerate(self.client.files.list(purpose="batch")):
-            if i >= scan:
+            if limit is not None and i >= limit:
                 break
             if existing.filename == name and int(existing.bytes or 0) == size:
                 return InputRef("file", existing.id)
-        uploaded = self.client.files.create(file=(name, chunk, "application/jsonl"), purpose="batch")
-        return InputRef("file", uploaded.id)
+        return None
 
-    def submit(
-        self, input_ref: InputRef, key: str, metadata: Mapping[str, str], kind: RequestKind = "chat"
-    ) -> BatchRef:
-        found = self.find(key)
+    def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
+        found = self._find_file(name, size)
         if found is not None:
             return found
+        started = utcnow()
+        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
+            source: IO[bytes] = chunk
+            if not chunk.seekable():  # a second send must start from the beginning again
+                shutil.copyfileobj(chunk, spool)
+                source = spool  # type: ignore[assignment]
+            start = source.tell()
+
+            def upload() -> InputRef:
+                source.seek(start)
+                uploaded = self._create_client.files.create(
+                    file=(name, source, "application/jsonl"), purpose="batch"
+                )
+                return InputRef("file", uploaded.id)
+
+            return create_once(
+                key=name,
+                what=f"upload of {name}",
+                create=upload,
+                lookup=lambda: self._find_file(name, size),
+                classify=_classify,
+                policy=self.create_policy(),
+                created_after=started,
+            )
+
+    def submit(
+        self,
+        input_ref: InputRef,
+        key: str,
+        metadata: Mapping[str, str],
+        kind: RequestKind = "chat",
+        *,
+        created_after: datetime | None = None,
+    ) -> BatchRef:
+        found = self.find(key, created_after=created_after)
+        if found is not None:
+            return found
+        started = utcnow()
         meta = {k[:64]: str(v)[:512] for k, v in list(metadata.items())[:15]}
         meta[METADATA_KEY] = key
-        batch = self.client.batches.create(
-            input_file_id=input_ref.value,
-            endpoint=self.endpoint(kind),  # type: ignore[arg-type]
-            completion_window="24h",
-            metadata=meta,
-        )
-        return BatchRef(self.name, batch.id, key)
 
-    def find(self, key: str) -> BatchRef | None:
-        scan = int(self.settings.extra.get("find_scan_limit", 1000))
+        def create() -> BatchRef:
+            batch = self._create_client.batches.create(
+                input_file_id=input_ref.value,
+                endpoint=self.endpoint(kind),  # type: ignore[arg-type]
+                completion_window="24h",
+                metadata=meta,
+            )
+            return BatchRef(self.name, batch.id, key)
+
+        return create_once(
+            key=key,
+            what="batch create",
+            create=create,
+            lookup=lambda: self.find(key, created_after=started),
+            classify=_classify,
+            policy=self.create_policy(),
+            created_after=created_after or started,
+        )
+
+    def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
+        not_before = self.find_not_before(created_after)
+        limit = self._scan_limit()
+        # The SDK's iterator follows has_more/after page by page; the list is newest first.
         for i, batch in enumerate(self.client.batches.list(limit=100)):
-            if i >= scan:
+            if (limit is not None and i >= limit) or (
+                not_before is not None and batch.created_at < not_before
+            ):
                 break
             if (batch.metadata or {}).get(METADATA_KEY) == key:
                 return BatchRef(self.name, batch.id, key)

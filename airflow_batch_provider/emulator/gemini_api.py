@@ -419,6 +419,8 @@ class GeminiEmulator:
     def __init__(self, state: EmulatorState) -> None:
         self.state = state
         self._uploads: dict[str, _Upload] = {}
+        #: finished sessions: a repeated command on one answers its file again (a session makes one file)
+        self._finished: dict[str, str] = {}
         self._mimes: dict[str, str] = {}
 
     def check_auth(self, request: Request) -> None:
@@ -487,6 +489,11 @@ class GeminiEmulator:
             return await self._upload_start(request)
         upload_id = request.query_params.get("upload_id", "")
         session = self._uploads.get(upload_id)
+        done = self.state.files.get(self._finished.get(upload_id, ""))
+        if session is None and done is not None:
+            return JSONResponse(
+                {"file": self.file_json(done, request)}, headers={"x-goog-upload-status": "final"}
+            )
         if session is None:
             raise _fail(404, f"No upload session {upload_id!r}; start a resumable upload first.")
         try:
@@ -525,6 +532,7 @@ class GeminiEmulator:
         finally:
             session.sink.close()
         self.state.bump(PROVIDER, "files_uploaded")
+        self._finished[upload_id] = meta.id
         return JSONResponse(
             {"file": self.file_json(meta, request)}, headers={"x-goog-upload-status": "final"}
         )

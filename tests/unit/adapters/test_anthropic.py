@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -24,7 +25,9 @@ from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.store import Clock
 from airflow_batch_provider.emulator.testing import run_emulator
-from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+
+from .faults import FAST_CREATE, arm, batches
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -258,12 +261,55 @@ def test_a_sibling_chunk_of_the_same_size_is_never_taken_for_this_one(env: Env) 
     assert env.created() == 2
 
 
-def test_a_running_batch_cannot_be_recognised_so_a_lost_reply_then_costs_a_second_batch(env: Env) -> None:
-    chunk = write_chunk(env.adapter(), env.tmp / "c.jsonl", 3)
-    lost = stage_and_submit(env.adapter(), chunk, "abp-key-3")
-    again = stage_and_submit(env.adapter(), chunk, "abp-key-3")  # still in progress: no custom ids visible
-    assert again.batch_id != lost.batch_id
-    assert env.created() == 2
+@pytest.mark.parametrize("fault", ["500_after", "drop_after", "slow_after"])
+def test_a_lost_create_reply_puts_the_job_in_doubt_and_never_creates_a_second_batch(
+    env: Env, fault: str
+) -> None:
+    adapter = env.adapter(**FAST_CREATE)
+    chunk = write_chunk(adapter, env.tmp / "c.jsonl", 3)
+    arm(env.url, f"create:{fault}")
+    with pytest.raises(BatchInDoubtError, match="job abp-key-3 is in doubt") as caught:
+        stage_and_submit(adapter, chunk, "abp-key-3")
+    doubt = caught.value
+    assert (doubt.key, doubt.request_count) == ("abp-key-3", 3)
+    (batch,) = batches(env.url, "anthropic")
+    retry = env.adapter(**FAST_CREATE)  # a new task attempt knows only what the ledger kept
+    ids = [make_custom_id(f"item-{i:04d}", 1, 0) for i in range(3)]
+    with pytest.raises(BatchInDoubtError, match="still run"):
+        retry.resolve_in_doubt("abp-key-3", doubt.created_after, 3, custom_ids=ids)
+    assert len(batches(env.url, "anthropic")) == 1, "being in doubt never creates"
+    env.advance()
+    found = retry.resolve_in_doubt("abp-key-3", doubt.created_after, 3, custom_ids=ids)
+    assert found is not None and found.batch_id == batch["id"]
+    (ended,) = batches(env.url, "anthropic")
+    assert ended["keys"] == {} and sorted(ended["billed"]) == sorted(ids)
+
+
+def test_a_job_in_doubt_with_no_matching_batch_is_proven_absent(env: Env) -> None:
+    adapter = env.adapter(**FAST_CREATE)
+    arm(env.url, "create:500")  # refused before acting, but a 500 cannot say so: in doubt
+    with pytest.raises(BatchInDoubtError) as caught:
+        stage_and_submit(adapter, write_chunk(adapter, env.tmp / "c.jsonl", 3), "abp-absent")
+    assert batches(env.url, "anthropic") == []
+    assert adapter.resolve_in_doubt("abp-absent", caught.value.created_after, 3) is None
+
+
+def test_an_ended_batch_of_another_chunk_proves_nothing_was_created_for_this_one(env: Env) -> None:
+    adapter = env.adapter(**FAST_CREATE)
+    intent = datetime.now(timezone.utc) - timedelta(seconds=1)
+    stage_and_submit(adapter, write_chunk(adapter, env.tmp / "c0.jsonl", 3, chunk=0), "abp-sibling")
+    env.advance()
+    ours = [make_custom_id(f"item-{i:04d}", 1, 1) for i in range(3)]
+    assert env.adapter().resolve_in_doubt("abp-ours", intent, 3, custom_ids=ours) is None
+    with pytest.raises(BatchInDoubtError, match="pass custom_ids"):
+        env.adapter().resolve_in_doubt("abp-ours", intent, 3)
+
+
+def test_a_create_refused_with_429_is_sent_again_and_makes_one_batch(env: Env) -> None:
+    adapter = env.adapter(**FAST_CREATE)
+    arm(env.url, "create:429", create_retry_after_s=0)
+    ref = stage_and_submit(adapter, write_chunk(adapter, env.tmp / "c.jsonl", 2), "abp-429")
+    assert [b["id"] for b in batches(env.url, "anthropic")] == [ref.batch_id]
 
 
 def test_batches_created_before_the_chunk_was_staged_are_not_candidates(env: Env) -> None:
@@ -538,3 +584,14 @@ async def test_an_unreachable_endpoint_is_a_retryable_result_not_an_exception(tm
         await client.close()
     assert reply.result.outcome == "failed_retryable"
     assert reply.result.error_code in ("connection_error", "timeout")
+
+
+async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(env: Env) -> None:
+    client = env.adapter().realtime_client()
+    try:
+        reply = await client.complete(request("1"), "rt-1")
+    finally:
+        await client.close()
+    (answer,) = env.admin("GET", "/_emulator/record")["realtime"]["anthropic"]
+    assert answer["custom_id"] == "rt-1"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens

@@ -36,6 +36,8 @@ from airflow_batch_provider.emulator.store import Clock
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
 
+from .faults import FAST_CREATE, arm, batches
+
 ROLE = "arn:aws:iam::123456789012:role/BedrockBatch"
 CLAUDE = "anthropic.claude-3-5-haiku-20241022-v1:0"
 NOVA = "us.amazon.nova-lite-v1:0"
@@ -636,3 +638,34 @@ def test_the_hook_passes_the_connection_login_as_the_access_key_id() -> None:
         "AWS access key ID"
     )
     assert BedrockBatchHook.conn_type == "bedrock_batch"
+
+
+# -- the create rule under faults ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["500_after", "drop_after", "slow_after"])
+def test_a_lost_create_reply_is_found_by_its_job_name_and_not_created_again(
+    env_factory: EnvFactory, fault: str
+) -> None:
+    with env_factory(extra={**FAST_CREATE, "max_retries": 3}) as env:
+        input_ref = env.chunk(MIN_RECORDS, "abp-lost-reply")
+        arm(env.url, f"create:{fault}")
+        ref = env.adapter.submit(input_ref, "abp-lost-reply", {"model": CLAUDE})
+        (job,) = batches(env.url, "bedrock")
+        assert ref.batch_id.endswith(f"/{job['id']}")
+        assert job["keys"]["job_name"] == job_name("abp-lost-reply")
+
+
+def test_a_throttled_create_is_sent_again_and_makes_one_job(env_factory: EnvFactory) -> None:
+    with env_factory(extra=FAST_CREATE) as env:
+        input_ref = env.chunk(MIN_RECORDS, "abp-throttled")
+        arm(env.url, "create:429", create_retry_after_s=0)
+        ref = env.adapter.submit(input_ref, "abp-throttled", {"model": CLAUDE})
+        assert [j["id"] for j in batches(env.url, "bedrock")] == [ref.batch_id.rsplit("/", 1)[1]]
+
+
+def test_a_failed_job_carries_a_normalised_error_code(env_factory: EnvFactory) -> None:
+    with env_factory(faults=FaultConfig(fail_validation=1)) as env:
+        status = _walk(env, env.submit(MIN_RECORDS, "abp-failed-code"), [DONE_S])[-1]
+        assert (status.state, status.error_code) == ("failed", "invalid_file")
+        assert status.error_message == status.reason

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import httpx
@@ -31,7 +32,9 @@ from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.faults import FaultConfig
 from airflow_batch_provider.emulator.testing import run_emulator
-from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+
+from .faults import FAST_CREATE, arm, batches
 
 pytest.importorskip("google.genai")
 
@@ -259,6 +262,8 @@ def test_a_batch_that_fails_validation_is_failed_with_a_reason(emu: Emu) -> None
     emu.advance(FINISH_S)
     status = adapter.status(ref)
     assert status.state == "failed"
+    # The SDK's BatchJob drops the Developer API's operation error, so the code is the catch-all.
+    assert status.error_code == "provider_error" and status.error_message
     assert status.raw_state == "JOB_STATE_FAILED"
     assert status.reason and "JOB_STATE_FAILED" in status.reason
     assert results(adapter, ref) == []
@@ -495,6 +500,9 @@ async def test_realtime_answers_a_chat_request_with_usage(emu: Emu) -> None:
     assert reply.result.custom_id == "rt-1"
     assert reply.result.outcome == "succeeded"
     assert json.loads(reply.result.output)["sentiment"] == "positive"
+    (answer,) = httpx.get(f"{emu.base_url}/_emulator/record").json()["realtime"]["gemini"]
+    assert answer["custom_id"] == "rt-1"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens
     assert reply.result.usage.input_tokens > 0 and reply.result.usage.output_tokens > 0
 
 
@@ -562,3 +570,54 @@ def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
     adapter = GeminiBatchAdapter(AdapterSettings(extra={"vertexai": True, "project": "p", "location": "l"}))
     with pytest.raises(ConfigurationError, match="gcs_prefix"):
         adapter.stage(io.BytesIO(b"{}\n"), "x.jsonl", 3)
+
+
+# -- the create rule under faults -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["500_after", "drop_after", "slow_after"])
+def test_a_lost_create_reply_is_found_by_its_display_name_and_not_created_again(emu: Emu, fault: str) -> None:
+    adapter = emu.adapter(**FAST_CREATE)
+    data = chunk(adapter, [chat(1)])
+    staged = adapter.stage(io.BytesIO(data), "abp-lost.jsonl", len(data))
+    arm(emu.base_url, f"create:{fault}")
+    ref = adapter.submit(staged, "abp-lost", {})
+    (batch,) = batches(emu.base_url, "gemini")
+    assert ref.batch_id == f"batches/{batch['id']}"
+    assert batch["keys"] == {"display_name": "abp-lost"}
+
+
+@pytest.mark.parametrize("fault", ["500_after", "drop_after"])
+def test_a_lost_upload_reply_is_found_by_name_and_not_uploaded_again(emu: Emu, fault: str) -> None:
+    adapter = emu.adapter(**FAST_CREATE)
+    arm(emu.base_url, f"upload:{fault}")
+    data = chunk(adapter, [chat(1)])
+    staged = adapter.stage(io.BytesIO(data), "abp-up.jsonl", len(data))
+    assert emu.stats()["files_uploaded"] == 1
+    assert staged.value.startswith("files/")
+
+
+def test_a_create_refused_with_429_before_acting_is_sent_again(emu: Emu) -> None:
+    adapter = emu.adapter(**FAST_CREATE)
+    arm(emu.base_url, "create:429", create_retry_after_s=0)
+    ref = submit(adapter, [chat(1)], key="abp-429")
+    assert [f"batches/{b['id']}" for b in batches(emu.base_url, "gemini")] == [ref.batch_id]
+
+
+def test_a_create_that_fails_ambiguously_on_every_try_ends_in_doubt(emu: Emu) -> None:
+    adapter = emu.adapter(create_attempts=2, **FAST_CREATE)
+    data = chunk(adapter, [chat(1)])
+    staged = adapter.stage(io.BytesIO(data), "abp-doubt.jsonl", len(data))
+    arm(emu.base_url, "create:500", "create:500")
+    with pytest.raises(BatchInDoubtError, match="abp-doubt"):
+        adapter.submit(staged, "abp-doubt", {})
+    assert batches(emu.base_url, "gemini") == []
+
+
+def test_find_pages_through_every_batch(emu: Emu) -> None:
+    adapter = emu.adapter()
+    first = submit(adapter, [chat(1)], key="abp-first")
+    for n in range(120):
+        submit(adapter, [chat(1)], key=f"abp-other-{n}")
+    assert adapter.find("abp-first") == first
+    assert adapter.resolve_in_doubt("abp-first", datetime.now(timezone.utc), 1) == first

@@ -6,16 +6,20 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
 
-from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
-from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, BatchStatus, InputRef
+from airflow_batch_provider.adapters.openai import METADATA_KEY, OpenAIBatchAdapter
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import BatchInDoubtError
+
+from .faults import FAST_CREATE, arm, batches
 
 CHAT = CanonicalRequest(
     app_id="a1",
@@ -48,8 +52,10 @@ def stats(url: str) -> dict[str, object]:
     return dict(httpx.get(f"{url}/_emulator/stats").json())
 
 
-def advance(url: str, seconds: float) -> None:
-    httpx.post(f"{url}/_emulator/clock", json={"advance_s": seconds}).raise_for_status()
+def advance(url: str, seconds: float) -> float:
+    answer = httpx.post(f"{url}/_emulator/clock", json={"advance_s": seconds})
+    answer.raise_for_status()
+    return float(answer.json()["now"])
 
 
 def stage_lines(adapter: OpenAIBatchAdapter, requests: list[CanonicalRequest], name: str) -> InputRef:
@@ -250,3 +256,105 @@ def test_every_result_line_shape_maps_to_a_neutral_outcome() -> None:
 def test_a_batch_ref_survives_a_round_trip_through_xcom() -> None:
     ref = BatchRef("openai", "batch_1", "abp-k")
     assert BatchRef.from_dict(json.loads(json.dumps(ref.to_dict()))) == ref
+
+
+AFTER_FAULTS = ["500_after", "drop_after", "slow_after"]
+
+
+@pytest.mark.parametrize("fault", AFTER_FAULTS)
+def test_a_lost_create_reply_is_found_by_its_key_and_not_created_again(emulator: str, fault: str) -> None:
+    adapter = adapter_for(emulator, **FAST_CREATE)
+    staged = stage_lines(adapter, [CHAT], "lost-create.jsonl")
+    arm(emulator, f"create:{fault}")
+    ref = adapter.submit(staged, "lost-create", {})
+    (batch,) = batches(emulator, "openai")
+    assert ref.batch_id == batch["id"]
+    assert batch["keys"]["metadata"][METADATA_KEY] == "lost-create"
+
+
+@pytest.mark.parametrize("fault", AFTER_FAULTS)
+def test_a_lost_upload_reply_is_found_by_name_and_not_uploaded_again(emulator: str, fault: str) -> None:
+    adapter = adapter_for(emulator, **FAST_CREATE)
+    arm(emulator, f"upload:{fault}")
+    ref = stage_lines(adapter, [CHAT], "lost-upload.jsonl")
+    files = httpx.get(f"{emulator}/v1/files").json()["data"]
+    assert [f["id"] for f in files] == [ref.value]
+
+
+def test_a_create_refused_with_429_before_acting_is_sent_again(emulator: str) -> None:
+    adapter = adapter_for(emulator, **FAST_CREATE)
+    staged = stage_lines(adapter, [CHAT], "refused.jsonl")
+    arm(emulator, "create:429", "create:429", create_retry_after_s=0)
+    ref = adapter.submit(staged, "refused", {})
+    assert [b["id"] for b in batches(emulator, "openai")] == [ref.batch_id]
+    assert stats(emulator)["counters"]["openai.create_faults.429"] == 2  # type: ignore[index]
+
+
+def test_a_create_that_fails_ambiguously_on_every_try_ends_in_doubt_not_in_a_batch(emulator: str) -> None:
+    adapter = adapter_for(emulator, create_attempts=2, **FAST_CREATE)
+    staged = stage_lines(adapter, [CHAT], "doubt.jsonl")
+    arm(emulator, "create:500", "create:500")
+    with pytest.raises(BatchInDoubtError, match="job doubt is in doubt") as caught:
+        adapter.submit(staged, "doubt", {})
+    assert caught.value.key == "doubt"
+    assert batches(emulator, "openai") == []
+    assert adapter.resolve_in_doubt("doubt", caught.value.created_after, 1) is None
+
+
+def test_a_create_refused_as_invalid_is_raised_at_once_and_never_looked_up(emulator: str) -> None:
+    import openai
+
+    adapter = adapter_for(emulator, **FAST_CREATE)
+    with pytest.raises(openai.NotFoundError):
+        adapter.submit(InputRef("file", "file-missing"), "bad", {})
+    assert stats(emulator)["counters"].get("openai.create_calls") == 1  # type: ignore[attr-defined]
+
+
+def test_find_pages_past_the_newest_thousand_batches(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    staged = stage_lines(adapter, [CHAT], "old.jsonl")
+    ref = adapter.submit(staged, "old", {})
+    body = {"input_file_id": staged.value, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    with httpx.Client(base_url=emulator) as http:
+        for _ in range(1_000):
+            http.post("/v1/batches", json=body).raise_for_status()
+    assert adapter.find("old") == ref
+
+
+def test_find_stops_at_batches_created_before_the_intent(emulator: str) -> None:
+    adapter = adapter_for(emulator, find_clock_skew_s=60)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "earlier.jsonl"), "earlier", {})
+    now = advance(emulator, 86_400)
+    intent = datetime.fromtimestamp(now, timezone.utc)
+    assert adapter.find("earlier", created_after=intent) is None
+    assert adapter.find("earlier", created_after=intent - timedelta(days=2)) == ref
+    assert adapter.resolve_in_doubt("earlier", intent - timedelta(days=2), 1) == ref
+
+
+def test_a_batch_over_the_enqueued_token_limit_ends_failed_with_its_code(emulator: str) -> None:
+    arm(emulator, fail_token_limit=1)
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "tokens.jsonl"), "tokens", {})
+    advance(emulator, 60)
+    status = adapter.status(ref)
+    assert (status.state, status.error_code) == ("failed", "token_limit_exceeded")
+    assert status.error_message and "Enqueued token limit reached for gpt-4o-mini" in status.error_message
+    assert BatchStatus.from_dict(status.to_dict()) == status
+
+
+def test_a_completed_batch_has_no_error_code(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    ref = adapter.submit(stage_lines(adapter, [CHAT], "fine.jsonl"), "fine", {})
+    advance(emulator, 60)
+    assert adapter.status(ref).error_code is None
+
+
+async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(emulator: str) -> None:
+    client = adapter_for(emulator).realtime_client()
+    try:
+        reply = await client.complete(CHAT, "a1__a1c0")
+    finally:
+        await client.close()
+    (answer,) = httpx.get(f"{emulator}/_emulator/record").json()["realtime"]["openai"]
+    assert answer["custom_id"] == "a1__a1c0"
+    assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens

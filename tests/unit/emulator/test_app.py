@@ -294,3 +294,21 @@ def test_a_stuck_batch_stays_in_progress_until_cancelled(client: TestClient) -> 
     assert client.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelling"
     client.post("/_emulator/clock", json={"advance_s": 60})
     assert client.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled"
+
+
+def test_a_cancel_takes_the_configured_time_and_keeps_the_finished_lines(client: TestClient) -> None:
+    client.put("/_emulator/config", json={"faults": {"rate_500": 0}, "timings": {"cancelling_s": 600}})
+    batch_id = _upload_and_create(client)
+    client.post("/_emulator/clock", json={"advance_s": 2 + 5})  # validating 2 s, then half of 10 s
+    client.post(f"/v1/batches/{batch_id}/cancel")
+    client.post("/_emulator/clock", json={"advance_s": 599})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "cancelling" and "output_file_id" not in batch
+    client.post("/_emulator/clock", json={"advance_s": 1})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "cancelled"
+    done = client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()
+    cancelled = client.get(f"/v1/files/{batch['error_file_id']}/content").text.splitlines()
+    assert len(done) == 2 and len(cancelled) == 2
+    (entry,) = client.get("/_emulator/record").json()["batches"]["openai"]
+    assert sorted(entry["billed"]) == sorted(json.loads(line)["custom_id"] for line in done)
