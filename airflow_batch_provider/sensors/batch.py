@@ -231,16 +231,14 @@ class BatchStatusSensor(BaseSensorOperator):
             return out
         values: dict[str, Any] = {"batch_state": status.state}
         if status.state == "failed":
-            code = harvest.error_code_of(status) or harvest.BATCH_FAILED
-            values["error"] = f"{code}: {status.reason or 'no reason given'}"
+            code, values["error"] = harvest.failure_note(status)
             out["error_code"] = code
             self.log.warning(
-                "batch %s (job %s) failed at the provider (%s): %s; its items go to the next round or to "
+                "batch %s (job %s) failed at the provider (%s); its items go to the next round or to "
                 "review by that cause, and the run goes on",
                 self.batch["batch_id"],
                 job_id,
-                code,
-                status.reason or "no reason given",
+                values["error"],
             )
         self.ledger.update_job(job_id, **values)
         return out

@@ -40,10 +40,8 @@ log = logging.getLogger(__name__)
 FAILED_BATCH_CAUSES: Final[dict[str, Literal["failed_retryable", "failed_permanent"]]] = {
     "token_limit_exceeded": "failed_retryable",
     "quota_exceeded": "failed_retryable",
-    "rate_limited": "failed_retryable",
-    "server_error": "failed_retryable",
+    "provider_error": "failed_retryable",
     "invalid_file": "failed_permanent",
-    "invalid_request": "failed_permanent",
 }
 #: Error code of items whose batch failed without a cause the adapter could name.
 BATCH_FAILED: Final = "batch_failed"
@@ -60,8 +58,16 @@ def error_code_of(status: BatchStatus | None) -> str | None:
     """
     if status is None or status.state != "failed":
         return None
-    code = getattr(status, "error_code", None)  # BatchStatus.error_code (adapters branch)
-    return str(code) if code else None
+    return status.error_code
+
+
+def failure_note(status: BatchStatus) -> tuple[str, str]:
+    """The cause of a failed batch and the note the job keeps (``"<code>: <provider's words>"``).
+
+    :param status: a status in state ``failed``
+    """
+    code = error_code_of(status) or BATCH_FAILED
+    return code, f"{code}: {status.error_message or status.reason or 'no reason given'}"
 
 
 def read_status(adapter: BatchAdapter, ref: BatchRef) -> tuple[BatchStatus | None, str | None]:
@@ -250,8 +256,7 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         **paths,
     }
     if status.state == "failed":
-        code = error_code_of(status) or BATCH_FAILED
-        values["error"] = f"{code}: {status.reason or 'no reason given'}"
+        values["error"] = failure_note(status)[1]
     ledger.update_job(job_id, **values)
     return Download(True, True, paths, status)
 

@@ -16,6 +16,7 @@ from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.exceptions import ItemError
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.records import job_id_for
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.staging import Staging
 
@@ -46,11 +47,7 @@ def job_id_of(workload: str, run_id: str, round_: int, chunk: int) -> str:
     :param round_: round number
     :param chunk: chunk index
     """
-    try:
-        from airflow_batch_provider.ledger.records import job_id_for
-    except ImportError:  # pragma: no cover - until the ledger branch is merged
-        return f"{workload}:{run_id}:r{round_}:c{chunk:05d}"
-    return str(job_id_for(workload, run_id, round_, chunk))
+    return job_id_for(workload, run_id, round_, chunk)
 
 
 def stage_round(

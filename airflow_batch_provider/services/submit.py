@@ -33,7 +33,7 @@ from typing import Any, Final, Literal
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.exceptions import BatchInDoubtError, JobClaimedError
+from airflow_batch_provider.exceptions import BatchInDoubtError, JobClaimedError, JobNotClaimableError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.staging import Staging
 
@@ -50,6 +50,14 @@ IN_DOUBT: Final = "in_doubt"
 IN_DOUBT_CODE: Final = "in_doubt"
 
 
+def aware(value: datetime) -> datetime:
+    """A ledger timestamp with its zone: a naive one is UTC.
+
+    :param value: the timestamp
+    """
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
 def epoch(value: datetime | None, default: float | None = None) -> float:
     """Epoch seconds of a ledger timestamp; a naive one is UTC (SQLite drops the zone).
 
@@ -58,9 +66,7 @@ def epoch(value: datetime | None, default: float | None = None) -> float:
     """
     if value is None:
         return time.time() if default is None else default
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.timestamp()
+    return aware(value).timestamp()
 
 
 def claim_owner(dag_id: str, run_id: str, task_id: str, map_index: int | None, try_number: int | None) -> str:
@@ -147,7 +153,7 @@ def _claim(
         try:
             ledger.claim_job(job_id, owner, lease_s)
             return None
-        except JobClaimedError as exc:
+        except (JobClaimedError, JobNotClaimableError) as exc:
             known = _known(ledger.job(job_id))
             if known is not None:
                 return known
@@ -196,7 +202,8 @@ def _create(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id: str
     if known is not None:
         return known
     key = job["idempotency_key"]
-    found = adapter.find(key)
+    intent = aware(job["created_at"])
+    found = adapter.find(key, created_after=intent)
     if found is not None:
         log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
         ledger.mark_submitted(job_id, found.batch_id, job["input_ref"] or "")
@@ -209,7 +216,9 @@ def _create(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id: str
     ledger.update_job(job_id, input_ref=input_ref.value)
     failpoint("submit.after_upload")
     try:
-        ref: BatchRef = adapter.submit(input_ref, key, batch_metadata(job), kind=job["kind"])
+        ref: BatchRef = adapter.submit(
+            input_ref, key, batch_metadata(job), kind=job["kind"], created_after=intent
+        )
     except BatchInDoubtError as exc:
         log.error(
             "job %s: %s; it is in doubt and will not be created again until that is resolved", job_id, exc
@@ -243,11 +252,18 @@ def resolve_in_doubt(
     job = ledger.job(job_id)
     if job["state"] != IN_DOUBT:
         return ("found", job["batch_id"]) if job["batch_id"] else ("absent", None)
-    created_after = job["created_at"]
-    if created_after.tzinfo is None:
-        created_after = created_after.replace(tzinfo=timezone.utc)
+    created_after = aware(job["created_at"])
+    custom_ids = [
+        str(r["custom_id"])
+        for r in ledger.iter_items(
+            job["workload"], job["run_id"], states=["staged"], columns=["job_id", "custom_id"]
+        )
+        if r["job_id"] == job_id and r["custom_id"]
+    ]
     try:
-        ref = adapter.resolve_in_doubt(job["idempotency_key"], created_after, int(job["lines"]))
+        ref = adapter.resolve_in_doubt(
+            job["idempotency_key"], created_after, int(job["lines"]), custom_ids=custom_ids
+        )
     except BatchInDoubtError as exc:
         log.info("job %s still in doubt: %s", job_id, exc)
         return "unknown", None
@@ -255,7 +271,9 @@ def resolve_in_doubt(
         ledger.resolve_job(job_id, None, actor, "proven absent at the provider; claimable again")
         log.warning("job %s: no batch exists at the provider; it will be created now", job_id)
         return "absent", None
-    ledger.resolve_job(job_id, ref.batch_id, actor, f"found batch {ref.batch_id} at the provider")
+    ledger.resolve_job(
+        job_id, ref.batch_id, actor, f"found batch {ref.batch_id} at the provider", submitted_at=created_after
+    )
     log.warning("job %s: found its batch %s at the provider; attaching", job_id, ref.batch_id)
     return "found", ref.batch_id
 

@@ -18,8 +18,10 @@ from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import WorkloadLeasedError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.operators import batch as batch_module
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -27,6 +29,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    take_workload_lease,
 )
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 
@@ -181,26 +184,26 @@ def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
         yield Flow(url, tmp_path)
 
 
-def test_a_failed_batch_does_not_fail_the_run_its_items_are_retried_and_publish_reports_it(
+def test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it(
     flow: Flow,
 ) -> None:
     manifests = flow.prepare(6, max_requests_per_chunk=3)
     assert len(manifests) == 2
-    flow.fault(fail_validation=1)  # the first batch created fails at the provider
+    flow.fault(fail_validation=1)  # the first batch created fails validation at the provider
     first = flow.round(manifests)
     assert [r["complete"] for r in first] == [True, True]
-    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
-    states = ledger.count_states("flow", RUN)
-    assert states.get("succeeded") == 3 and sum(states.values()) == 6
-    second = flow.resubmit(2)
-    assert sum(m["lines"] for m in second) == 3
-    flow.round(second, "_2")
+    assert flow.resubmit(2) == []  # a permanent cause: nothing to send again
     out = flow.publish()
-    assert out["items_by_state"] == {"succeeded": 6}
+    assert out["items_by_state"] == {"succeeded": 3, "review": 3}
     assert out["failed_batches"] == 1
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    codes = {
+        r["error_code"] for r in ledger.iter_items("flow", RUN, states=["review"], columns=["error_code"])
+    }
+    assert codes == {"invalid_file"}
     report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
     (failed,) = report["failed_batches"]
-    assert failed["lines"] == 3 and failed["error"]
+    assert failed["lines"] == 3 and failed["error"].startswith("invalid_file: ")
     assert "failed batches: 1" in report["table"]
 
 
@@ -209,9 +212,54 @@ def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size
     flow.fault(fail_token_limit=1)
     flow.round([manifest])
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
-    rows = list(ledger.iter_items("flow", RUN, columns=["error_code"]))
+    rows = list(ledger.iter_items("flow", RUN, columns=["state", "error_code"]))
     assert {(r["state"], r["error_code"]) for r in rows} == {("failed_retryable", "token_limit_exceeded")}
     second = flow.resubmit(2)
     assert [m["lines"] for m in second] == [4, 4]
     flow.round(second, "_2")
-    assert flow.publish()["items_by_state"] == {"succeeded": 8}
+    out = flow.publish()
+    assert out["items_by_state"] == {"succeeded": 8}
+    assert out["failed_batches"] == 1
+
+
+# ---------------------------------------------------------------------------- the workload lease
+
+
+def lease_context(run_id: str) -> Any:
+    return {
+        "run_id": run_id,
+        "ti": SimpleNamespace(dag_id="nightly", task_id="w.lease", map_index=-1, try_number=1),
+    }
+
+
+@pytest.mark.parametrize("holder_state", ["running", "queued", None])
+def test_a_second_run_fails_fast_naming_the_run_that_holds_the_workload(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, holder_state: str | None
+) -> None:
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda dag_id, run_id: holder_state)
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    with pytest.raises(WorkloadLeasedError, match="held by DAG 'nightly', run 'scheduled__1'"):
+        take_workload_lease(ledger, "w", lease_context("manual__2"))
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))  # the holder again: no-op
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "scheduled__1"
+
+
+def test_a_run_takes_over_the_workload_from_a_run_that_is_no_longer_running(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda d, r: asked.append((d, r)) or "failed")
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    take_workload_lease(ledger, "w", lease_context("manual__2"))
+    assert asked == [("nightly", "scheduled__1")]
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "manual__2"
+
+
+def test_publish_gives_the_workload_back(flow: Flow) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    take_workload_lease(ledger, "flow", flow.context("lease"))
+    flow.round(flow.prepare(2))
+    flow.publish()
+    assert ledger.workload_lease("flow") is None

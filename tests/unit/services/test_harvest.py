@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.core.policy import PollPolicy
-from airflow_batch_provider.core.results import Usage
+from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.services.harvest import download_job, reconcile_job
 from tests.unit.services.workload import PROMPT, RUN, WORKLOAD, World, world
@@ -192,3 +192,28 @@ def test_the_failpoint_sink_passes_the_data_through() -> None:
     sink.write(b"abc")
     sink.write(b"def")
     assert buf.getvalue() == b"abcdef"
+
+
+def test_results_that_arrive_after_the_fallback_answered_are_kept_as_discarded_cost(tmp_path: Path) -> None:
+    with world(tmp_path, time_scale=1.0) as w:
+        (job_id,) = submitted(w, 3)
+        assert not download_job(w.ledger, w.adapter, w.staging, job_id).complete  # harvest ran out of time
+        for row in list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state"])):  # the deadline fallback
+            cid = w.ledger.begin_sync_attempt(
+                WORKLOAD, RUN, row["item_key"], row["prompt_version"], ["submitted"]
+            )
+            assert cid is not None
+            w.ledger.record_sync_result(
+                WORKLOAD, RUN, ItemResult(cid, "succeeded", output="sync", usage=Usage(5, 1)), 7
+            )
+        w.advance(3600)
+        w.wait_terminal(job_id)
+        late = reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price)
+        assert late["complete"] is True and late["late"] == 3
+        rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state", "route", "output_json"]))
+        assert {(r["state"], r["route"], r["output_json"]) for r in rows} == {
+            ("succeeded", "fallback", '"sync"')
+        }
+        totals = w.ledger.attempt_totals(WORKLOAD, RUN)
+        discarded = [t for t in totals if t["mode"] == "batch" and t["discarded"]]
+        assert sum(t["lines"] for t in discarded) == 3 and all(t["cost_nusd"] > 0 for t in discarded)

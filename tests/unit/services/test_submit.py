@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.exceptions import JobClaimedError
-from airflow_batch_provider.services import submit
+from airflow_batch_provider.services import report, submit
 from airflow_batch_provider.services.submit import epoch, submit_job
-from tests.unit.services.workload import World, world
+from tests.unit.services.workload import RUN, WORKLOAD, World, world
 
 
 def created(w: World) -> int:
@@ -89,3 +89,58 @@ def test_a_claim_held_by_a_live_attempt_is_refused_with_the_holder_named(tmp_pat
 def test_the_claim_owner_names_the_task_attempt_and_the_process() -> None:
     owner = submit.claim_owner("dag", "run", "g.submit", 3, 2)
     assert owner.startswith("dag/run/g.submit/3/2@") and ":" in owner
+
+
+# ---------------------------------------------------------------------------- in doubt (Anthropic)
+
+
+def test_an_ambiguous_create_leaves_the_job_in_doubt_and_no_later_attempt_creates_it_again(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")  # the provider acts, the reply is lost; Anthropic cannot be asked
+        first = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try1")
+        assert first.in_doubt and first.batch_id is None
+        assert w.ledger.get_job(job_id).in_doubt
+        again = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert again.in_doubt
+        assert w.batches_created() == 1
+        # still running: the batch list cannot tell, nothing changes
+        assert submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "try2") == ("unknown", None)
+        w.advance(3600)
+        how, batch_id = submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "try2")
+        assert how == "found" and batch_id
+        job = w.ledger.get_job(job_id)
+        assert (job.state, job.batch_id) == ("submitted", batch_id)
+        assert w.ledger.count_states(WORKLOAD, RUN) == {"submitted": 3}
+        assert w.batches_created() == 1
+
+
+def test_a_job_in_doubt_that_is_proven_absent_is_created_once_in_the_same_task(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic") as w:
+        job_id = one_job(w)
+        w.arm("create:500")  # refused before acting, but a 500 cannot say so
+        assert submit_job(
+            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1"
+        ).in_doubt
+        assert w.batches_created() == 0
+        assert submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "t1") == ("absent", None)
+        made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert made.how == "created" and made.batch_id
+        assert w.batches_created() == 1
+
+
+def test_items_of_a_job_still_in_doubt_go_to_review_with_the_code_in_doubt(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")
+        submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert submit.settle_in_doubt(w.ledger, job_id, "the deadline came") == 3
+        rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state", "error_code", "error_message"]))
+        assert {(r["state"], r["error_code"]) for r in rows} == {("review", "in_doubt")}
+        assert "the deadline came" in rows[0]["error_message"]
+        assert [
+            j["job_id"]
+            for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
+        ] == [job_id]
