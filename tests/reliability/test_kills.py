@@ -18,17 +18,19 @@ from tests.support.chaos import ChaosRun, Kill, chaos_emulator, check_invariants
 
 pytestmark = pytest.mark.reliability
 
-#: every fail point of the batch path, in the order a run reaches them; the N picks a later job
-#: so that a kill lands with earlier jobs already done
-BATCH_PATH_KILLS = (
-    Kill(failpoint="prepare.after_upsert"),
-    Kill(failpoint="prepare.after_stage"),
-    Kill(failpoint="submit.after_claim"),
-    Kill(failpoint="submit.after_upload=2"),
-    Kill(failpoint="submit.after_create=3"),
-    Kill(failpoint="download.mid"),
-    Kill(failpoint="reconcile.mid=2"),
-)
+#: every fail point of the batch path, in three independent runs (a kill that is not reached lets
+#: its run finish, and the later kills of that run could no longer be reached either); each
+#: segment's kills are in the order a run reaches them, the N picks a later job so that the kill
+#: lands with earlier jobs done
+BATCH_PATH_KILLS = {
+    "prepare": (Kill(failpoint="prepare.after_upsert"), Kill(failpoint="prepare.after_stage")),
+    "submit": (
+        Kill(failpoint="submit.after_claim"),
+        Kill(failpoint="submit.after_upload=2"),
+        Kill(failpoint="submit.after_create=3"),
+    ),
+    "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
+}
 #: a kill right after each kind of task returned, before Airflow recorded it
 STEP_KILLS = (
     Kill(after_task="submit:1"),
@@ -42,16 +44,18 @@ STEP_KILLS = (
 def test_every_fail_point_is_exercised_by_a_case() -> None:
     from tests.reliability.test_faults import DEADLINE_KILLS
 
-    covered = {k.failpoint.partition("=")[0] for k in (*BATCH_PATH_KILLS, *DEADLINE_KILLS) if k.failpoint}
+    kills = [*(k for segment in BATCH_PATH_KILLS.values() for k in segment), *DEADLINE_KILLS]
+    covered = {k.failpoint.partition("=")[0] for k in kills if k.failpoint}
     assert covered == set(FAILPOINTS)
 
 
+@pytest.mark.parametrize("segment", list(BATCH_PATH_KILLS))
 def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once(
-    airflow_home: dict[str, str], tmp_path: Path
+    airflow_home: dict[str, str], tmp_path: Path, segment: str
 ) -> None:
     with chaos_emulator() as url:
-        run = ChaosRun(airflow_home, tmp_path, "failpoints", url)
-        missed = run.survive(BATCH_PATH_KILLS)
+        run = ChaosRun(airflow_home, tmp_path, segment, url)
+        missed = run.survive(BATCH_PATH_KILLS[segment])
         verdict = check_invariants(url, [run])
         count_faults(url)
     assert not verdict.violations, verdict.explain()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,7 @@ DAGS: Final = REPO_ROOT / "tests" / "reliability" / "dags"
 DAG_ID: Final = "chaos_workload"
 WORKLOAD: Final = "chaos"
 KILL_AFTER_ENV: Final = "ABP_CHAOS_KILL_AFTER"
+_CUSTOM_ID: Final = re.compile(r"^(?P<key>.+)__[as]\d+(?:c\d+)?$")
 #: how often a run is resumed after its kills before the case gives up
 MAX_RESUMES: Final = 3
 #: seconds one DAG run process may take
@@ -349,6 +351,15 @@ class ChaosRun:
         self.resume_until_done(resume=bool(kills))
         return missed
 
+    def describe(self) -> str:
+        """One line per attempt: the kill armed and how the process ended (for the test's output)."""
+        lines = [f"{self.name} ({self.provider}, {self.run_id}):"]
+        for index, attempt in enumerate(self.attempts):
+            ended = "killed" if attempt.killed else f"exit {attempt.returncode}"
+            armed = attempt.kill.label if attempt.kill else "no kill"
+            lines.append(f"  attempt {index}: {armed}: {ended}")
+        return "\n".join(lines)
+
     def ledger(self) -> Ledger:
         """The run's ledger."""
         return Ledger.from_url(self.ledger_url)
@@ -392,12 +403,13 @@ def emulator_counters(base_url: str) -> dict[str, int]:
 
 
 def item_key_of(custom_id: str) -> str:
-    """The item key in a custom id ``<item key>__a<attempt>c<chunk>`` (the id itself otherwise).
+    """The item key in a custom id: ``<item key>__a<attempt>c<chunk>`` in a batch, ``<item key>__s<n>``
+    for a real-time call (the id itself when it has neither form).
 
     :param custom_id: the custom id
     """
-    key, sep, _ = custom_id.rpartition("__a")
-    return key if sep else custom_id
+    match = _CUSTOM_ID.match(custom_id)
+    return match.group("key") if match else custom_id
 
 
 @dataclass(frozen=True)
@@ -556,6 +568,11 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
         cost_mismatch=mismatch,
         states=dict(states),
         batches=len(batches),
+    )
+    for run in runs:
+        print(run.describe())
+    print(
+        f"verdict: {len(verdict.violations)} violations, states {verdict.states}, {verdict.batches} batches"
     )
     TALLY.cases += 1
     TALLY.items += rows
