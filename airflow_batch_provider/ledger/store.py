@@ -1,9 +1,14 @@
 """The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
 
-Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. State changes are
-checked against :mod:`airflow_batch_provider.core.states`, and a refused change raises
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. Every write of an
+item's state goes through one function, :func:`_transition`, which checks the move against
+:mod:`airflow_batch_provider.core.states` in SQL (``WHERE state IN <sources of the target>``,
+plus a compare-and-set on the state the caller read) and counts what moved and what was refused;
+a move the states do not allow raises
 :class:`~airflow_batch_provider.exceptions.InvalidTransitionError` instead of corrupting the run.
-Every operation is safe to repeat: a cleared task that runs again converges to the same rows.
+Job claims and the workload lease are compare-and-set in one statement each, so two task
+attempts (or two runs) never both win. Every operation is safe to repeat: a cleared task that
+runs again converges to the same rows.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ from airflow_batch_provider.ledger.records import (
 )
 
 BATCH = 1000
+#: At most this many item keys (and application ids) of one action are written to the audit row.
+AUDIT_KEYS_SHOWN = 1000
 NANO = Decimal(1_000_000_000)
 
 
@@ -181,6 +188,22 @@ _ITEM_ROW = and_(
 _ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
 
 
+# What reconcile reads of an attempt (no timestamps: tens of thousands of rows per job).
+_RECONCILE_ATTEMPT_COLUMNS = tuple(
+    s.attempts.c[name]
+    for name in (
+        "job_id",
+        "custom_id",
+        "item_key",
+        "prompt_version",
+        "attempt",
+        "outcome",
+        "discarded",
+        "cost_nusd",
+    )
+)
+
+
 def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, Any]]) -> None:
     """One ``executemany`` UPDATE per set of columns; ``b_*`` keys address the row.
 
@@ -272,10 +295,10 @@ def _transition(
         left = conn.execute(select(func.count()).where(where, c.state != target)).scalar_one()
         return Moved(moved, int(left))
     row_where = _ITEM_ROW if where is None else where
-    groups: dict[tuple[str, bool, tuple[str, ...]], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, bool, tuple[str, ...]], list[Mapping[str, Any]]] = {}
     for row in rows:
         cols = tuple(sorted(k for k in row if not k.startswith("b_") and k not in ("state", "updated_at")))
-        groups.setdefault((str(row["state"]), "b_from" in row, cols), []).append({**row, "updated_at": now})
+        groups.setdefault((str(row["state"]), "b_from" in row, cols), []).append(row)
     total = Moved()
     exact = conn.dialect.supports_sane_multi_rowcount
     for (state, cas, cols), group in groups.items():
@@ -283,7 +306,7 @@ def _transition(
         stmt = (
             s.items.update()
             .where(row_where, guard, *([c.state == bindparam("b_from")] if cas else []))
-            .values({col: bindparam(col) for col in (*cols, "state", "updated_at")})
+            .values({**{col: bindparam(col) for col in cols}, "state": state, "updated_at": now})
         )
         res = conn.execute(stmt, group)
         if exact:
@@ -529,17 +552,21 @@ class Ledger:
                             f"application ids {first_id!r} and {req.app_id!r} map to the same item key "
                             f"{it.key!r}; rename one of them."
                         )
-                    values = {
-                        "app_id": req.app_id,
-                        "model": req.model,
-                        "input_hash": req.input_hash,
-                        "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
-                        "run_id": run_id,
-                    }
+                    input_hash = req.input_hash  # computed once: it serialises the request
+
+                    def values(req: CanonicalRequest = req, input_hash: str = input_hash) -> dict[str, Any]:
+                        return {
+                            "app_id": req.app_id,
+                            "model": req.model,
+                            "input_hash": input_hash,
+                            "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
+                            "run_id": run_id,
+                        }
+
                     if row is None:
                         inserts.append(
                             {
-                                **values,
+                                **values(),
                                 "workload": workload,
                                 "item_key": it.key,
                                 "prompt_version": req.prompt_version,
@@ -564,14 +591,14 @@ class Ledger:
                     if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
                         stats["in_flight_elsewhere"] += 1
                         continue
-                    same_input = row["input_hash"] == req.input_hash
+                    same_input = row["input_hash"] == input_hash
                     if same_input and (
                         state in ("review", "failed_permanent") or row["review_action"] is not None
                     ):
                         held = "review" if state == "failed_permanent" else state
                         reopened.append({**address, "state": held, "run_id": run_id})
                         stats["in_review"] += 1
-                    elif row["succeeded_hash"] == req.input_hash and state in USABLE_STATES:
+                    elif row["succeeded_hash"] == input_hash and state in USABLE_STATES:
                         reopened.append(
                             {**address, "state": "unchanged", "run_id": run_id, "route": "unchanged"}
                         )
@@ -580,7 +607,7 @@ class Ledger:
                         reopened.append(
                             {
                                 **address,
-                                **values,
+                                **values(),
                                 "state": "pending",
                                 "attempts": 0,
                                 "job_id": None,
@@ -749,6 +776,8 @@ class Ledger:
         **values: Any,
     ) -> int:
         """Move this run's items in ``from_states`` (optionally only ``keys``) to ``target``.
+
+        Through the guarded transition: an item that left ``from_states`` meanwhile is not moved.
 
         :param workload: workload name
         :param run_id: the Airflow run id
@@ -1172,20 +1201,45 @@ class Ledger:
         with self.engine.begin() as conn:
             conn.execute(s.jobs.update().where(s.jobs.c.job_id == job_id).values(**values))
 
-    def mark_submitted(self, job_id: str, batch_id: str, input_ref: str) -> None:
+    def mark_submitted(
+        self, job_id: str, batch_id: str, input_ref: str, submitted_at: datetime | None = None
+    ) -> None:
         """Record the provider's batch id and move the job's items to ``submitted``.
+
+        Repeating it with the same batch keeps the first ``submitted_at`` (a re-attach does not
+        restart the poll timeout). A different batch for a job that has one is refused: two
+        batches were created for one job and both are billed.
 
         :param job_id: the job id
         :param batch_id: the provider's batch id
         :param input_ref: where the input was staged at the provider
+        :param submitted_at: when the provider created the batch, if known (default: now)
+        :raises LedgerError: no such job, or it has another batch already
         """
         now = utcnow()
+        j = s.jobs.c
         with self.engine.begin() as conn:
-            conn.execute(
+            res = conn.execute(
                 s.jobs.update()
-                .where(s.jobs.c.job_id == job_id)
-                .values(state="submitted", batch_id=batch_id, input_ref=input_ref, submitted_at=now)
+                .where(j.job_id == job_id, or_(j.batch_id.is_(None), j.batch_id == batch_id))
+                .values(
+                    state="submitted",
+                    batch_id=batch_id,
+                    input_ref=input_ref,
+                    submitted_at=func.coalesce(j.submitted_at, submitted_at or now),
+                )
             )
+            if not res.rowcount:
+                held = conn.execute(select(j.batch_id).where(j.job_id == job_id)).first()
+                if held is None:
+                    raise LedgerError(
+                        f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+                    )
+                raise LedgerError(
+                    f"job {job_id!r} has batch {held.batch_id!r} already, and batch {batch_id!r} was "
+                    "created for it too: both are billed. Nothing was recorded for the second; cancel "
+                    "it at the provider, or reconcile it by hand."
+                )
             _transition(
                 conn,
                 now,
@@ -1221,7 +1275,7 @@ class Ledger:
                 known = {
                     r["custom_id"]: r
                     for r in conn.execute(
-                        select(s.attempts).where(
+                        select(*_RECONCILE_ATTEMPT_COLUMNS).where(
                             s.attempts.c.job_id == job_id, s.attempts.c.custom_id.in_(cids)
                         )
                     ).mappings()
@@ -1566,7 +1620,10 @@ class Ledger:
                     moved += _transition(
                         conn, now, target=target, where=and_(*base, who), values=values, from_states=states
                     ).moved
-                target_info.update(item_keys=keys, app_ids=ids)
+                shown = AUDIT_KEYS_SHOWN
+                target_info.update(item_keys=keys[:shown], app_ids=ids[:shown])
+                if len(keys) > shown or len(ids) > shown:
+                    target_info["truncated"] = {"item_keys": len(keys), "app_ids": len(ids)}
             _audit(conn, now, actor, action, workload, moved, target_info, reason)
         return moved
 

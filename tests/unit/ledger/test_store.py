@@ -973,29 +973,37 @@ def test_claiming_an_unknown_job_says_so(ledger: Ledger) -> None:
         ledger.claim_job("nope", "attempt-1", 60)
 
 
-def test_two_threads_racing_for_one_claim_never_both_win(ledger: Ledger, ledger_url: str) -> None:
-    job_ids = [staged_job(ledger, [f"i{n}"], chunk=n) for n in range(30)]
-    ledgers = [Ledger.from_url(ledger_url), Ledger.from_url(ledger_url)]
+def race_in_threads(url: str, names: Sequence[str], attempt: Any) -> list[tuple[bool, bool]]:
+    """Two threads, each with its own ledger, call ``attempt(ledger, name, who)`` together per name."""
+    ledgers = [Ledger.from_url(url), Ledger.from_url(url)]
     barrier = threading.Barrier(2)
 
-    def claim_all(who: int) -> list[bool]:
+    def run_all(who: int) -> list[bool]:
         won = []
-        for job_id in job_ids:
+        for name in names:
             barrier.wait()
             try:
-                ledgers[who].claim_job(job_id, f"owner-{who}", 600)
+                attempt(ledgers[who], name, who)
                 won.append(True)
-            except JobClaimedError:
+            except (JobClaimedError, WorkloadLeasedError):
                 won.append(False)
         return won
 
     try:
         with ThreadPoolExecutor(2) as pool:
-            first, second = pool.map(claim_all, [0, 1])
+            first, second = pool.map(run_all, [0, 1])
     finally:
         for opened in ledgers:
             opened.engine.dispose()
-    assert all(a != b for a, b in zip(first, second, strict=True))
+    return list(zip(first, second, strict=True))
+
+
+def test_two_threads_racing_for_one_claim_never_both_win(ledger: Ledger, ledger_url: str) -> None:
+    job_ids = [staged_job(ledger, [f"i{n}"], chunk=n) for n in range(50)]
+    outcomes = race_in_threads(
+        ledger_url, job_ids, lambda led, job_id, who: led.claim_job(job_id, f"o{who}", 600)
+    )
+    assert all(a != b for a, b in outcomes)
     assert all(ledger.get_job(j).claim_count == 1 for j in job_ids)
 
 
@@ -1147,29 +1155,12 @@ def test_two_runs_racing_for_a_workload_never_both_win(ledger: Ledger, ledger_ur
         assert lease is not None and [lease.run_id] == winners[wl]
 
 
-def test_two_threads_racing_for_a_workload_never_both_win(ledger: Ledger, ledger_url: str) -> None:
-    ledgers = [Ledger.from_url(ledger_url), Ledger.from_url(ledger_url)]
-    barrier = threading.Barrier(2)
-    workloads = [f"wl{n}" for n in range(30)]
-
-    def lease_all(who: int) -> list[bool]:
-        won = []
-        for wl in workloads:
-            barrier.wait()
-            try:
-                ledgers[who].acquire_workload_lease(wl, f"run-{who}", f"t{who}")
-                won.append(True)
-            except WorkloadLeasedError:
-                won.append(False)
-        return won
-
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            first, second = pool.map(lease_all, [0, 1])
-    finally:
-        for opened in ledgers:
-            opened.engine.dispose()
-    assert all(a != b for a, b in zip(first, second, strict=True))
+def test_two_threads_racing_for_a_workload_never_both_win(ledger_url: str) -> None:
+    workloads = [f"wl{n}" for n in range(50)]
+    outcomes = race_in_threads(
+        ledger_url, workloads, lambda led, wl, who: led.acquire_workload_lease(wl, f"run-{who}", f"t{who}")
+    )
+    assert all(a != b for a, b in outcomes)
 
 
 # ---------------------------------------------------------------------------------------------- guarded transition
@@ -1402,3 +1393,27 @@ def test_a_timestamp_reads_back_as_written_under_a_local_time_zone(ledger: Ledge
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok 2026-03-08T12:30:15.123456+00:00"
+
+
+def test_a_second_batch_for_one_job_is_refused_by_name_and_a_repeat_keeps_the_first_time(
+    ledger: Ledger,
+) -> None:
+    job_id = staged_job(ledger)
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    first = ledger.get_job(job_id).submitted_at
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    assert ledger.get_job(job_id).submitted_at == first
+    with pytest.raises(LedgerError, match="has batch 'batch_1' already, and batch 'batch_2' was created"):
+        ledger.mark_submitted(job_id, "batch_2", "file-2")
+    assert ledger.get_job(job_id).batch_id == "batch_1"
+
+
+def test_a_reject_in_a_new_run_leaves_an_item_another_run_has_sent_alone(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    submit(ledger, "r1", ["a"], chunk=0)
+    job_b, cids = submit(ledger, "r1", ["b"], chunk=1)
+    ledger.apply_results(job_b, [ok(cids["b"])], cost_of)
+    rejected = [(prep(a), a, "too_long", "over the limit") for a in ("a", "b")]
+    assert ledger.reject_items(WL, "r2", rejected) == 1
+    assert (item(ledger, "a")["state"], item(ledger, "a")["run_id"]) == ("submitted", "r1")
+    assert (item(ledger, "b")["state"], item(ledger, "b")["error_code"]) == ("review", "too_long")
