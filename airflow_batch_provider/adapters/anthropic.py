@@ -452,7 +452,7 @@ class AnthropicBatchAdapter(BatchAdapter):
     is accepted), password = API key. Extras: ``max_retries``, ``timeout``,
     ``default_max_tokens`` (1024), ``prompt_caching`` (true), ``json_output`` (``instruct`` or
     ``output_config``), ``spool_dir`` (where staged chunks wait for submit; default the system
-    temp dir), ``find_scan_limit`` (1000 batches), ``find_window_s`` (93600),
+    temp dir), ``find_scan_limit`` (optional cap on a look-up; default none), ``find_window_s`` (93600),
     ``find_clock_skew_s`` (300), ``find_verify_lines`` (20), ``create_attempts`` (3: tries of a
     create refused with 429/529/503, which creates nothing).
     """
@@ -663,9 +663,9 @@ class AnthropicBatchAdapter(BatchAdapter):
 
     def _candidates(self, not_before: float, count: int) -> Iterator[Any]:
         """Batches created at or after ``not_before`` with ``count`` requests, newest first, all pages."""
-        limit = self.settings.extra.get("find_scan_limit")
+        limit = self.scan_limit()
         for i, batch in enumerate(self.client.messages.batches.list(limit=100)):
-            if (limit is not None and i >= int(limit)) or batch.created_at.timestamp() < not_before:
+            if (limit is not None and i >= limit) or batch.created_at.timestamp() < not_before:
                 break
             counts = batch.request_counts
             total = sum(

@@ -335,6 +335,11 @@ class BatchAdapter(ABC):
             max_delay=max(initial, float(extra.get("create_retry_max_s", 30.0))),
         )
 
+    def scan_limit(self) -> int | None:
+        """The most listed objects one look-up reads (extra ``find_scan_limit``; default: all)."""
+        value = self.settings.extra.get("find_scan_limit")
+        return int(value) if value is not None else None
+
     def find_not_before(self, created_after: datetime | None) -> float | None:
         """Epoch seconds before which a listed batch cannot be the job's (clock skew allowed).
 
@@ -421,6 +426,13 @@ class CreateFailure:
     retry_after: float | None = None
 
 
+class AmbiguousReply(Exception):
+    """A create-like call was answered, but the answer is unreadable (a truncated or empty body).
+
+    :func:`create_once` treats it as an ambiguous failure: the provider may have acted.
+    """
+
+
 def http_failure(
     status: int | None, headers: Mapping[str, str] | None = None, refused: Collection[int] = (429,)
 ) -> CreateFailure | None:
@@ -468,7 +480,8 @@ def create_once(
     ``ambiguous`` is followed by ``lookup`` (the object by its idempotency key), up to
     ``lookup_rounds`` times with backoff, before anything is sent again; only when every look
     finds nothing is ``create`` sent again. Where the provider cannot be asked (``lookup`` is
-    ``None``), an ambiguous failure raises :class:`BatchInDoubtError` at once. Any other error
+    ``None``), an ambiguous failure raises :class:`BatchInDoubtError` at once. ``create`` raises
+    :class:`AmbiguousReply` for an answer it cannot read (ambiguous too). Any other error
     (``classify`` returns ``None``: 400, 401, 403, 404, 422 ...) is raised unchanged.
     Every wait comes from :func:`~airflow_batch_provider.core.ratelimit.retry_delay`.
 
@@ -490,7 +503,7 @@ def create_once(
         try:
             return create()
         except Exception as exc:
-            failure = classify(exc)
+            failure = CreateFailure("ambiguous") if isinstance(exc, AmbiguousReply) else classify(exc)
             if failure is None:
                 raise
             last = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -65,6 +65,7 @@ from typing import IO, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
     AdapterSettings,
+    AmbiguousReply,
     AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
@@ -720,7 +721,10 @@ class BedrockBatchAdapter(BatchAdapter):
 
         def create() -> BatchRef:
             response = self._create_bedrock.create_model_invocation_job(**request)
-            return BatchRef(self.name, str(response["jobArn"]), key)
+            arn = response.get("jobArn")
+            if not arn:
+                raise AmbiguousReply(f"Bedrock answered the create of job {key} without a jobArn")
+            return BatchRef(self.name, str(arn), key)
 
         started = utcnow()
         return create_once(

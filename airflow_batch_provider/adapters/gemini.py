@@ -79,6 +79,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 from airflow_batch_provider.adapters.base import (
     CUSTOM_ID_HEADER,
     AdapterSettings,
+    AmbiguousReply,
     AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
@@ -632,7 +633,7 @@ class GeminiBatchAdapter(BatchAdapter):
 
     Connection: password = API key, host = API base URL (optional; the emulator in tests).
     Extras: ``api_version`` (default ``v1beta``), ``inline_max_bytes`` (default 0, at most 20 MB),
-    ``find_scan_limit`` (default 1000), ``max_retries``, ``timeout``, ``model`` (fallback batch
+    ``find_scan_limit`` (optional cap on a look-up; default none), ``max_retries``, ``timeout``, ``model`` (fallback batch
     model); Vertex: ``vertexai``, ``project``, ``location``, ``gcs_prefix``.
     """
 
@@ -666,10 +667,6 @@ class GeminiBatchAdapter(BatchAdapter):
 
             self._create_obj = genai.Client(**client_kwargs(self.settings, attempts=1))
         return self._create_obj
-
-    def _scan_limit(self) -> int | None:
-        value = self.settings.extra.get("find_scan_limit")
-        return int(value) if value is not None else None
 
     @property
     def vertex(self) -> bool:
@@ -713,7 +710,7 @@ class GeminiBatchAdapter(BatchAdapter):
         return ref
 
     def _find_file(self, name: str, size: int) -> InputRef | None:
-        limit = self._scan_limit()
+        limit = self.scan_limit()
         for i, existing in enumerate(self.client.files.list(config={"page_size": 100})):
             if limit is not None and i >= limit:
                 break
@@ -734,9 +731,7 @@ class GeminiBatchAdapter(BatchAdapter):
                 config={"mime_type": "jsonl", "display_name": name},
             )
             if not uploaded.name:
-                raise RuntimeError(
-                    f"Gemini accepted the upload of {name} but returned no file name; retry the task."
-                )
+                raise AmbiguousReply(f"Gemini answered the upload of {name} without a file name")
             return InputRef("file", uploaded.name)
 
         return create_once(
@@ -823,9 +818,7 @@ class GeminiBatchAdapter(BatchAdapter):
             else:
                 job = client.batches.create(model=model, src=input_ref.value, config={"display_name": key})
             if not job.name:
-                raise RuntimeError(
-                    f"Gemini created a batch for key {key} but returned no name; the next submit finds it."
-                )
+                raise AmbiguousReply(f"Gemini answered the create of batch {key} without a name")
             return BatchRef(self.name, job.name, key)
 
         started = utcnow()
@@ -868,7 +861,7 @@ class GeminiBatchAdapter(BatchAdapter):
         # The list has no documented order, so every page is read (the key is exact; created_after
         # cannot shorten the scan here).
         del created_after
-        limit = self._scan_limit()
+        limit = self.scan_limit()
         for i, job in enumerate(self.client.batches.list(config={"page_size": 100})):
             if limit is not None and i >= limit:
                 break

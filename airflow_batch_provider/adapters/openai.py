@@ -284,12 +284,8 @@ class OpenAIBatchAdapter(BatchAdapter):
         """The client for create-like calls: SDK retries off (see :func:`create_once`)."""
         return self.client.with_options(max_retries=0)
 
-    def _scan_limit(self) -> int | None:
-        value = self.settings.extra.get("find_scan_limit")
-        return int(value) if value is not None else None
-
     def _find_file(self, name: str, size: int) -> InputRef | None:
-        limit = self._scan_limit()
+        limit = self.scan_limit()
         for i, existing in enumerate(self.client.files.list(purpose="batch")):
             if limit is not None and i >= limit:
                 break
@@ -304,7 +300,8 @@ class OpenAIBatchAdapter(BatchAdapter):
         started = utcnow()
         with tempfile.SpooledTemporaryFile(max_size=64 << 20) as spool:
             source: IO[bytes] = chunk
-            if not chunk.seekable():  # a second send must start from the beginning again
+            seekable = getattr(chunk, "seekable", None)
+            if not (callable(seekable) and seekable()):  # a second send must start from the beginning
                 shutil.copyfileobj(chunk, spool)
                 source = spool  # type: ignore[assignment]
             start = source.tell()
@@ -363,7 +360,7 @@ class OpenAIBatchAdapter(BatchAdapter):
 
     def find(self, key: str, *, created_after: datetime | None = None) -> BatchRef | None:
         not_before = self.find_not_before(created_after)
-        limit = self._scan_limit()
+        limit = self.scan_limit()
         # The SDK's iterator follows has_more/after page by page; the list is newest first.
         for i, batch in enumerate(self.client.batches.list(limit=100)):
             if (limit is not None and i >= limit) or (

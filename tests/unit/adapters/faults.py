@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 #: connection extras that make the create rule fast in tests (no real waits, a short timeout)
-FAST_CREATE: dict[str, Any] = {"create_retry_initial_s": 0.01, "create_retry_max_s": 0.02, "timeout": 1.0}
+FAST_CREATE: dict[str, Any] = {"create_retry_initial_s": 0.01, "create_retry_max_s": 0.02, "timeout": 2.0}
 
 
 def arm(url: str, *script: str, **faults: Any) -> None:
@@ -17,7 +17,7 @@ def arm(url: str, *script: str, **faults: Any) -> None:
     :param script: ``create_script`` entries
     :param faults: other fault settings
     """
-    patch = {"create_script": list(script), "create_slow_s": 2.5, **faults}
+    patch = {"create_script": list(script), "create_slow_s": 3.5, **faults}
     httpx.put(f"{url}/_emulator/config", json={"faults": patch}).raise_for_status()
 
 

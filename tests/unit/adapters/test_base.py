@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from airflow_batch_provider.adapters.base import (
+    AmbiguousReply,
     BatchStatus,
     CreateFailure,
     create_once,
@@ -165,3 +166,26 @@ def test_a_status_keeps_its_error_code_through_a_trigger_event() -> None:
     status = BatchStatus("failed", error_code="token_limit_exceeded", error_message="Enqueued token limit")
     assert BatchStatus.from_dict(status.to_dict()) == status
     assert BatchStatus.from_dict({"state": "completed"}).error_code is None
+
+
+def test_an_unreadable_answer_is_ambiguous_whatever_the_classifier_says() -> None:
+    class Garbled(Provider):
+        def create(self) -> str:
+            self.created.append("batch-0")
+            raise AmbiguousReply("the answer had no id")
+
+    provider = Garbled()
+    assert (
+        create_once(
+            key="job-1",
+            what="batch create",
+            create=provider.create,
+            lookup=provider.lookup,
+            classify=lambda exc: None,
+            policy=POLICY,
+            created_after=INTENT,
+            sleep=provider.waits.append,
+        )
+        == "batch-0"
+    )
+    assert provider.created == ["batch-0"]

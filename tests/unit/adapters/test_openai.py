@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import httpx
 import pytest
@@ -358,3 +359,30 @@ async def test_a_realtime_answer_is_in_the_emulators_record_under_its_custom_id(
     (answer,) = httpx.get(f"{emulator}/_emulator/record").json()["realtime"]["openai"]
     assert answer["custom_id"] == "a1__a1c0"
     assert answer["usage"]["output_tokens"] == reply.result.usage.output_tokens
+
+
+class OneWay(io.RawIOBase):
+    """A stream that reads once, front to back, like an object-store download."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self._data.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+def test_an_upload_refused_once_is_sent_again_whole_from_a_one_way_stream(emulator: str) -> None:
+    adapter = adapter_for(emulator, **FAST_CREATE)
+    data = adapter.format_line(CHAT, "a1__a1c0") + b"\n"
+    arm(emulator, "upload:429", create_retry_after_s=0)
+    ref = adapter.stage(io.BufferedReader(OneWay(data)), "one-way.jsonl", len(data))
+    (upload,) = httpx.get(f"{emulator}/v1/files").json()["data"]
+    assert (upload["id"], upload["bytes"]) == (ref.value, len(data))
