@@ -395,7 +395,8 @@ class BatchSubmitOperator(BatchBaseOperator):
     :param job: the job manifest from prepare or resubmit (``job_id``)
     :param prompt: the workload's prompt (output validation on the synchronous path)
     :param pricing_override: pricing file path or dict (synchronous path)
-    :param claim_lease_s: how long the submit claim is held (longer than an upload plus a create)
+    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up,
+        upload and create can take with their retries, at least 30 minutes)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
@@ -431,7 +432,7 @@ class BatchSubmitOperator(BatchBaseOperator):
             staging=self.staging,
             job_id=job["job_id"],
             owner=attempt_owner(context),
-            lease_s=self.claim_lease_s or submit.CLAIM_LEASE_S,
+            lease_s=self.claim_lease_s,
         )
         return done.to_xcom(self.adapter.name, key)
 

@@ -8,10 +8,8 @@ from typing import Any
 
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
-
-#: Job states of a job whose batch the ledger could not tie to a provider batch.
-IN_DOUBT = "in_doubt"
 
 
 def batch_pricer(

@@ -39,17 +39,6 @@ def job_manifest(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def job_id_of(workload: str, run_id: str, round_: int, chunk: int) -> str:
-    """The ledger's job id of one chunk (at most 250 characters, whatever the run id).
-
-    :param workload: workload name
-    :param run_id: the Airflow run id
-    :param round_: round number
-    :param chunk: chunk index
-    """
-    return job_id_for(workload, run_id, round_, chunk)
-
-
 def stage_round(
     *,
     ledger: Ledger,
@@ -91,7 +80,7 @@ def stage_round(
         key = "abp-" + short_hash(workload, run_id, str(round_), str(info.index), info.sha256, length=32)
         ledger.record_job(
             {
-                "job_id": job_id_of(workload, run_id, round_, info.index),
+                "job_id": job_id_for(workload, run_id, round_, info.index),
                 "workload": workload,
                 "run_id": run_id,
                 "round": round_,

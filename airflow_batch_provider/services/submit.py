@@ -6,8 +6,8 @@ The job row written at staging is the intent. The rules:
   before anything reaches the provider. A zombie attempt (lost heartbeat, still running) and the
   new attempt of the same task have different owners, so they can never both pass this point;
   the loser waits while the holder's lease runs, re-attaching if the holder records a batch.
-  The lease (:data:`CLAIM_LEASE_S`) is longer than the worst case of one upload plus one create
-  call, so a live holder never loses it mid-call;
+  The lease (:func:`claim_lease_s`) is longer than the worst case of the look-up, the upload and
+  the create with their bounded retries, so a live holder never loses it mid-call;
 - **re-attach first**: a batch id the ledger recorded is used as it is; then the provider is
   asked for a batch created with the job's idempotency key (a create whose reply was lost);
   only then is the input uploaded and the batch created;
@@ -39,9 +39,10 @@ from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
 
-#: Seconds a submit claim is held: longer than one upload plus one create call at their worst
-#: (the SDK clients' 10-minute timeout each, no blind retries), with room to record the result.
+#: The shortest submit claim, in seconds (see :func:`claim_lease_s`).
 CLAIM_LEASE_S: Final = 30 * 60.0
+#: Seconds a call may take when the connection sets no ``timeout`` (the SDK clients' default).
+SDK_TIMEOUT_S: Final = 600.0
 #: Seconds between two claim attempts while another live attempt holds the job.
 CLAIM_RETRY_S: Final = 5.0
 #: The job state of a job whose create may or may not have taken effect.
@@ -67,6 +68,22 @@ def epoch(value: datetime | None, default: float | None = None) -> float:
     if value is None:
         return time.time() if default is None else default
     return aware(value).timestamp()
+
+
+def claim_lease_s(adapter: BatchAdapter) -> float:
+    """How long a submit claim is held: longer than the create steps can take at their worst.
+
+    The steps under the claim are a look-up by key, an upload and a create; each create-like call
+    makes up to ``create_attempts`` tries of at most ``timeout`` seconds, with the backoff and
+    ``Retry-After`` waits between them. The lease is twice that sum (the look-ups after an
+    ambiguous failure page through the provider's list), and never below :data:`CLAIM_LEASE_S`.
+
+    :param adapter: the provider adapter (its connection extras)
+    """
+    policy = adapter.create_policy()
+    timeout = float(adapter.settings.extra.get("timeout", SDK_TIMEOUT_S))
+    per_call = policy.max_attempts * (timeout + max(policy.max_delay, policy.max_retry_after))
+    return max(CLAIM_LEASE_S, 2 * 3 * per_call)
 
 
 def claim_owner(dag_id: str, run_id: str, task_id: str, map_index: int | None, try_number: int | None) -> str:
@@ -145,10 +162,40 @@ def _known(job: Mapping[str, Any]) -> Submitted | None:
     return None
 
 
+def holder_is_dead(holder: str) -> bool:
+    """Say whether a claim's owner is a process of this host that no longer runs.
+
+    Only a process on this host can be proven dead (its pid is gone, or it is a zombie waiting to
+    be reaped); a holder elsewhere is presumed alive until its lease ends.
+
+    :param holder: an owner string from :func:`claim_owner` (``...@host:pid``)
+    """
+    _, _, where = holder.rpartition("@")
+    host, _, pid_text = where.rpartition(":")
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def _claim(
     ledger: Ledger, job_id: str, owner: str, lease_s: float, sleep: Callable[[float], None]
 ) -> Submitted | None:
-    """Claim the job; while another live attempt holds it, wait for its lease or its batch id."""
+    """Claim the job; while another live attempt holds it, wait for its lease or its batch id.
+
+    A holder proven dead (a process of this host that is gone, e.g. killed mid-submit) has its
+    claim released at once instead of waiting for the lease to end.
+    """
     while True:
         try:
             ledger.claim_job(job_id, owner, lease_s)
@@ -157,6 +204,14 @@ def _claim(
             known = _known(ledger.job(job_id))
             if known is not None:
                 return known
+            if isinstance(exc, JobClaimedError) and holder_is_dead(exc.holder):
+                log.warning(
+                    "the claim on job %s is held by %s, a process that is gone: releasing it",
+                    job_id,
+                    exc.holder,
+                )
+                ledger.release_job_claim(job_id, exc.holder)
+                continue
             log.warning(
                 "%s; waiting %.0fs for it to record its batch or for its lease to end", exc, CLAIM_RETRY_S
             )
@@ -170,7 +225,7 @@ def submit_job(
     staging: Staging,
     job_id: str,
     owner: str,
-    lease_s: float = CLAIM_LEASE_S,
+    lease_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Submitted:
     """Create the provider batch of a staged job at most once, or re-attach to it.
@@ -180,13 +235,13 @@ def submit_job(
     :param staging: the staging area (the staged chunk is verified against its checksum)
     :param job_id: the ledger job
     :param owner: this attempt's claim owner (:func:`claim_owner`)
-    :param lease_s: how long the claim is held
+    :param lease_s: how long the claim is held (default :func:`claim_lease_s`)
     :param sleep: how to wait while another attempt holds the claim
     """
     known = _known(ledger.job(job_id))
     if known is not None:
         return known
-    waited = _claim(ledger, job_id, owner, lease_s, sleep)
+    waited = _claim(ledger, job_id, owner, lease_s or claim_lease_s(adapter), sleep)
     if waited is not None:
         return waited
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,40 @@ def test_items_of_a_job_still_in_doubt_go_to_review_with_the_code_in_doubt(tmp_p
             j["job_id"]
             for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
         ] == [job_id]
+
+
+def test_the_claim_outlasts_the_create_steps_at_their_worst(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        policy = w.adapter.create_policy()
+        timeout = float(w.adapter.settings.extra.get("timeout", submit.SDK_TIMEOUT_S))
+        one_call = policy.max_attempts * (timeout + policy.max_retry_after)
+        assert submit.claim_lease_s(w.adapter) >= max(3 * one_call, submit.CLAIM_LEASE_S)
+
+
+def test_a_claim_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    gone = (
+        submit.claim_owner("d", "r", "t.submit", 0, 1).rpartition(":")[0] + ":" + dead.stdout.decode().strip()
+    )
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, gone, 3600)  # killed after the claim, e.g. at submit.after_claim
+        slept: list[float] = []
+        got = submit_job(
+            ledger=w.ledger,
+            adapter=w.adapter,
+            staging=w.staging,
+            job_id=job_id,
+            owner="t2",
+            sleep=slept.append,
+        )
+        assert got.how == "created" and slept == []
+        assert created(w) == 1
+
+
+def test_a_claim_of_a_live_process_or_another_host_is_never_taken_early() -> None:
+    assert not submit.holder_is_dead(submit.claim_owner("d", "r", "t", 0, 1))  # this very process
+    assert not submit.holder_is_dead("d/r/t/0/1@another-host:1")
+    assert not submit.holder_is_dead("zombie-try1")
