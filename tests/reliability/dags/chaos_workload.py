@@ -9,7 +9,6 @@ case and the DAG code never names a provider:
 - ``ABP_CHAOS_ATTEMPTS``: rounds (default 2)
 - ``ABP_CHAOS_DEADLINE``: an ISO 8601 duration after which the ``sync_fallback`` policy takes over
   (unset: no deadline)
-- ``ABP_CHAOS_CLAIM_LEASE_S``: the submit claim's lease (default 8 s, see below)
 - ``ABP_CHAOS_KILL_AFTER``: ``<task id>[:<map index>]``; the task's process kills itself with
   ``SIGKILL`` right after that task's ``execute`` returned and before Airflow records it: a kill at
   a step boundary, the worst one (the work is done, Airflow will run the task again)
@@ -59,13 +58,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     tags=["test", "chaos"],
-    # A killed submit leaves its claim on the job until the claim's lease ends (the operators'
-    # default: 30 minutes, so that a zombie mid-create never loses it); the resume waits for it.
-    # The suite shortens the lease (BatchSubmitOperator's claim_lease_s) to keep cases short.
-    default_args={
-        "post_execute": kill_at_step_boundary,
-        "claim_lease_s": float(os.environ.get("ABP_CHAOS_CLAIM_LEASE_S", "8")),
-    },
+    default_args={"post_execute": kill_at_step_boundary},
 ):
     batch_inference_group(
         workload=os.environ.get("ABP_CHAOS_WORKLOAD", "chaos"),
