@@ -27,7 +27,7 @@ BATCH_PATH_KILLS = {
     "submit": (
         Kill(failpoint="submit.after_claim"),
         Kill(failpoint="submit.after_upload=2"),
-        Kill(failpoint="submit.after_create=3"),
+        Kill(failpoint="submit.after_create"),
     ),
     "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
 }
