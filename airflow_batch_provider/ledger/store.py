@@ -240,6 +240,16 @@ def _guard(target: str, from_states: Iterable[str] | None, reopen: bool) -> Any:
     The states are inlined (they come from the fixed vocabulary) so the filter also works in an
     ``executemany``, where an expanding ``IN`` parameter cannot.
     """
+    return s.items.c.state.in_(
+        [literal_column(f"'{st}'") for st in sorted(_sources(target, from_states, reopen))]
+    )
+
+
+def _sources(target: str, from_states: Iterable[str] | None, reopen: bool) -> frozenset[str]:
+    """The states that may reach ``target``, intersected with ``from_states``.
+
+    :raises InvalidTransitionError: ``target`` is unknown, or a state in ``from_states`` cannot reach it
+    """
     allowed = sources_of(target, reopen=reopen)
     if not allowed:
         raise InvalidTransitionError(f"{target!r} is not an item state; known: {', '.join(ITEM_STATES)}.")
@@ -250,7 +260,7 @@ def _guard(target: str, from_states: Iterable[str] | None, reopen: bool) -> Any:
             f"items cannot move from {bad} to {target!r} (see DESIGN.md item states); "
             f"only from {sorted(allowed)}."
         )
-    return s.items.c.state.in_([literal_column(f"'{st}'") for st in sorted(chosen)])
+    return chosen
 
 
 def _transition(
@@ -271,7 +281,9 @@ def _transition(
     form (``rows``): one ``executemany`` per target and set of columns; each row carries ``state``
     (its target), its address as ``b_workload``/``b_key``/``b_version`` (and any other ``b_*``
     parameter ``where`` uses) and, optionally, ``b_from``: the state the caller read, so the write
-    is a compare-and-set against a concurrent writer.
+    is a compare-and-set against a concurrent writer (``WHERE state = b_from``, each ``b_from``
+    checked against the sources of the target first; a row whose ``b_from`` is not one is refused
+    without being sent). Rows without ``b_from`` get ``state IN <sources>`` in SQL.
 
     :param conn: an open transaction
     :param now: the ``updated_at`` to write
@@ -287,9 +299,10 @@ def _transition(
     if rows is None:
         if target is None or where is None:
             raise TypeError("_transition needs target and where, or rows")
-        guard = _guard(target, from_states, reopen)
         res = conn.execute(
-            s.items.update().where(where, guard).values(**(values or {}), state=target, updated_at=now)
+            s.items.update()
+            .where(where, _guard(target, from_states, reopen))
+            .values(**(values or {}), state=target, updated_at=now)
         )
         moved = int(res.rowcount or 0)
         left = conn.execute(select(func.count()).where(where, c.state != target)).scalar_one()
@@ -301,11 +314,24 @@ def _transition(
         groups.setdefault((str(row["state"]), "b_from" in row, cols), []).append(row)
     total = Moved()
     exact = conn.dialect.supports_sane_multi_rowcount
-    for (state, cas, cols), group in groups.items():
-        guard = _guard(state, from_states, reopen)
+    for (state, cas, cols), rows_of in groups.items():
+        if cas:
+            # Compare-and-set: ``state = b_from`` with every b_from checked against the sources
+            # here, which is ``state IN (sources)`` without a long IN list in every statement of
+            # the batch (PostgreSQL parses each one).
+            sources = _sources(state, from_states, reopen)
+            group = [r for r in rows_of if r["b_from"] in sources]
+            refused_early = len(rows_of) - len(group)
+            guard = c.state == bindparam("b_from")
+        else:
+            group, refused_early = list(rows_of), 0
+            guard = _guard(state, from_states, reopen)
+        total = total + Moved(0, refused_early)
+        if not group:
+            continue
         stmt = (
             s.items.update()
-            .where(row_where, guard, *([c.state == bindparam("b_from")] if cas else []))
+            .where(row_where, guard)
             .values({**{col: bindparam(col) for col in cols}, "state": state, "updated_at": now})
         )
         res = conn.execute(stmt, group)

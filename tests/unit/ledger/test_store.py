@@ -1417,3 +1417,17 @@ def test_a_reject_in_a_new_run_leaves_an_item_another_run_has_sent_alone(ledger:
     assert ledger.reject_items(WL, "r2", rejected) == 1
     assert (item(ledger, "a")["state"], item(ledger, "a")["run_id"]) == ("submitted", "r1")
     assert (item(ledger, "b")["state"], item(ledger, "b")["error_code"]) == ("review", "too_long")
+
+
+def test_a_compare_and_set_from_a_state_that_cannot_reach_the_target_is_refused(ledger: Ledger) -> None:
+    first_run_all_succeeded(ledger, ["a"])
+    row = {
+        "b_workload": WL,
+        "b_key": item_key("a"),
+        "b_version": "v1",
+        "b_from": "succeeded",
+        "state": "staged",
+    }
+    with ledger.engine.begin() as conn:
+        assert _transition(conn, utcnow(), rows=[row]) == Moved(moved=0, refused=1)
+    assert item(ledger, "a")["state"] == "succeeded"
