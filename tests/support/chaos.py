@@ -143,7 +143,7 @@ class Tally:
         """The JSON form."""
         return {
             "cases": self.cases,
-            "kill_points": len(self.kills),
+            "kill_points": len({label.partition("=")[0] for label in self.kills}),
             "kills": sum(self.kills.values()),
             "kills_by_point": dict(sorted(self.kills.items())),
             "faults": sum(self.faults.values()),
