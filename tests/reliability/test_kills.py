@@ -1,0 +1,83 @@
+"""SIGKILL at every fail point and at every step boundary, then the run resumed as a user would.
+
+Each case kills real Airflow processes (``DAG.test`` runs tasks and triggers in its own process,
+so the kill takes the whole worker, as an OOM kill or a lost node does), resumes the same run
+until it succeeds, and checks the invariant against the emulator's own record: every row in
+exactly one final state, no custom id in two batches, no batch the ledger does not know, the
+published cost equal to what the emulator billed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_batch_provider.core.failpoints import FAILPOINTS
+from tests.support.chaos import ChaosRun, Kill, chaos_emulator, check_invariants, count_faults
+
+pytestmark = pytest.mark.reliability
+
+#: every fail point of the batch path, in three independent runs (a kill that is not reached lets
+#: its run finish, and the later kills of that run could no longer be reached either); each
+#: segment's kills are in the order a run reaches them, the N picks a later job so that the kill
+#: lands with earlier jobs done
+BATCH_PATH_KILLS = {
+    "prepare": (Kill(failpoint="prepare.after_upsert"), Kill(failpoint="prepare.after_stage")),
+    "submit": (
+        Kill(failpoint="submit.after_claim"),
+        Kill(failpoint="submit.after_upload=2"),
+        Kill(failpoint="submit.after_create"),
+    ),
+    "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
+}
+#: a kill right after each kind of task returned, before Airflow recorded it
+STEP_KILLS = (
+    Kill(after_task="submit:1"),
+    Kill(after_task="wait:0"),
+    Kill(after_task="reconcile:1"),
+    Kill(after_task="resubmit_2"),
+    Kill(after_task="publish"),
+)
+
+
+def test_every_fail_point_is_exercised_by_a_case() -> None:
+    from tests.reliability.test_faults import DEADLINE_KILLS
+
+    kills = [*(k for segment in BATCH_PATH_KILLS.values() for k in segment), *DEADLINE_KILLS]
+    covered = {k.failpoint.partition("=")[0] for k in kills if k.failpoint}
+    assert covered == set(FAILPOINTS)
+
+
+@pytest.mark.parametrize("segment", list(BATCH_PATH_KILLS))
+def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once(
+    airflow_home: dict[str, str], tmp_path: Path, segment: str
+) -> None:
+    with chaos_emulator() as url:
+        run = ChaosRun(airflow_home, tmp_path, segment, url)
+        missed = run.survive(BATCH_PATH_KILLS[segment])
+        verdict = check_invariants(url, [run])
+        count_faults(url)
+    assert not verdict.violations, verdict.explain()
+    assert not missed, f"kill points never reached (not placed, or the run no longer passes there): {missed}"
+
+
+def test_a_kill_at_each_step_boundary_on_postgresql_loses_nothing_and_pays_once(
+    airflow_home: dict[str, str], tmp_path: Path, postgres_server: object
+) -> None:
+    from tests.support.postgres import PostgresServer
+
+    assert isinstance(postgres_server, PostgresServer)
+    name = postgres_server.create_database("chaos_steps")
+    try:
+        # one item in six fails retryably, so that a second round runs and can be killed too
+        with chaos_emulator({"rate_500": 0.17}) as url:
+            run = ChaosRun(airflow_home, tmp_path, "steps", url, ledger_url=postgres_server.url_for(name))
+            missed = run.survive(STEP_KILLS)
+            verdict = check_invariants(url, [run])
+            count_faults(url)
+            run.ledger().engine.dispose()
+    finally:
+        postgres_server.drop_database(name)
+    assert not verdict.violations, verdict.explain()
+    assert not missed, f"step boundaries never reached: {missed}"
