@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -528,7 +530,7 @@ async def test_realtime_embeds_through_the_sdk(emu: Emu) -> None:
     assert len(reply.result.output) == 16
 
 
-# -- Vertex AI (request building only: GCS is not available here) -------------------------------
+# -- Vertex AI request building -------------------------------
 
 
 def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
@@ -621,3 +623,143 @@ def test_find_pages_through_every_batch(emu: Emu) -> None:
         submit(adapter, [chat(1)], key=f"abp-other-{n}")
     assert adapter.find("abp-first") == first
     assert adapter.resolve_in_doubt("abp-first", datetime.now(timezone.utc), 1) == first
+
+
+# -- Vertex AI end to end: the hook, a service-account key, the emulator's Vertex routes, GCS ------
+
+
+@dataclass
+class Vertex:
+    emu: Emu
+    gcs: Any
+    bucket: str
+
+    def adapter(self) -> GeminiBatchAdapter:
+        from airflow_batch_provider.hooks.batch import BatchHook
+
+        adapter = BatchHook("abp_vertex").get_adapter()
+        assert isinstance(adapter, GeminiBatchAdapter)
+        return adapter
+
+
+def _service_account_key(token_uri: str) -> dict[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        .decode()
+    )
+    return {
+        "type": "service_account",
+        "project_id": "abp-project",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": "batch@abp-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+
+
+@pytest.fixture(scope="module")
+def gcs_server() -> Iterator[Any]:
+    pytest.importorskip("gcp_storage_emulator")
+    pytest.importorskip("gcsfs")
+    from tests.support.gcs import start_gcs
+
+    with start_gcs() as server:
+        yield server
+
+
+@pytest.fixture
+def vertex(gcs_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Vertex]:
+    bucket = "abp-" + uuid.uuid4().hex[:10]
+    gcs_server.create_bucket(bucket)
+    with run_emulator(EmulatorConfig(seed=3, gcs_endpoint=gcs_server.endpoint_url)) as base_url:
+        gcp = {
+            "conn_type": "google_cloud_platform",
+            "extra": {
+                "keyfile_dict": json.dumps(_service_account_key(f"{base_url}/token")),
+                "gcs.endpoint": gcs_server.endpoint_url,
+            },
+        }
+        gemini = {
+            "conn_type": "gemini_batch",
+            "host": base_url,
+            "extra": {
+                "vertexai": True,
+                "location": "us-central1",
+                "gcs_prefix": f"gs://{bucket}/llm-batch",
+                "gcp_conn_id": "abp_gcp",
+                "max_retries": 0,
+            },
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(gcp))
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_VERTEX", json.dumps(gemini))
+        yield Vertex(Emu(base_url), gcs_server, bucket)
+
+
+def test_a_vertex_batch_runs_end_to_end_through_gcs_on_the_connections_credentials(vertex: Vertex) -> None:
+    adapter = vertex.adapter()
+    # the project came from the key file, the credentials from the gcp connection
+    assert adapter.settings.extra["project"] == "abp-project"
+    requests = [chat(i) for i in range(3)]
+    ref = submit(adapter, requests, key="abp-vertex-1")
+    assert ref.batch_id.startswith("projects/abp-project/locations/us-central1/batchPredictionJobs/")
+    staged = f"{vertex.bucket}/llm-batch/input/abp-vertex-1.jsonl"
+    assert adapter.gcs.cat(staged) == chunk(adapter, requests)  # the input really is in GCS
+    assert adapter.status(ref).state in ("validating", "in_progress")
+    vertex.emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.completed, status.failed) == ("completed", 3, 0)
+    got = by_id(results(adapter, ref))
+    assert set(got) == {f"id-c{i}" for i in range(3)}
+    assert all(r.outcome == "succeeded" and r.output for r in got.values())
+    outputs = adapter.gcs.glob(f"{vertex.bucket}/llm-batch/output/abp-vertex-1/**/predictions.jsonl")
+    assert len(outputs) == 1  # the emulator wrote the predictions to GCS, the adapter read them there
+    counters = vertex.emu.stats()["counters"]
+    assert counters["vertex.tokens_issued"] >= 1 and counters["vertex.outputs_written"] == 1
+    # a second submit of the same key finds the job instead of creating another
+    assert adapter.submit(InputRef("uri", f"gs://{staged}"), "abp-vertex-1", {"model": MODEL}) == ref
+    assert counters["vertex.batches_created"] == 1
+
+
+async def test_the_triggers_async_client_polls_vertex_with_the_connections_credentials(
+    vertex: Vertex,
+) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    ref = submit(vertex.adapter(), [chat(1)], key="abp-vertex-async")
+    adapter = await BatchHook.aget_adapter("abp_vertex")
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert status.state in ("validating", "in_progress")
+
+
+def test_vertex_refuses_a_call_without_a_token_it_issued(vertex: Vertex) -> None:
+    answer = httpx.get(
+        f"{vertex.emu.base_url}/v1beta1/projects/p/locations/l/batchPredictionJobs",
+        headers={"Authorization": "Bearer made-up"},
+    )
+    assert answer.status_code == 401
+
+
+def test_the_test_button_checks_vertex_and_its_bucket(
+    vertex: Vertex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.models.connection import Connection
+
+    ok, message = Connection.get_connection_from_secrets("abp_vertex").test_connection()
+    assert ok, message
+    assert f"GCS bucket {vertex.bucket} is readable" in message
+    anonymous = {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}}
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(anonymous))
+    ok, message = Connection.get_connection_from_secrets("abp_vertex").test_connection()
+    assert not ok, message
+    assert "abp_vertex" in message and "failed" in message
