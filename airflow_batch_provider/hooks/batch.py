@@ -104,13 +104,13 @@ class BatchHook(BaseHook):
 
         :param batch_conn_id: the connection id
         """
-        from asgiref.sync import sync_to_async
+        import asyncio
 
         conn = await cls.aget_connection(batch_conn_id)
         conn_type = conn.conn_type or ""
         adapter = adapter_class(conn_type)
         # a cloud hook may read its own connection (aws_conn_id, gcp_conn_id): off the loop
-        settings = await sync_to_async(hook_class(conn_type).adapter_settings)(conn)
+        settings = await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
         return adapter(settings)
 
     def probe(self, adapter: BatchAdapter) -> str:

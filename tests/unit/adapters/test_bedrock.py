@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
