@@ -66,3 +66,67 @@ def start_gcs() -> GCSServer:
     server.start()  # returns once the socket is bound
     port = int(server._api._httpd.server_address[1])
     return GCSServer(port=port, server=server)
+
+
+def service_account_key(token_uri: str, project: str = "abp-project") -> dict[str, str]:
+    """Return a service-account key file (a fresh RSA key) whose tokens come from ``token_uri``.
+
+    ``google-auth`` signs a JWT with the key and posts it to ``token_uri``: the emulator's
+    ``/token`` answers with a token its Vertex routes accept, so a test sees the connection's
+    credentials used end to end.
+
+    :param token_uri: e.g. ``http://127.0.0.1:PORT/token``
+    :param project: the key's project id
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        .decode()
+    )
+    return {
+        "type": "service_account",
+        "project_id": project,
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": f"batch@{project}.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+
+
+def vertex_connections(
+    emulator_url: str, gcs_endpoint: str, gcs_prefix: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return a ``google_cloud_platform`` connection (``abp_gcp``: a service-account key whose
+    tokens come from the emulator, GCS at ``gcs_endpoint``) and a Vertex AI ``gemini_batch``
+    connection that names it.
+
+    :param emulator_url: the emulator's base URL
+    :param gcs_endpoint: the GCS server's endpoint
+    :param gcs_prefix: ``gs://bucket/folder`` of the Vertex input and output
+    """
+    import json
+
+    gcp = {
+        "conn_type": "google_cloud_platform",
+        "extra": {
+            "keyfile_dict": json.dumps(service_account_key(f"{emulator_url}/token")),
+            "gcs.endpoint": gcs_endpoint,
+        },
+    }
+    gemini = {
+        "conn_type": "gemini_batch",
+        "host": emulator_url,
+        "extra": {
+            "vertexai": True,
+            "location": "us-central1",
+            "gcs_prefix": gcs_prefix,
+            "gcp_conn_id": "abp_gcp",
+        },
+    }
+    return gcp, gemini

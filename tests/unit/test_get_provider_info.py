@@ -140,4 +140,7 @@ def test_airflows_providers_manager_and_ui_see_the_forms() -> None:
     gemini = meta["gemini_batch"]
     assert gemini.hook_name == "Gemini Batch"
     assert gemini.extra_fields is not None and "location" in gemini.extra_fields
-    assert gemini.standard_fields is not None and gemini.standard_fields.password.title == "API key (Developer API)"
+    assert (
+        gemini.standard_fields is not None
+        and gemini.standard_fields.password.title == "API key (Developer API)"
+    )

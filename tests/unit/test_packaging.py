@@ -14,7 +14,17 @@ from packaging.version import Version
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 # extras that carry the product's own dependencies (not the test tools)
-RUNTIME_EXTRAS = {"openai", "anthropic", "gemini", "bedrock", "kubernetes", "s3", "vertex", "postgres", "emulator"}
+RUNTIME_EXTRAS = {
+    "openai",
+    "anthropic",
+    "gemini",
+    "bedrock",
+    "kubernetes",
+    "s3",
+    "vertex",
+    "postgres",
+    "emulator",
+}
 
 
 def pins() -> dict[str, Version]:

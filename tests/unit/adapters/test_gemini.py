@@ -35,6 +35,7 @@ from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.faults import FaultConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+from tests.support.gcs import start_gcs, vertex_connections
 
 from .faults import FAST_CREATE, arm, batches
 
@@ -642,34 +643,10 @@ class Vertex:
         return adapter
 
 
-def _service_account_key(token_uri: str) -> dict[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        .decode()
-    )
-    return {
-        "type": "service_account",
-        "project_id": "abp-project",
-        "private_key_id": "k1",
-        "private_key": pem,
-        "client_email": "batch@abp-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": token_uri,
-    }
-
-
 @pytest.fixture(scope="module")
 def gcs_server() -> Iterator[Any]:
     pytest.importorskip("gcp_storage_emulator")
     pytest.importorskip("gcsfs")
-    from tests.support.gcs import start_gcs
-
     with start_gcs() as server:
         yield server
 
@@ -679,24 +656,8 @@ def vertex(gcs_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Vertex]
     bucket = "abp-" + uuid.uuid4().hex[:10]
     gcs_server.create_bucket(bucket)
     with run_emulator(EmulatorConfig(seed=3, gcs_endpoint=gcs_server.endpoint_url)) as base_url:
-        gcp = {
-            "conn_type": "google_cloud_platform",
-            "extra": {
-                "keyfile_dict": json.dumps(_service_account_key(f"{base_url}/token")),
-                "gcs.endpoint": gcs_server.endpoint_url,
-            },
-        }
-        gemini = {
-            "conn_type": "gemini_batch",
-            "host": base_url,
-            "extra": {
-                "vertexai": True,
-                "location": "us-central1",
-                "gcs_prefix": f"gs://{bucket}/llm-batch",
-                "gcp_conn_id": "abp_gcp",
-                "max_retries": 0,
-            },
-        }
+        gcp, gemini = vertex_connections(base_url, gcs_server.endpoint_url, f"gs://{bucket}/llm-batch")
+        gemini["extra"]["max_retries"] = 0
         monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(gcp))
         monkeypatch.setenv("AIRFLOW_CONN_ABP_VERTEX", json.dumps(gemini))
         yield Vertex(Emu(base_url), gcs_server, bucket)
