@@ -14,13 +14,11 @@ from airflow.sdk import BaseHook
 
 from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
 from airflow_batch_provider.adapters.registry import adapter_class
+from airflow_batch_provider.get_provider_info import get_provider_info
 
-#: connection type -> the hook class that turns it into adapter settings
+#: connection type -> the hook class that turns it into adapter settings (the provider metadata's)
 HOOKS: dict[str, str] = {
-    "openai_batch": "airflow_batch_provider.hooks.batch.OpenAIBatchHook",
-    "anthropic_batch": "airflow_batch_provider.hooks.anthropic.AnthropicBatchHook",
-    "gemini_batch": "airflow_batch_provider.hooks.gemini.GeminiBatchHook",
-    "bedrock_batch": "airflow_batch_provider.hooks.bedrock.BedrockBatchHook",
+    entry["connection-type"]: entry["hook-class-name"] for entry in get_provider_info()["connection-types"]
 }
 
 
@@ -54,8 +52,8 @@ def hook_class(conn_type: str) -> type[BatchHook]:
     if path is None:
         return BatchHook  # the adapter registry refuses an unknown type by name
     module, _, name = path.rpartition(".")
-    cls: type[BatchHook] = getattr(importlib.import_module(module), name)
-    return cls
+    cls = getattr(importlib.import_module(module), name)
+    return cls if isinstance(cls, type) and issubclass(cls, BatchHook) else BatchHook
 
 
 class BatchHook(BaseHook):
