@@ -15,7 +15,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_NO_INPUT := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint format typecheck pytest demo bench constraints clean
+.PHONY: help venv test lint format typecheck pytest demo stack stack-down bench constraints clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -51,6 +51,12 @@ pytest: venv ## only the test suite; PYTEST_ARGS='-m "not postgres"' to narrow
 
 demo: venv ## run the end-to-end demo (scripts/demo.sh) against the local emulator
 	PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" bash scripts/demo.sh
+
+stack: venv ## start Airflow (api-server, scheduler, dag-processor, triggerer), PostgreSQL and the emulator, no Docker
+	PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" bash scripts/stack.sh up
+
+stack-down: ## stop what `make stack` started
+	PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" bash scripts/stack.sh down
 
 bench: venv ## run the benchmarks (benchmarks/run_all.py)
 	$(BIN)/python benchmarks/run_all.py

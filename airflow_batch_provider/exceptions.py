@@ -86,6 +86,71 @@ class RecordSourceError(BatchProviderError):
     """
 
 
+class JobClaimedError(LedgerError):
+    """Another task attempt holds the claim on a job's create call, and its lease has not expired.
+
+    :param job_id: the job
+    :param holder: who holds the claim
+    :param expires_at: when the claim may be taken over (ISO 8601, UTC)
+    """
+
+    def __init__(self, job_id: str, holder: str, expires_at: str) -> None:
+        self.job_id = job_id
+        self.holder = holder
+        self.expires_at = expires_at
+        super().__init__(
+            f"job {job_id!r} is claimed by {holder!r} until {expires_at}; another attempt is creating "
+            "its batch. Nothing was sent. Wait for that attempt (or for the claim to expire), then "
+            "retry this task: it will find the batch by its idempotency key."
+        )
+
+
+class JobNotClaimableError(LedgerError):
+    """A job may not be claimed to create a batch: it has one already, or its create is in doubt.
+
+    :param job_id: the job
+    :param reason: ``in_doubt`` or ``submitted``
+    :param detail: the in-doubt reason or the batch id
+    """
+
+    def __init__(self, job_id: str, reason: str, detail: str) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        self.detail = detail
+        if reason == "in_doubt":
+            remedy = (
+                "a batch may already exist at the provider; nothing will be created for it until the "
+                "doubt is resolved: by matching the provider's batch list, or by a person with "
+                f"`airflow-batch jobs resolve {job_id} --batch-id ID` (or `--absent`)."
+            )
+        else:
+            remedy = f"it has batch {detail!r} already; poll that batch instead of creating another."
+        super().__init__(f"job {job_id!r} cannot be claimed for create ({reason}: {detail}): {remedy}")
+
+
+class WorkloadLeasedError(LedgerError):
+    """Another run holds the workload: two runs of one workload must not move each other's items.
+
+    :param workload: the workload
+    :param run_id: the run holding it
+    :param dag_id: that run's DAG, when known
+    :param since: since when it holds the workload (ISO 8601, UTC)
+    """
+
+    def __init__(self, workload: str, run_id: str, dag_id: str | None, since: str) -> None:
+        self.workload = workload
+        self.run_id = run_id
+        self.dag_id = dag_id
+        self.since = since
+        dag = f"DAG {dag_id!r}, " if dag_id else ""
+        super().__init__(
+            f"workload {workload!r} is held by {dag}run {run_id!r} since {since}; one run at a time "
+            "may work on a workload. Wait for that run to finish, set max_active_runs=1 on the DAG "
+            "(and give each DAG its own workload name), or, after checking that the run is dead, "
+            f"release it with `airflow-batch lease release --workload {workload} --run-id {run_id}`."
+        )
+
+
 class BatchInDoubtError(SubmitError):
     """A create may or may not have made a provider batch, and the provider cannot tell yet.
 

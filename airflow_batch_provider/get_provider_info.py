@@ -206,6 +206,52 @@ def _connection_types() -> list[dict[str, Any]]:
                 ),
             },
         ),
+        _connection(
+            "vllm_kubernetes",
+            "vllm_kubernetes.VllmKubernetesHook",
+            "vLLM on Kubernetes",
+            hidden=["host", "schema", "login", "password", "port"],
+            relabeling={},
+            placeholders={},
+            fields={
+                "namespace": _field("Namespace", "Kubernetes namespace of the vLLM pods.", default="default"),
+                "image": _field("vLLM image", "The vLLM image (the command is vllm run-batch)."),
+                "gpu_count": _field(
+                    "GPUs per pod",
+                    "nvidia.com/gpu limit; also the tensor-parallel default.",
+                    "integer",
+                    default=1,
+                ),
+                "gpu_type": _field(
+                    "GPU type",
+                    "GPU model name for the planner and the report (H100, L4 ...).",
+                    default="H100",
+                ),
+                "usd_per_gpu_hour": _field(
+                    "USD per GPU-hour",
+                    "What one GPU-hour costs you, for the cost report.",
+                    "number",
+                    default=0.0,
+                ),
+                "exchange_path": _field(
+                    "Exchange folder", "The folder workers and pods share, as the workers see it (required)."
+                ),
+                "exchange_pvc": _field("Exchange PVC", "The ReadWriteMany PVC behind it (else a hostPath)."),
+                "model_cache_pvc": _field(
+                    "Model cache PVC", "Mounted at the model hub cache so weights download once."
+                ),
+                "hub_token_secret": _field(
+                    "Hub token Secret", "Kubernetes Secret holding the model hub token (HF_TOKEN)."
+                ),
+                "service_account": _field("Service account", "The pods' service account."),
+                "kubernetes_conn_id": _field(
+                    "Kubernetes connection", "A kubernetes connection for the API (else in-cluster)."
+                ),
+                "kube_config_path": _field(
+                    "Kubeconfig path", "A kubeconfig file for the API (instead of a connection)."
+                ),
+            },
+        ),
     ]
 
 
@@ -249,6 +295,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.hooks.anthropic",
                     "airflow_batch_provider.hooks.gemini",
                     "airflow_batch_provider.hooks.bedrock",
+                    "airflow_batch_provider.hooks.vllm_kubernetes",
                 ],
             }
         ],
@@ -290,6 +337,13 @@ def get_provider_info() -> dict[str, Any]:
                         "Connection of the object store behind staging_root (e.g. aws_default).",
                         "",
                         "aws_default",
+                    ),
+                    "console_urls": _option(
+                        "JSON object of provider name to a console page template ({batch_id}, {region}) "
+                        "for the batch links on submit and wait tasks; adds to or replaces the shipped "
+                        "OpenAI one.",
+                        "",
+                        '{"anthropic": "https://console.anthropic.com/workspaces/default/batches/{batch_id}"}',
                     ),
                     "pricing_override": _option(
                         "A JSON file (or JSON text) merged over the shipped price table.",

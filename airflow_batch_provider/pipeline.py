@@ -2,10 +2,13 @@
 
 ::
 
-    prepare -> submit[] -> wait[] -> download[] -> reconcile[]          (round 1, mapped per chunk)
+    lease -> prepare -> submit[] -> wait[] -> download[] -> reconcile[] (round 1, mapped per chunk)
             -> resubmit_2 -> submit_2[] -> ... -> reconcile_2[]          (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+
+``lease`` takes the workload for the run (one run of a workload at a time; a second live run fails
+fast naming the holder, a dead holder's lease is taken over); ``publish`` gives it back.
 
 With a deadline (and its policy, which has no default), a ``deadline`` task resolves the run's
 deadline first; each sensor stops at it, a ``harvest`` task after each sensor cancels a batch the
@@ -30,9 +33,11 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from airflow_batch_provider.core.deadline import DeadlineSpec, check_policy
+from airflow_batch_provider.core.names import check_workload
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.kubernetes.lane import pod_tasks, runs_in_pod
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -40,9 +45,11 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchWorkloadLeaseOperator,
     RecordSource,
 )
 from airflow_batch_provider.operators.deadline import (
+    HARVEST_TIMEOUT_S,
     BatchDeadlineBranchOperator,
     BatchDeadlineHarvestOperator,
     BatchDeadlineOperator,
@@ -85,7 +92,7 @@ def batch_inference_group(
     deadline: datetime | str | timedelta | DeadlineSpec | None = None,
     deadline_policy: str | None = None,
     deadline_margin: float = 0.0,
-    harvest_timeout: float = 300.0,
+    harvest_timeout: float = HARVEST_TIMEOUT_S,
     fallback_rpm: int | None = None,
     fallback_tpm: int | None = None,
     fallback_concurrency: int | None = None,
@@ -120,7 +127,8 @@ def batch_inference_group(
     :param deadline_policy: what happens to items not done by the deadline: ``sync_fallback``,
         ``publish_pending`` or ``skip``; required with a deadline, refused without one
     :param deadline_margin: seconds before the deadline to stop waiting
-    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to be cancelled
+    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to reach its terminal
+        state (default 600: OpenAI documents up to 10 minutes for a cancel)
     :param fallback_rpm: requests per minute of the synchronous fallback (default from config)
     :param fallback_tpm: tokens per minute of the synchronous fallback (default from config)
     :param fallback_concurrency: requests in flight in the synchronous fallback
@@ -141,6 +149,7 @@ def batch_inference_group(
     absolute = isinstance(deadline, datetime) or (
         isinstance(deadline, str) and ("{{" in deadline or _is_iso_datetime(deadline))
     )
+    check_workload(workload)  # before Airflow's own key check, with the workload's rule and a fix
     deadline_policy = check_policy(deadline_policy, deadline is not None)
     if deadline is not None and not absolute:
         spec = DeadlineSpec.parse(deadline, deadline_policy, margin_s=deadline_margin)  # type: ignore[arg-type]
@@ -151,7 +160,10 @@ def batch_inference_group(
         "staging_root": staging_root,
         "staging_conn_id": staging_conn_id,
     }
-    with TaskGroup(group_id or workload, tooltip=f"batch inference: {workload}") as group:
+    in_pod = runs_in_pod(batch_conn_id)  # self-hosted lane: a pod task per chunk replaces submit + wait
+    # a workload may contain '.', which Airflow refuses in a group id
+    with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
+        lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
         prepare = BatchPrepareOperator(
             task_id="prepare",
             records=records,
@@ -167,6 +179,7 @@ def batch_inference_group(
             resolve = BatchDeadlineOperator(task_id="deadline", spec=spec, doc_md=spec.describe())
             deadline_value = "{{ ti.xcom_pull(task_ids='" + resolve.task_id + "')['deadline'] }}"
             resolve >> prepare
+        lease >> prepare
         manifests: Any = prepare.output
         last: Any = prepare
         for round_number in range(1, max_attempts + 1):
@@ -187,24 +200,37 @@ def batch_inference_group(
                 )
                 last >> resubmit
                 manifests = resubmit.output
-            submit = BatchSubmitOperator.partial(
-                task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
-            ).expand(job=manifests)
-            wait = BatchStatusSensor.partial(
-                task_id=f"wait{suffix}",
-                batch_conn_id=batch_conn_id,
-                ledger_conn_id=ledger_conn_id,
-                poll=policy,
-                deadline=deadline_value,
-                deadline_margin=deadline_margin,
-                deferrable=deferrable,
-            ).expand(batch=submit.output)
-            waited: Any = wait.output
-            if deadline_policy is not None:
-                harvest = BatchDeadlineHarvestOperator.partial(
-                    task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, **common
-                ).expand(batch=wait.output)
-                waited = harvest.output
+            waited: Any
+            if in_pod:
+                waited = pod_tasks(
+                    task_id=f"run{suffix}",
+                    manifests=manifests,
+                    common=common,
+                    policy=policy,
+                    deferrable=deferrable,
+                    deadline=deadline,
+                )
+            else:
+                submit = BatchSubmitOperator.partial(
+                    task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
+                ).expand(job=manifests)
+                wait = BatchStatusSensor.partial(
+                    task_id=f"wait{suffix}",
+                    batch_conn_id=batch_conn_id,
+                    ledger_conn_id=ledger_conn_id,
+                    poll=policy,
+                    deadline=deadline_value,
+                    deadline_margin=deadline_margin,
+                    deferrable=deferrable,
+                    staging_root=staging_root,
+                    staging_conn_id=staging_conn_id,
+                ).expand(batch=submit.output)
+                waited = wait.output
+                if deadline_policy is not None:
+                    harvest = BatchDeadlineHarvestOperator.partial(
+                        task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, poll=policy, **common
+                    ).expand(batch=wait.output)
+                    waited = harvest.output
             download = BatchDownloadOperator.partial(task_id=f"download{suffix}", **common).expand(
                 batch=waited
             )
@@ -216,6 +242,7 @@ def batch_inference_group(
             max_attempts=max_attempts,
             unfinished=unfinished,
             pricing_override=pricing_override,
+            prompt=prompt,
             trigger_rule="none_failed",
             outlets=list(outlets),
             **common,

@@ -27,6 +27,10 @@ ROOTS = (
     "CreateChatCompletionResponse",
     "CreateEmbeddingResponse",
     "ErrorResponse",
+    "CreateResponse",
+    "Response",
+    "CreateModerationRequest",
+    "CreateModerationResponse",
 )
 OUT = (
     Path(__file__).resolve().parent.parent

@@ -9,26 +9,10 @@ spools it locally and :meth:`~AnthropicBatchAdapter.submit` posts its lines as
 :meth:`~AnthropicBatchAdapter.download` writes it as the ``output`` file and reports no
 ``errors`` file. The SDK is imported inside methods only, so importing this module is free.
 
-Mapping of canonical requests:
-
-- the shared system prompt becomes one system text block marked
-  ``"cache_control": {"type": "ephemeral"}`` (prompt caching: the block is written to the cache
-  by the first request and read by the next ones, at 1.25x and 0.1x the input price; prefixes
-  below the model's minimum, 1,024 to 4,096 tokens, are simply not cached). Turn it off with the
-  connection extra ``prompt_caching: false``;
-- ``max_tokens`` (or ``max_completion_tokens``) passes through; Anthropic requires it, so a
-  request without one gets ``default_max_tokens`` (extra, 1024);
-- ``temperature``, ``top_p``, ``top_k``, ``metadata``, ``tools``, ``tool_choice``, ``thinking``
-  and ``output_config`` pass through; ``stop`` becomes ``stop_sequences``; OpenAI-only knobs with
-  no Anthropic counterpart (:data:`DROPPED_PARAMS`: ``seed``, ``n``, penalties, ``logprobs`` ...)
-  are dropped so that one prompt file serves both providers;
-- ``response_format`` (OpenAI's JSON mode) is turned into an instruction appended to the system
-  prompt: "answer with one JSON object only", plus the JSON Schema for ``json_schema``. This
-  works with every Claude model and keeps the schema in the cached prefix; the output is then
-  validated against the prompt's ``output_schema`` after download (a mismatch is
-  ``invalid_output``). With the extra ``json_output: "output_config"`` the schema is sent as
-  Anthropic's native structured output instead (``output_config.format``), which only newer
-  models accept and which refuses some JSON Schema keywords; choose it per connection.
+Mapping of canonical requests: the Messages body is built by
+:func:`~airflow_batch_provider.adapters.claude.claude_body`, the same builder Bedrock uses for
+Claude (system block with the ``prompt_caching`` cache marker, ``default_max_tokens``,
+``json_output`` = ``instruct`` or ``output_config``, ``stop``, tools; see that module).
 
 Errored results: ``overloaded_error``, ``rate_limit_error``, ``api_error`` and
 ``timeout_error`` are ``failed_retryable``; ``invalid_request_error`` (including "prompt is too
@@ -74,7 +58,6 @@ import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
@@ -93,10 +76,13 @@ from airflow_batch_provider.adapters.base import (
     create_once,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.claude import claude_body, claude_result
+from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, classify_http_error
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -107,46 +93,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS: Final = 1024
 CUSTOM_ID_PATTERN: Final = r"^[a-zA-Z0-9_-]{1,64}$"
 _CUSTOM_ID: Final = re.compile(CUSTOM_ID_PATTERN)
-#: Error types of an errored result (or a real-time answer) worth another attempt.
-RETRYABLE_ERRORS: Final[frozenset[str]] = frozenset(
-    {"overloaded_error", "rate_limit_error", "api_error", "timeout_error", "timeout"}
-)
-#: HTTP statuses of a real-time answer worth another attempt.
-RETRYABLE_STATUS: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-#: Canonical params passed to Anthropic unchanged.
-PASSED_PARAMS: Final[frozenset[str]] = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "top_k",
-        "metadata",
-        "tools",
-        "tool_choice",
-        "thinking",
-        "output_config",
-        "stop_sequences",
-        "service_tier",
-    }
-)
-#: OpenAI-only params with no Anthropic counterpart, dropped so one prompt serves both providers.
-DROPPED_PARAMS: Final[frozenset[str]] = frozenset(
-    {
-        "seed",
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "user",
-        "store",
-        "parallel_tool_calls",
-        "reasoning_effort",
-        "modalities",
-        "prediction",
-        "stream_options",
-    }
-)
 
 
 def _base_url(settings: AdapterSettings) -> str | None:
@@ -172,77 +118,22 @@ def _client_kwargs(settings: AdapterSettings, max_retries: int | None = None) ->
     return kwargs
 
 
-@lru_cache(maxsize=32)
-def _json_instruction(schema_json: str | None) -> str:
-    text = (
-        "Answer with exactly one JSON object and nothing else: no prose before or after it, "
-        "no markdown code fences."
-    )
-    if schema_json:
-        text += f" The object must validate against this JSON Schema:\n{schema_json}"
-    return text
-
-
-def _schema_of(response_format: Any) -> tuple[bool, dict[str, Any] | None]:
-    """Return (JSON requested, schema or None) for an OpenAI-style ``response_format``."""
-    if not isinstance(response_format, Mapping):
-        return False, None
-    kind = response_format.get("type")
-    if kind == "json_schema":
-        spec = response_format.get("json_schema") or {}
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        return True, dict(schema) if isinstance(schema, Mapping) else None
-    return kind == "json_object", None
-
-
-def _usage(usage: Mapping[str, Any] | None) -> Usage:
-    usage = usage or {}
-    return Usage(
-        input_tokens=int(usage.get("input_tokens") or 0),
-        output_tokens=int(usage.get("output_tokens") or 0),
-        cached_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
-        cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-    )
-
-
-def _output(message: Mapping[str, Any]) -> Any:
-    """The text of a message (text blocks joined); a lone tool call's input when there is no text."""
-    blocks = [b for b in message.get("content") or [] if isinstance(b, Mapping)]
-    texts = [str(b.get("text") or "") for b in blocks if b.get("type") == "text"]
-    if texts:
-        return "".join(texts)
-    tools = [b.get("input") for b in blocks if b.get("type") == "tool_use"]
-    if len(tools) == 1:
-        return tools[0]
-    return tools or None
-
-
 def succeeded_result(custom_id: str, message: Mapping[str, Any]) -> ItemResult:
-    """Return the neutral result of a ``Message``.
+    """Return the neutral result of a ``Message`` (see :func:`~.claude.claude_result`).
 
     :param custom_id: the item's custom id
     :param message: the ``Message`` object as a dict
     """
-    return ItemResult(
-        custom_id,
-        "succeeded",
-        output=_output(message),
-        usage=_usage(message.get("usage")),
-        raw={"stop_reason": message.get("stop_reason"), "message_id": message.get("id")},
-    )
+    return claude_result(custom_id, message)
 
 
 def error_outcome(error_type: str | None, status: int | None = None) -> Outcome:
-    """Classify an Anthropic error type (and HTTP status) as retryable or permanent.
+    """Classify an Anthropic error type (and HTTP status) by the one retryable table.
 
     :param error_type: ``overloaded_error``, ``invalid_request_error`` ...
     :param status: the HTTP status, when known
     """
-    if error_type in RETRYABLE_ERRORS:
-        return "failed_retryable"
-    if error_type is None and status is not None and status in RETRYABLE_STATUS:
-        return "failed_retryable"
-    return "failed_permanent"
+    return classify_http_error(status, error_type)
 
 
 def _error_object(body: Any) -> Mapping[str, Any]:
@@ -300,29 +191,6 @@ class _Intent:
     count: int
     custom_ids: frozenset[str] = field(repr=False)
     not_before: float
-
-
-def _retry_after(headers: Any) -> float | None:
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return float(ms) / 1000.0
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return None
 
 
 def _rate_headers(headers: Any) -> dict[str, str]:
@@ -403,9 +271,7 @@ class _AsyncAnthropicRealtime(AsyncRealtimeClient):
         try:
             params = self._adapter.params(request)
         except ConfigurationError as exc:
-            return RealtimeReply(
-                ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
-            )
+            return unsupported_reply(custom_id, exc)
         try:
             raw = await self._client.messages.with_raw_response.create(
                 **params, extra_headers={CUSTOM_ID_HEADER: custom_id}
@@ -421,7 +287,7 @@ class _AsyncAnthropicRealtime(AsyncRealtimeClient):
                     error_message=str(inner.get("message") or exc.message),
                     raw={"status_code": exc.status_code, "request_id": exc.request_id},
                 ),
-                retry_after=_retry_after(exc.response.headers),
+                retry_after=parse_retry_after(exc.response.headers),
                 rate_limit=_rate_headers(exc.response.headers),
             )
         except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
@@ -459,6 +325,7 @@ class AnthropicBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "anthropic"
     conn_type: ClassVar[str] = "anthropic_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
     limits: ClassVar[Limits] = Limits(
         max_requests=100_000, max_bytes=256 * 1024 * 1024, custom_id_pattern=CUSTOM_ID_PATTERN
     )
@@ -481,51 +348,13 @@ class AnthropicBatchAdapter(BatchAdapter):
     # -- formatting ------------------------------------------------------------------------
 
     def params(self, request: CanonicalRequest) -> dict[str, Any]:
-        """Return the Messages API params of a canonical request.
+        """Return the Messages API params of a canonical request (:func:`~.claude.claude_body`).
 
         :param request: the canonical request
-        :raises ConfigurationError: the request is an embedding (Anthropic has no embeddings API)
+        :raises ConfigurationError: the request is not a chat request
         """
-        if request.kind != "chat":
-            raise ConfigurationError(
-                f"item {request.app_id!r} is a {request.kind!r} request; Anthropic has no embeddings API. "
-                "Point this workload at an OpenAI or Gemini connection."
-            )
-        extra = self.settings.extra
-        source = dict(request.params)
-        max_tokens = source.pop("max_tokens", None) or source.pop("max_completion_tokens", None)
-        source.pop("max_completion_tokens", None)
-        wants_json, schema = _schema_of(source.pop("response_format", None))
-        params: dict[str, Any] = {
-            "model": request.model,
-            "max_tokens": int(max_tokens or extra.get("default_max_tokens", DEFAULT_MAX_TOKENS)),
-        }
-        system_parts = [request.system] if request.system else []
-        messages: list[dict[str, Any]] = []
-        for message in request.messages:
-            if message.get("role") in ("system", "developer"):
-                system_parts.append(str(message.get("content") or ""))
-            else:
-                messages.append(dict(message))
-        native = extra.get("json_output", "instruct") == "output_config"
-        if wants_json and native and schema is not None:
-            params["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
-        elif wants_json:
-            schema_json = json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema else None
-            system_parts.append(_json_instruction(schema_json))
-        if system_parts:
-            block: dict[str, Any] = {"type": "text", "text": "\n\n".join(p for p in system_parts if p)}
-            if extra.get("prompt_caching", True) not in (False, "false", "False", 0):
-                block["cache_control"] = {"type": "ephemeral"}
-            params["system"] = [block]
-        params["messages"] = messages
-        if "stop" in source:
-            stop = source.pop("stop")
-            params["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop or [])
-        # Anything else (PASSED_PARAMS, or an Anthropic-only parameter the prompt names on purpose)
-        # passes through unchanged.
-        params.update({k: v for k, v in source.items() if k not in DROPPED_PARAMS})
-        return params
+        self.check_kind(request)
+        return claude_body(request, self.settings.extra, "anthropic")
 
     def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
         if not _CUSTOM_ID.match(custom_id):

@@ -224,6 +224,17 @@ class RealtimeReply:
     rate_limit: Mapping[str, str] = field(default_factory=dict)
 
 
+def unsupported_reply(custom_id: str, exc: Exception) -> RealtimeReply:
+    """The real-time answer to a request this adapter cannot send (its kind, a refused parameter).
+
+    :param custom_id: the item's custom id
+    :param exc: the :class:`~airflow_batch_provider.exceptions.ConfigurationError` that says why
+    """
+    return RealtimeReply(
+        ItemResult(custom_id, "failed_permanent", error_code="unsupported", error_message=str(exc))
+    )
+
+
 class AsyncRealtimeClient(ABC):
     """The provider's real-time API, async, for the synchronous fallback at full price."""
 
@@ -248,9 +259,47 @@ class BatchAdapter(ABC):
     name: ClassVar[str]
     conn_type: ClassVar[str]
     limits: ClassVar[Limits]
+    #: The request kinds this adapter formats and submits; prepare refuses any other kind before
+    #: anything is staged or paid, and :meth:`check_kind` refuses it again at formatting.
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
 
     def __init__(self, settings: AdapterSettings) -> None:
         self.settings = settings
+
+    @classmethod
+    def kind_refusal(cls, kind: str, workload: str | None = None) -> str | None:
+        """Why this adapter refuses requests of ``kind`` (naming the alternatives), or ``None``.
+
+        :param kind: the request kind
+        :param workload: the workload, named in the message
+        """
+        if kind in cls.kinds:
+            return None
+        from airflow_batch_provider.adapters.registry import providers_accepting
+
+        others = providers_accepting(kind)
+        where = f"workload {workload!r} asks" if workload else "the request asks"
+        return (
+            f"{where} for {kind!r} requests, but provider {cls.name!r} accepts only {sorted(cls.kinds)}. "
+            + (
+                f"Providers that accept {kind!r}: {', '.join(others)}; point the workload at one of their "
+                "connections, or change the prompt's kind."
+                if others
+                else f"No installed provider accepts {kind!r}; change the prompt's kind."
+            )
+        )
+
+    def check_kind(self, request: CanonicalRequest) -> None:
+        """Refuse a request whose kind this adapter does not accept.
+
+        :param request: the canonical request
+        :raises ConfigurationError: the kind is not in :attr:`kinds`
+        """
+        refusal = self.kind_refusal(request.kind)
+        if refusal is not None:
+            from airflow_batch_provider.exceptions import ConfigurationError
+
+            raise ConfigurationError(f"item {request.app_id!r}: {refusal}")
 
     @abstractmethod
     def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:

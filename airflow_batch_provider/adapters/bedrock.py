@@ -1,11 +1,13 @@
 """Amazon Bedrock batch inference (model invocation jobs) through ``boto3``, input and output in S3.
 
 Each JSONL line is ``{"recordId": <custom_id>, "modelInput": <the model's InvokeModel body>}``:
-the Anthropic Messages body for ``anthropic.*`` models, the ``messages-v1`` body for
-``amazon.nova-*`` and ``{"inputText"}`` for ``amazon.titan-embed-*`` (embeddings). Bedrock batch
-takes no structured-output parameter, so an OpenAI-style ``response_format`` in the prompt's
-params is dropped (the prompt itself must ask for JSON; outputs are still validated after
-download).
+the Claude Messages body for ``anthropic.*`` models, built by
+:func:`~airflow_batch_provider.adapters.claude.claude_body` exactly as for Anthropic (so an
+OpenAI-style ``response_format`` becomes the same JSON instruction, the system block carries the
+same ``prompt_caching`` cache marker, tools are carried), the ``messages-v1`` body for
+``amazon.nova-*`` and ``{"inputText"}`` for ``amazon.titan-embed-*`` (embeddings). Nova takes no
+structured-output parameter, so ``response_format`` is dropped there (outputs are still validated
+after download).
 
 Flow: :meth:`stage` uploads the chunk to ``<s3_uri>/<name>`` (reused when an object of that key
 and size exists), :meth:`submit` calls ``create_model_invocation_job`` with a job name and a
@@ -46,8 +48,9 @@ the secret), else boto3's default credential chain; ``host`` (or extra
 prefix, or ``input_bucket`` + ``input_prefix``; required to stage), ``output_s3_uri`` (default
 ``<s3_uri>/output``), ``s3_endpoint_url``, ``bedrock_runtime_endpoint_url`` (default: the
 Bedrock endpoint override), ``aws_session_token``, ``timeout_hours`` (24 to 168, default 24),
-``min_records``, ``max_retries``, ``cache_system_prompt`` (mark the system prompt with Anthropic's
-``cache_control``), ``model_id``.
+``min_records``, ``max_retries``, ``prompt_caching`` (Claude: mark the system block with
+``cache_control``, default true; the old name ``cache_system_prompt`` is read with a deprecation
+warning), ``json_output`` and ``default_max_tokens`` (Claude, as for Anthropic), ``model_id``.
 
 The model id is needed when the job is created (``modelId``), but an Anthropic ``modelInput``
 does not carry it: :meth:`submit` takes it from ``metadata["model"]`` (the job's model, passed by
@@ -82,8 +85,16 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.claude import (
+    BEDROCK_ANTHROPIC_VERSION,
+    claude_body,
+    claude_result,
+    claude_usage,
+)
+from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
 from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
@@ -91,7 +102,7 @@ from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
 MIN_RECORDS: Final = 100
 MAX_RECORDS: Final = 50_000
 MAX_FILE_BYTES: Final = 1_000_000_000
-ANTHROPIC_VERSION: Final = "bedrock-2023-05-31"
+ANTHROPIC_VERSION: Final = BEDROCK_ANTHROPIC_VERSION
 DEFAULT_MAX_TOKENS: Final = 1024
 RECORDS_METADATA: Final = "abp-records"
 
@@ -111,16 +122,6 @@ STATES: Final[Mapping[str, BatchState]] = {
 _REGION_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
 _JOB_NAME_BAD: Final = re.compile(r"[^a-zA-Z0-9+.-]")
 _TOKEN: Final = re.compile(r"^[a-zA-Z0-9]{1,256}(-*[a-zA-Z0-9]){0,256}$")
-_RETRYABLE_CODES: Final = frozenset(
-    {
-        "ThrottlingException",
-        "InternalServerException",
-        "ServiceUnavailableException",
-        "ModelTimeoutException",
-        "ModelNotReadyException",
-        "ModelErrorException",
-    }
-)
 
 
 def model_family(model_id: str) -> str | None:
@@ -299,13 +300,8 @@ def _classify(exc: Exception) -> CreateFailure | None:
 
 def _usage(family: str | None, output: Mapping[str, Any]) -> Usage:
     usage = output.get("usage")
-    if isinstance(usage, Mapping) and "input_tokens" in usage:  # Anthropic Messages
-        return Usage(
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            cached_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
-            cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-        )
+    if isinstance(usage, Mapping) and "input_tokens" in usage:  # Claude Messages
+        return claude_usage(usage)
     if isinstance(usage, Mapping):  # Nova / Converse
         return Usage(
             input_tokens=int(usage.get("inputTokens") or 0),
@@ -325,18 +321,8 @@ def output_result(custom_id: str, output: Mapping[str, Any]) -> ItemResult:
     """
     if "embedding" in output:
         return ItemResult(custom_id, "succeeded", output=output.get("embedding"), usage=_usage(None, output))
-    if output.get("type") == "message" or "content" in output:  # Anthropic Messages
-        blocks = output.get("content") or []
-        text = "".join(
-            str(b.get("text", "")) for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"
-        )
-        return ItemResult(
-            custom_id,
-            "succeeded",
-            output=text,
-            usage=_usage("anthropic", output),
-            raw={"finish_reason": output.get("stop_reason"), "request_id": output.get("id")},
-        )
+    if output.get("type") == "message" or "content" in output:  # Claude Messages
+        return claude_result(custom_id, output)
     if "output" in output:  # Nova messages-v1
         message = (output.get("output") or {}).get("message") or {}
         text = "".join(str(b.get("text", "")) for b in message.get("content") or [] if isinstance(b, Mapping))
@@ -375,11 +361,7 @@ def error_result(custom_id: str, error: Mapping[str, Any]) -> ItemResult:
     except (TypeError, ValueError):
         status = None
     message = error.get("errorMessage")
-    outcome = (
-        "failed_retryable"
-        if isinstance(code, str) and code in _RETRYABLE_CODES
-        else classify_http_error(status, None)
-    )
+    outcome = classify_http_error(status, code if isinstance(code, str) else None)
     return ItemResult(
         custom_id,
         outcome,
@@ -446,7 +428,10 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
     async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        body = self._adapter.model_input(request)
+        try:
+            body = self._adapter.model_input(request)
+        except ConfigurationError as exc:
+            return unsupported_reply(custom_id, exc)
         try:
             client = await self._get()
             response = await client.invoke_model(
@@ -463,17 +448,9 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
             headers = {str(k).lower(): str(v) for k, v in (meta.get("HTTPHeaders") or {}).items()}
             code = str(err.get("Code") or meta.get("HTTPStatusCode") or "error")
             status = meta.get("HTTPStatusCode")
-            retry_after: float | None = None
-            if headers.get("retry-after"):
-                with contextlib.suppress(ValueError):
-                    retry_after = float(headers["retry-after"])
-            outcome = (
-                "failed_retryable"
-                if code in _RETRYABLE_CODES
-                else classify_http_error(int(status) if status else None, None)
-            )
+            outcome = classify_http_error(int(status) if status else None, code)
             result = ItemResult(custom_id, outcome, error_code=code, error_message=err.get("Message"))
-            return RealtimeReply(result, retry_after=retry_after)
+            return RealtimeReply(result, retry_after=parse_retry_after(headers))
         except (BotoCoreError, OSError, ValueError) as exc:
             return RealtimeReply(
                 ItemResult(
@@ -499,6 +476,7 @@ class BedrockBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "bedrock"
     conn_type: ClassVar[str] = "bedrock_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     limits: ClassVar[Limits] = Limits(
         max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS
     )
@@ -592,6 +570,7 @@ class BedrockBatchAdapter(BatchAdapter):
         :param request: the canonical request
         :raises ConfigurationError: the model is not one of the families this adapter formats
         """
+        self.check_kind(request)
         family = model_family(request.model)
         params = dict(request.params)
         if request.kind == "embedding" or family == "titan-embed":
@@ -613,24 +592,7 @@ class BedrockBatchAdapter(BatchAdapter):
         if isinstance(stop, str):
             stop = [stop]
         if family == "anthropic":
-            body = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": max_tokens}
-            if request.system:
-                # The shared prefix goes first; extra cache_system_prompt marks it for Anthropic's cache.
-                if self.settings.extra.get("cache_system_prompt"):
-                    body["system"] = [
-                        {"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}
-                    ]
-                else:
-                    body["system"] = request.system
-            body["messages"] = [
-                {"role": m.get("role", "user"), "content": m.get("content", "")} for m in request.messages
-            ]
-            for name in ("temperature", "top_p", "top_k"):
-                if name in params:
-                    body[name] = params[name]
-            if stop:
-                body["stop_sequences"] = list(stop)
-            return body
+            return claude_body(request, self.settings.extra, "bedrock")
         if family == "nova":
             inference: dict[str, Any] = {"maxTokens": max_tokens}
             for ours, theirs in (("temperature", "temperature"), ("top_p", "topP"), ("top_k", "topK")):

@@ -35,8 +35,10 @@ retries off (``attempts=1``) under :func:`~airflow_batch_provider.adapters.base.
 a look-up by display name (and size, for a file) before anything is sent again.
 
 *Progress counts.* The SDK's ``BatchJob`` does not expose the Developer API's ``batchStats``, so
-:class:`BatchStatus` counts are 0 there (the contract's "unknown"); Vertex jobs report
-``completion_stats``.
+:meth:`~GeminiBatchAdapter.status` (and the async status) read them from the REST answer of a
+``GET batches/{id}`` sent through the SDK's own API client (same base URL, version, credentials
+and retries); when that answer cannot be read, the counts stay 0 (the contract's "unknown").
+Vertex jobs report ``completion_stats`` through the SDK.
 
 *States.* ``JOB_STATE_*`` (and the API's own ``BATCH_STATE_*``): ``QUEUED``/``PENDING`` ->
 ``validating``; ``RUNNING``/``UPDATING``/``PAUSED`` -> ``in_progress``; ``SUCCEEDED``/
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -96,14 +99,23 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
-from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
+from airflow_batch_provider.core.requests import (
+    CanonicalRequest,
+    RequestKind,
+    canonical_tool_choice,
+    canonical_tools,
+)
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
 from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from google import genai
+
+log = logging.getLogger(__name__)
 
 DEFAULT_API_VERSION: Final = "v1beta"
 INLINE_CEILING_BYTES: Final = 20 * 1024 * 1024
@@ -143,7 +155,6 @@ GRPC_TO_HTTP: Final[dict[int, int]] = {
     15: 500,
     16: 401,
 }
-_RETRYABLE_STATUS: Final = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"})
 #: Canonical (OpenAI-style) generation parameters -> Gemini ``generationConfig`` fields.
 _GENERATION_PARAMS: Final[dict[str, str]] = {
     "max_tokens": "maxOutputTokens",
@@ -218,6 +229,34 @@ def generation_config(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def gemini_tools(tools: Any) -> list[dict[str, Any]]:
+    """Gemini ``tools``: one tool holding every function declaration.
+
+    :param tools: the prompt's ``tools`` param, in any form the canonical reader accepts
+    """
+    declarations = []
+    for tool in canonical_tools(tools):
+        declaration: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
+        if tool.description:
+            declaration["description"] = tool.description
+        declarations.append(declaration)
+    return [{"functionDeclarations": declarations}] if declarations else []
+
+
+def gemini_tool_config(choice: Any) -> dict[str, Any] | None:
+    """Gemini ``toolConfig`` for a canonical ``tool_choice``.
+
+    :param choice: the prompt's ``tool_choice`` param
+    """
+    value = canonical_tool_choice(choice)
+    if value is None:
+        return None
+    modes = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+    if value in modes:
+        return {"functionCallingConfig": {"mode": modes[value]}}
+    return {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [value]}}
+
+
 def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     """Return the request as Gemini REST JSON: ``GenerateContentRequest`` or ``EmbedContentRequest``.
 
@@ -225,9 +264,16 @@ def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     first for implicit caching; ``assistant`` turns become ``model`` turns. Embedding: the input
     text becomes ``content``; ``dimensions``, ``task_type`` and ``title`` are mapped.
 
+    Tools (any form :func:`~airflow_batch_provider.core.requests.canonical_tools` reads) become
+    ``tools: [{"functionDeclarations": [...]}]`` and ``tool_choice`` becomes
+    ``toolConfig.functionCallingConfig`` (``AUTO``, ``NONE``, ``ANY`` with the allowed names).
+
     :param request: the canonical request
-    :raises ConfigurationError: an embedding parameter Gemini does not know
+    :raises ConfigurationError: a kind Gemini does not accept, or an embedding parameter it does not know
     """
+    refusal = GeminiBatchAdapter.kind_refusal(request.kind)
+    if refusal is not None:
+        raise ConfigurationError(f"item {request.app_id!r}: {refusal}")
     if request.kind == "embedding":
         body: dict[str, Any] = {
             "model": _model_path(request.model),
@@ -253,7 +299,14 @@ def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     body = {"model": _model_path(request.model), "contents": contents}
     if system_parts:
         body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system_parts)}]}
-    config = generation_config(request.params)
+    params = dict(request.params)
+    if "tools" in params:
+        body["tools"] = gemini_tools(params.pop("tools"))
+    if "tool_choice" in params:
+        tool_config = gemini_tool_config(params.pop("tool_choice"))
+        if tool_config is not None:
+            body["toolConfig"] = tool_config
+    config = generation_config(params)
     if config:
         body["generationConfig"] = config
     return body
@@ -343,7 +396,72 @@ def state_of(raw: str) -> BatchState:
     return STATE_MAP.get(suffix, "in_progress")
 
 
-def _status(job: Any) -> BatchStatus:
+def batch_stats(body: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
+    """Read ``(successful, failed, pending)`` from a Developer API batch's REST answer.
+
+    ``GET /v1beta/batches/{id}`` answers an operation whose ``metadata`` (the batch) holds
+    ``batchStats`` (``requestCount``, ``successfulRequestCount``, ``failedRequestCount``,
+    ``pendingRequestCount``; int64 values written as strings), which the SDK's ``BatchJob`` drops.
+
+    :param body: the parsed answer (the operation, or the batch itself)
+    :return: the counts, or ``None`` when the answer carries none
+    """
+    if not isinstance(body, Mapping):
+        return None
+    metadata = body.get("metadata")
+    batch: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else body
+    stats = batch.get("batchStats")
+    if not isinstance(stats, Mapping):
+        return None
+    try:
+        total = int(stats.get("requestCount") or 0)
+        succeeded = int(stats.get("successfulRequestCount") or 0)
+        failed = int(stats.get("failedRequestCount") or 0)
+        pending = int(stats.get("pendingRequestCount") or max(0, total - succeeded - failed))
+    except (TypeError, ValueError):
+        return None
+    return succeeded, failed, pending
+
+
+def _batch_path(batch_id: str) -> str:
+    return batch_id if batch_id.startswith("batches/") else f"batches/{batch_id}"
+
+
+def _rest_stats(client: Any, batch_id: str) -> tuple[int, int, int] | None:
+    """The batch's ``batchStats``, read by a GET through the SDK's own API client.
+
+    The client brings its base URL, API version, credentials and retries. ``None`` on Vertex (the
+    SDK reports ``completion_stats`` there) or when the answer cannot be read (counts stay unknown).
+    """
+    api = getattr(client, "_api_client", None)
+    if api is None or getattr(api, "vertexai", False):
+        return None
+    try:
+        response = api.request("get", _batch_path(batch_id), {}, None)
+        return batch_stats(json.loads(response.body or "{}"))
+    except Exception as exc:  # counts are progress only: never fail a status read for them
+        log.info(
+            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
+        )
+        return None
+
+
+async def _rest_stats_async(client: Any, batch_id: str) -> tuple[int, int, int] | None:
+    """:func:`_rest_stats` on the SDK's async transport."""
+    api = getattr(client, "_api_client", None)
+    if api is None or getattr(api, "vertexai", False):
+        return None
+    try:
+        response = await api.async_request("get", _batch_path(batch_id), {}, None)
+        return batch_stats(json.loads(response.body or "{}"))
+    except Exception as exc:  # counts are progress only: never fail a status read for them
+        log.info(
+            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
+        )
+        return None
+
+
+def _status(job: Any, rest_stats: tuple[int, int, int] | None = None) -> BatchStatus:
     state = job.state
     raw = str(getattr(state, "value", state) or "JOB_STATE_UNSPECIFIED")
     neutral = state_of(raw)
@@ -351,6 +469,8 @@ def _status(job: Any) -> BatchStatus:
     completed = int(getattr(stats, "successful_count", 0) or 0) if stats else 0
     failed = int(getattr(stats, "failed_count", 0) or 0) if stats else 0
     incomplete = int(getattr(stats, "incomplete_count", 0) or 0) if stats else 0
+    if stats is None and rest_stats is not None:
+        completed, failed, incomplete = rest_stats
     error = getattr(job, "error", None)
     reason = None
     error_code = error_message = None
@@ -405,8 +525,14 @@ def _usage(meta: Mapping[str, Any] | None, fallback_prompt: int = 0) -> Usage:
     meta = meta or {}
     prompt = int(meta.get("promptTokenCount") or fallback_prompt or 0)
     cached = int(meta.get("cachedContentTokenCount") or 0)
-    output = int(meta.get("candidatesTokenCount") or 0) + int(meta.get("thoughtsTokenCount") or 0)
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=output, cached_input_tokens=cached)
+    thoughts = int(meta.get("thoughtsTokenCount") or 0)
+    output = int(meta.get("candidatesTokenCount") or 0) + thoughts
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=output,
+        cached_input_tokens=cached,
+        reasoning_tokens=thoughts,
+    )
 
 
 def classify_error(code: Any, status: str | None) -> Outcome:
@@ -425,9 +551,7 @@ def classify_error(code: Any, status: str | None) -> Outcome:
         return "cancelled"
     if name == "DEADLINE_EXCEEDED":
         return "expired"
-    if name in _RETRYABLE_STATUS:
-        return "failed_retryable"
-    return classify_http_error(http, None)
+    return classify_http_error(http, name or None)
 
 
 def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
@@ -483,6 +607,19 @@ def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
     first = candidates[0]
     parts = (first.get("content") or {}).get("parts") or []
     text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and not p.get("thought"))
+    calls: list[Mapping[str, Any]] = [
+        p["functionCall"]
+        for p in parts
+        if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
+    ]
+    output: Any = text
+    if not text and calls:
+        args = [c.get("args") if isinstance(c, Mapping) else c for c in calls]
+        output = (
+            args[0]
+            if len(args) == 1
+            else [{"name": c.get("name"), "arguments": c.get("args")} for c in calls]
+        )
     finish = first.get("finishReason")
     if finish in _BLOCKED_FINISH and not text:
         return ItemResult(
@@ -495,7 +632,7 @@ def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
     return ItemResult(
         custom_id,
         "succeeded",
-        output=text,
+        output=output,
         usage=usage,
         raw={
             "finish_reason": finish,
@@ -569,29 +706,28 @@ class _AsyncGeminiStatus(AsyncStatusClient):
         self._client = genai.Client(**client_kwargs(settings, attempts=1))
 
     async def status(self, ref: BatchRef) -> BatchStatus:
-        return _status(await self._client.aio.batches.get(name=ref.batch_id))
+        job = await self._client.aio.batches.get(name=ref.batch_id)
+        stats = None
+        if getattr(job, "completion_stats", None) is None:
+            stats = await _rest_stats_async(self._client, ref.batch_id)
+        return _status(job, stats)
 
     async def close(self) -> None:
         await self._client.aio.aclose()
 
 
 def _retry_after(exc: Any) -> float | None:
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    value = headers.get("retry-after") if hasattr(headers, "get") else None
-    if value:
-        try:
-            return float(value)
-        except ValueError:
-            pass
+    """The wait a Gemini error asked for: its ``Retry-After`` header, else the ``RetryInfo`` detail."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    found = parse_retry_after(headers if hasattr(headers, "items") else None)
+    if found is not None:
+        return found
     details = getattr(exc, "details", None) or {}
     error = details.get("error") if isinstance(details, Mapping) else None
     for detail in (error or {}).get("details") or []:
-        delay = detail.get("retryDelay") if isinstance(detail, Mapping) else None
-        if isinstance(delay, str) and delay.endswith("s"):
-            try:
-                return float(delay[:-1])
-            except ValueError:
-                continue
+        delay = parse_duration(str(detail.get("retryDelay") or "")) if isinstance(detail, Mapping) else None
+        if delay is not None:
+            return delay
     return None
 
 
@@ -604,7 +740,10 @@ class _GeminiRealtime(AsyncRealtimeClient):
     async def complete(self, request: CanonicalRequest, custom_id: str) -> RealtimeReply:
         from google.genai import errors, types
 
-        body = rest_request(request)
+        try:
+            body = rest_request(request)
+        except ConfigurationError as exc:
+            return unsupported_reply(custom_id, exc)
         aio = self._client.aio
         try:
             if request.kind == "embedding":
@@ -619,8 +758,9 @@ class _GeminiRealtime(AsyncRealtimeClient):
                 line: dict[str, Any] = {"response": {"embedding": {"values": values}, "usageMetadata": meta}}
             else:
                 gen_config = dict(body.get("generationConfig") or {})
-                if "systemInstruction" in body:
-                    gen_config["systemInstruction"] = body["systemInstruction"]
+                for name in ("systemInstruction", "tools", "toolConfig"):
+                    if name in body:
+                        gen_config[name] = body[name]
                 gen_config["http_options"] = {"headers": {CUSTOM_ID_HEADER: custom_id}}
                 response = await aio.models.generate_content(
                     model=request.model,
@@ -661,6 +801,7 @@ class GeminiBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "gemini"
     conn_type: ClassVar[str] = "gemini_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
     #: chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
     limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024)
@@ -901,7 +1042,11 @@ class GeminiBatchAdapter(BatchAdapter):
         return None
 
     def status(self, ref: BatchRef) -> BatchStatus:
-        return _status(self.client.batches.get(name=ref.batch_id))
+        job = self.client.batches.get(name=ref.batch_id)
+        stats = (
+            _rest_stats(self.client, ref.batch_id) if getattr(job, "completion_stats", None) is None else None
+        )
+        return _status(job, stats)
 
     def async_client(self) -> AsyncStatusClient:
         return _AsyncGeminiStatus(self.settings)

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import datetime
-from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
     CUSTOM_ID_HEADER,
@@ -39,10 +39,17 @@ from airflow_batch_provider.adapters.base import (
     failure_code,
     http_failure,
     parse_jsonl_results,
+    unsupported_reply,
     utcnow,
 )
-from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
+from airflow_batch_provider.core.requests import (
+    CanonicalRequest,
+    RequestKind,
+    canonical_tool_choice,
+    canonical_tools,
+)
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     import openai
@@ -79,15 +86,247 @@ def _client_kwargs(settings: AdapterSettings) -> dict[str, Any]:
     return kwargs
 
 
+#: Batch (and real-time) path of each request kind, after ``/v1`` (Azure: without it).
+KIND_PATHS: Final[Mapping[str, str]] = {
+    "chat": "/chat/completions",
+    "embedding": "/embeddings",
+    "response": "/responses",
+    "moderation": "/moderations",
+}
+#: Chat Completions parameters the Responses API refuses: named at format time, never dropped.
+CHAT_ONLY_PARAMS: Final[frozenset[str]] = frozenset(
+    {
+        "stop",
+        "n",
+        "seed",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "modalities",
+        "audio",
+        "prediction",
+        "stream_options",
+        "functions",
+        "function_call",
+        "web_search_options",
+    }
+)
+#: What a moderations request takes besides its input.
+MODERATION_PARAMS: Final[frozenset[str]] = frozenset({"model"})
+
+
 def _usage(body: Mapping[str, Any]) -> Usage:
+    """Usage of a chat completion, an embedding list or a Responses ``response``."""
     usage = body.get("usage") or {}
+    if "input_tokens" in usage:  # Responses
+        prompt = int(usage.get("input_tokens") or 0)
+        cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+        return Usage(
+            input_tokens=max(prompt - cached, 0),
+            output_tokens=int(usage.get("output_tokens") or 0),
+            cached_input_tokens=cached,
+            reasoning_tokens=int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0),
+        )
     prompt = int(usage.get("prompt_tokens") or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     return Usage(
         input_tokens=max(prompt - cached, 0),
         output_tokens=int(usage.get("completion_tokens") or 0),
         cached_input_tokens=cached,
+        reasoning_tokens=int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0),
     )
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """Chat Completions ``tools`` (``{"type": "function", "function": {...}}``) for any tool form.
+
+    :param tools: the prompt's ``tools`` param
+    """
+    out = []
+    for tool in canonical_tools(tools):
+        function: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
+        if tool.description:
+            function["description"] = tool.description
+        if tool.strict is not None:
+            function["strict"] = tool.strict
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """Chat Completions ``tool_choice`` for a canonical one.
+
+    :param choice: the prompt's ``tool_choice`` param
+    """
+    value = canonical_tool_choice(choice)
+    if value in (None, "auto", "none", "required"):
+        return value
+    return {"type": "function", "function": {"name": value}}
+
+
+def responses_tools(tools: Any) -> list[dict[str, Any]]:
+    """Responses ``tools`` (``{"type": "function", "name", "parameters", ...}``) for any tool form.
+
+    :param tools: the prompt's ``tools`` param
+    """
+    out = []
+    for tool in canonical_tools(tools):
+        entry: dict[str, Any] = {
+            "type": "function",
+            "name": tool.name,
+            "parameters": dict(tool.parameters),
+            "strict": tool.strict,  # required by the Responses API (null: its default)
+        }
+        if tool.description:
+            entry["description"] = tool.description
+        out.append(entry)
+    return out
+
+
+def responses_tool_choice(choice: Any) -> Any:
+    """Responses ``tool_choice`` for a canonical one.
+
+    :param choice: the prompt's ``tool_choice`` param
+    """
+    value = canonical_tool_choice(choice)
+    if value in (None, "auto", "none", "required"):
+        return value
+    return {"type": "function", "name": value}
+
+
+def text_format(response_format: Any) -> dict[str, Any] | None:
+    """The Responses ``text.format`` of a Chat Completions ``response_format``.
+
+    :param response_format: ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
+        {"name", "schema", "strict", "description"}}`` (or ``text``)
+    """
+    if not isinstance(response_format, Mapping):
+        return None
+    kind = response_format.get("type")
+    if kind != "json_schema":
+        return {"type": str(kind)} if kind in ("json_object", "text") else None
+    spec = response_format.get("json_schema") or {}
+    out: dict[str, Any] = {"type": "json_schema", "name": str(spec.get("name") or "output")}
+    out.update({k: spec[k] for k in ("schema", "strict", "description") if k in spec})
+    return out
+
+
+def chat_body(request: CanonicalRequest) -> dict[str, Any]:
+    """The Chat Completions body of a canonical request (tools in their chat form).
+
+    :param request: the canonical request
+    """
+    messages: list[Mapping[str, Any]] = []
+    if request.system:
+        # The shared prefix goes first: OpenAI caches identical prompt prefixes automatically.
+        messages.append({"role": "system", "content": request.system})
+    messages.extend(request.messages)
+    body: dict[str, Any] = {"model": request.model, "messages": messages, **request.params}
+    if "tools" in body:
+        body["tools"] = chat_tools(body["tools"])
+    if "tool_choice" in body:
+        body["tool_choice"] = chat_tool_choice(body["tool_choice"])
+    return body
+
+
+def responses_body(request: CanonicalRequest) -> dict[str, Any]:
+    """The Responses API (``CreateResponse``) body of a canonical request.
+
+    The system prompt becomes ``instructions`` (the cached prefix), the messages the ``input``;
+    ``max_tokens``/``max_completion_tokens`` become ``max_output_tokens``, ``response_format``
+    becomes ``text.format``, ``reasoning_effort`` becomes ``reasoning.effort``, tools take the
+    Responses form; anything else passes through.
+
+    :param request: the canonical request
+    :raises ConfigurationError: a Chat Completions parameter the Responses API refuses
+    """
+    params = dict(request.params)
+    refused = sorted(CHAT_ONLY_PARAMS & set(params))
+    if refused:
+        raise ConfigurationError(
+            f"item {request.app_id!r} (prompt {request.prompt_version!r}) is a 'response' request but names "
+            f"Chat Completions parameters the Responses API refuses: {refused}; remove them from the "
+            "prompt's params or use kind 'chat'."
+        )
+    body: dict[str, Any] = {"model": request.model}
+    if request.system:
+        body["instructions"] = request.system
+    body["input"] = [
+        {"role": m.get("role", "user"), "content": m.get("content", "")} for m in request.messages
+    ]
+    limit = params.pop("max_tokens", None) or params.pop("max_completion_tokens", None)
+    params.pop("max_completion_tokens", None)
+    if limit is not None:
+        body["max_output_tokens"] = int(limit)
+    fmt = text_format(params.pop("response_format", None))
+    if fmt is not None:
+        text = dict(params.pop("text", None) or {})
+        text["format"] = fmt
+        body["text"] = text
+    effort = params.pop("reasoning_effort", None)
+    if effort is not None:
+        reasoning = dict(params.pop("reasoning", None) or {})
+        reasoning["effort"] = effort
+        body["reasoning"] = reasoning
+    if "tools" in params:
+        body["tools"] = responses_tools(params.pop("tools"))
+    if "tool_choice" in params:
+        body["tool_choice"] = responses_tool_choice(params.pop("tool_choice"))
+    body.update(params)
+    return body
+
+
+def moderation_body(request: CanonicalRequest) -> dict[str, Any]:
+    """The moderations body (``model``, ``input``: the request's text) of a canonical request.
+
+    :param request: the canonical request
+    :raises ConfigurationError: a parameter moderations do not take
+    """
+    unknown = sorted(set(request.params) - MODERATION_PARAMS)
+    if unknown:
+        raise ConfigurationError(
+            f"item {request.app_id!r} (prompt {request.prompt_version!r}) is a 'moderation' request but names "
+            f"parameters moderations do not take: {unknown}; a moderation takes only its model and input."
+        )
+    return {"model": request.model, "input": request.text}
+
+
+def _function_call_output(calls: list[Any]) -> Any:
+    """The arguments of a lone function call (parsed JSON when they parse), else all of them."""
+    parsed = []
+    for name, arguments in calls:
+        try:
+            value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            value = arguments
+        parsed.append({"name": name, "arguments": value})
+    if len(parsed) == 1:
+        return parsed[0]["arguments"]
+    return parsed or None
+
+
+def response_output(body: Mapping[str, Any]) -> Any:
+    """The output of a Responses ``response``: its output text, else its function call arguments.
+
+    :param body: the ``response`` object
+    """
+    texts: list[str] = []
+    calls: list[Any] = []
+    for item in body.get("output") or []:
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "message":
+            texts.extend(
+                str(part.get("text") or "")
+                for part in item.get("content") or []
+                if isinstance(part, Mapping) and part.get("type") == "output_text"
+            )
+        elif item.get("type") == "function_call":
+            calls.append((item.get("name"), item.get("arguments")))
+    if texts:
+        return "".join(texts)
+    return _function_call_output(calls)
 
 
 def _classify(exc: Exception) -> CreateFailure | None:
@@ -144,7 +383,7 @@ class _AsyncOpenAIStatus(AsyncStatusClient):
 
 
 class _AsyncOpenAIRealtime(AsyncRealtimeClient):
-    """Chat completions and embeddings on the real-time API, async, for the deadline fallback.
+    """Every kind on the real-time API, async, for the deadline fallback.
 
     The SDK's own retries are off: the fallback's limiter and retry policy own them, and read
     ``Retry-After`` and ``x-ratelimit-*`` from the raw response of every call.
@@ -165,12 +404,23 @@ class _AsyncOpenAIRealtime(AsyncRealtimeClient):
         import openai
 
         # The same body as the batch line, so a fallback answer is the batch answer at full price.
-        body = dict(json.loads(self._adapter.format_line(request, custom_id))["body"])
+        try:
+            body = self._adapter.body(request)
+        except ConfigurationError as exc:
+            return unsupported_reply(custom_id, exc)
         model = body.pop("model")
         headers = {CUSTOM_ID_HEADER: custom_id}
         try:
-            if request.kind == "embedding":
-                raw: Any = await self._client.embeddings.with_raw_response.create(
+            if request.kind == "response":
+                raw: Any = await self._client.responses.with_raw_response.create(
+                    model=model, input=body.pop("input"), extra_body=body or None, extra_headers=headers
+                )
+            elif request.kind == "moderation":
+                raw = await self._client.moderations.with_raw_response.create(
+                    model=model, input=body.pop("input"), extra_headers=headers
+                )
+            elif request.kind == "embedding":
+                raw = await self._client.embeddings.with_raw_response.create(
                     model=model, input=body.pop("input"), extra_body=body or None, extra_headers=headers
                 )
             else:
@@ -236,6 +486,7 @@ class OpenAIBatchAdapter(BatchAdapter):
 
     name: ClassVar[str] = "openai"
     conn_type: ClassVar[str] = "openai_batch"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding", "response", "moderation"})
     limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024)
 
     def __init__(self, settings: AdapterSettings) -> None:
@@ -261,22 +512,33 @@ class OpenAIBatchAdapter(BatchAdapter):
     def endpoint(self, kind: str) -> str:
         """Return the batch endpoint for a request kind.
 
-        :param kind: ``chat`` or ``embedding``
+        :param kind: ``chat``, ``embedding``, ``response`` or ``moderation``
         """
-        path = "/embeddings" if kind == "embedding" else "/chat/completions"
+        path = KIND_PATHS[kind]
         return path if self._azure else "/v1" + path
 
-    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+    def body(self, request: CanonicalRequest) -> dict[str, Any]:
+        """Return the request body of a canonical request for its kind's endpoint.
+
+        :param request: the canonical request
+        :raises ConfigurationError: the kind is not accepted, or a parameter its endpoint refuses
+        """
+        self.check_kind(request)
         if request.kind == "embedding":
-            body: dict[str, Any] = {"model": request.model, "input": request.text, **request.params}
-        else:
-            messages: list[Mapping[str, Any]] = []
-            if request.system:
-                # The shared prefix goes first: OpenAI caches identical prompt prefixes automatically.
-                messages.append({"role": "system", "content": request.system})
-            messages.extend(request.messages)
-            body = {"model": request.model, "messages": messages, **request.params}
-        line = {"custom_id": custom_id, "method": "POST", "url": self.endpoint(request.kind), "body": body}
+            return {"model": request.model, "input": request.text, **request.params}
+        if request.kind == "response":
+            return responses_body(request)
+        if request.kind == "moderation":
+            return moderation_body(request)
+        return chat_body(request)
+
+    def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
+        line = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": self.endpoint(request.kind),
+            "body": self.body(request),
+        }
         return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     @property
@@ -417,13 +679,38 @@ class OpenAIBatchAdapter(BatchAdapter):
                 error_message=err.get("message"),
                 raw={"status_code": status, "request_id": response.get("request_id")},
             )
+        finish = None
         if body.get("object") == "list":  # embeddings
             output: Any = [d.get("embedding") for d in body.get("data") or []]
             output = output[0] if len(output) == 1 else output
-            finish = None
+        elif body.get("object") == "response":
+            if body.get("status") == "failed":
+                err = body.get("error") or {}
+                code = str(err.get("code") or "server_error")
+                return ItemResult(
+                    custom_id,
+                    classify_http_error(None, code),
+                    usage=_usage(body),
+                    error_code=code,
+                    error_message=err.get("message"),
+                    raw={"request_id": response.get("request_id"), "response_id": body.get("id")},
+                )
+            output = response_output(body)
+            finish = (body.get("incomplete_details") or {}).get("reason") or body.get("status")
+        elif "results" in body and "choices" not in body:  # moderations
+            results = list(body.get("results") or [])
+            output = results[0] if len(results) == 1 else results
         else:
             choice = (body.get("choices") or [{}])[0]
-            output = (choice.get("message") or {}).get("content")
+            message = choice.get("message") or {}
+            output = message.get("content")
+            if output is None and message.get("tool_calls"):
+                output = _function_call_output(
+                    [
+                        ((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+                        for c in message["tool_calls"]
+                    ]
+                )
             finish = choice.get("finish_reason")
         return ItemResult(
             custom_id,
@@ -437,7 +724,7 @@ class OpenAIBatchAdapter(BatchAdapter):
         self.client.batches.cancel(ref.batch_id)
 
     def realtime_client(self) -> AsyncRealtimeClient:
-        """Return the async real-time client (chat completions, embeddings) for the fallback.
+        """Return the async real-time client (every kind of :attr:`kinds`) for the fallback.
 
         Connection extra ``realtime_timeout``: seconds per real-time call (default ``timeout``).
         """

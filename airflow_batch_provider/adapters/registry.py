@@ -24,6 +24,7 @@ BUILTIN: Final[dict[str, tuple[str, str]]] = {
     "anthropic_batch": ("airflow_batch_provider.adapters.anthropic", "AnthropicBatchAdapter"),
     "bedrock_batch": ("airflow_batch_provider.adapters.bedrock", "BedrockBatchAdapter"),
     "gemini_batch": ("airflow_batch_provider.adapters.gemini", "GeminiBatchAdapter"),
+    "vllm_kubernetes": ("airflow_batch_provider.adapters.vllm", "VllmKubernetesAdapter"),
 }
 
 
@@ -57,3 +58,19 @@ def adapter_class(conn_type: str) -> type[BatchAdapter]:
     if not (isinstance(cls, type) and issubclass(cls, BatchAdapter)):
         raise ConfigurationError(f"{module_name}:{class_name} is not a BatchAdapter subclass.")
     return cls
+
+
+def providers_accepting(kind: str) -> list[str]:
+    """Return the names of the built-in (and registered) adapters that accept a request kind.
+
+    :param kind: the request kind (``chat``, ``embedding``, ``response``, ``moderation``)
+    """
+    names: set[str] = set()
+    for conn_type in known_conn_types():
+        try:
+            cls = adapter_class(conn_type)
+        except (ConfigurationError, ImportError, AttributeError):
+            continue
+        if kind in cls.kinds:
+            names.add(cls.name)
+    return sorted(names)

@@ -31,9 +31,34 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 RETRYABLE_OUTCOMES: Final[frozenset[str]] = frozenset({"failed_retryable"})
+#: HTTP statuses that mean "not processed now, send it again later", for every provider (529 is
+#: Anthropic's "overloaded").
+RETRYABLE_STATUS: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: Provider error types and codes that mean the same, whatever the HTTP status, by provider.
+RETRYABLE_ERRORS_BY_PROVIDER: Final[Mapping[str, frozenset[str]]] = {
+    "openai": frozenset({"rate_limit_exceeded", "server_error", "timeout", "internal_error"}),
+    "anthropic": frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}),
+    # google.rpc.Code names (Gemini, Vertex AI)
+    "gemini": frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}),
+    "bedrock": frozenset(
+        {
+            "ThrottlingException",
+            "TooManyRequestsException",
+            "InternalServerException",
+            "ServiceUnavailableException",
+            "ModelTimeoutException",
+            "ModelNotReadyException",
+            "ModelErrorException",
+        }
+    ),
+    # what this package's own clients report for a call that got no answer
+    "transport": frozenset({"connection_error", "timeout"}),
+}
+#: Every retryable error type of :data:`RETRYABLE_ERRORS_BY_PROVIDER`, in one set.
+RETRYABLE_ERRORS: Final[frozenset[str]] = frozenset().union(*RETRYABLE_ERRORS_BY_PROVIDER.values())
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -273,9 +298,12 @@ class RateLimiter:
         """Apply what the provider said about its limits.
 
         :param headers: response headers (any case), ``x-ratelimit-*`` read
-        :param retry_after: seconds from a ``Retry-After`` header, if any
+        :param retry_after: seconds the provider asked to wait, if already read; else read from
+            ``headers`` by :func:`parse_retry_after`
         """
         h = {k.lower(): v for k, v in headers.items()}
+        if retry_after is None:
+            retry_after = parse_retry_after(h)
         if retry_after is not None:
             self.pause(retry_after)
         for kind, attr in (("requests", "_rpm"), ("tokens", "_tpm")):
@@ -294,6 +322,18 @@ class RateLimiter:
         """(requests, tokens) in the current window."""
         self._evict(self.clock.now())
         return len(self._log), sum(r.tokens for r in self._log)
+
+
+def is_retryable(status: int | None = None, code: str | None = None) -> bool:
+    """Whether a failed call is worth sending again: the one table for every adapter and the limiter.
+
+    :param status: the HTTP status, when known
+    :param code: the provider's error type or code (``overloaded_error``, ``RESOURCE_EXHAUSTED``,
+        ``ThrottlingException`` ...), when known
+    """
+    return (code is not None and code in RETRYABLE_ERRORS) or (
+        status is not None and status in RETRYABLE_STATUS
+    )
 
 
 def _int(value: str | None) -> int | None:
@@ -323,13 +363,17 @@ def parse_duration(value: str | None) -> float | None:
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
-def parse_retry_after(headers: Mapping[str, str], now_epoch: float | None = None) -> float | None:
+def parse_retry_after(headers: Mapping[str, Any] | None, now_epoch: float | None = None) -> float | None:
     """Read the wait a provider asked for: ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
 
-    :param headers: response headers (any case)
+    The one place this package reads it; every adapter and the limiter call it.
+
+    :param headers: response headers (any case; any mapping, an SDK's headers object included)
     :param now_epoch: the current epoch seconds, for an HTTP-date value (default: now)
     """
-    h = {k.lower(): v for k, v in headers.items()}
+    if not headers:
+        return None
+    h = {str(k).lower(): str(v) for k, v in headers.items()}
     ms = h.get("retry-after-ms")
     if ms:
         try:

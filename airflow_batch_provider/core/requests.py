@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, get_args
 
 import jinja2
 import jinja2.nodes
@@ -15,7 +15,11 @@ import jinja2.sandbox
 from airflow_batch_provider.core.hashing import canonical_json, sha256_hex
 from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 
-RequestKind = Literal["chat", "embedding"]
+#: What a request asks for: ``chat`` (chat completions / messages / generateContent),
+#: ``embedding``, ``response`` (OpenAI's Responses API) and ``moderation`` (OpenAI's moderations).
+#: Each adapter declares the kinds it accepts (``BatchAdapter.kinds``).
+RequestKind = Literal["chat", "embedding", "response", "moderation"]
+REQUEST_KINDS: Final[tuple[str, ...]] = get_args(RequestKind)
 
 
 class _NullValue(Exception):
@@ -45,7 +49,8 @@ class CanonicalRequest:
     :param app_id: the application's own id for the item (any string)
     :param prompt_version: version of the prompt that rendered it
     :param model: model name as the provider knows it
-    :param kind: ``chat`` (messages) or ``embedding`` (``input`` text)
+    :param kind: ``chat`` (messages), ``embedding`` (``input`` text), ``response`` (OpenAI's
+        Responses API: the messages become its ``input``) or ``moderation`` (the text is classified)
     :param system: shared system prompt, placed first so that providers can cache it
     :param messages: the conversation after the system prompt, as role/content dicts
     :param params: generation parameters (``max_tokens``, ``temperature``, ``response_format`` ...)
@@ -110,6 +115,105 @@ class CanonicalRequest:
         return "\n".join(p for p in parts if p)
 
 
+@dataclass(frozen=True)
+class ToolSpec:
+    """One function tool, provider-neutral; each adapter writes it in its provider's native form.
+
+    :param name: the function's name
+    :param description: what it does, for the model
+    :param parameters: the JSON Schema of its arguments
+    :param strict: OpenAI's strict argument validation (``None``: the provider's default); carried
+        to OpenAI only
+    """
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+def _tool(entry: Any, position: int) -> ToolSpec:
+    if not isinstance(entry, Mapping):
+        raise ConfigurationError(f"tool {position} is {entry!r}; give each tool as a mapping with a name.")
+    inner = entry.get("function")
+    if isinstance(inner, Mapping):  # OpenAI chat: {"type": "function", "function": {...}}
+        entry = inner
+    elif entry.get("type") not in (None, "function", "custom"):
+        raise ConfigurationError(
+            f"tool {position} has type {entry.get('type')!r}; only function tools are carried across "
+            "providers. Give {name, description, parameters}."
+        )
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"tool {position} has no name; every function tool needs a string name.")
+    schema = entry.get("parameters", entry.get("input_schema"))  # Anthropic: input_schema
+    if schema is None:
+        schema = {"type": "object", "properties": {}}
+    if not isinstance(schema, Mapping):
+        raise ConfigurationError(f"tool {name!r}: parameters must be a JSON Schema object, not {schema!r}.")
+    strict = entry.get("strict")
+    return ToolSpec(
+        name, str(entry.get("description") or ""), dict(schema), strict if isinstance(strict, bool) else None
+    )
+
+
+def canonical_tools(tools: Any) -> tuple[ToolSpec, ...]:
+    """Read a prompt's ``tools`` in any of the forms users write them.
+
+    Accepted: the neutral ``{name, description, parameters}``, OpenAI chat's
+    ``{"type": "function", "function": {...}}``, OpenAI Responses' ``{"type": "function", "name",
+    ...}``, Anthropic's ``{name, description, input_schema}``, and Gemini's
+    ``{"function_declarations": [...]}`` (each declaration one tool).
+
+    :param tools: the ``tools`` param (a list)
+    :raises ConfigurationError: a tool that is not a named function tool
+    """
+    if tools is None:
+        return ()
+    if not isinstance(tools, (list, tuple)):
+        raise ConfigurationError(f"tools must be a list of function tools, not {type(tools).__name__}.")
+    out: list[ToolSpec] = []
+    for position, entry in enumerate(tools):
+        declarations = None
+        if isinstance(entry, Mapping):
+            declarations = entry.get("function_declarations", entry.get("functionDeclarations"))
+        if isinstance(declarations, (list, tuple)):
+            out.extend(_tool(d, position) for d in declarations)
+        else:
+            out.append(_tool(entry, position))
+    return tuple(out)
+
+
+def canonical_tool_choice(choice: Any) -> str | None:
+    """Read a prompt's ``tool_choice``: ``auto``, ``none``, ``required`` or the name of one tool.
+
+    Accepted: those strings (``any`` means ``required``), OpenAI chat's
+    ``{"type": "function", "function": {"name"}}``, Responses' ``{"type": "function", "name"}``
+    and Anthropic's ``{"type": "auto" | "any" | "none" | "tool", "name"}``.
+
+    :param choice: the ``tool_choice`` param
+    :raises ConfigurationError: a form none of the providers knows
+    """
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        value = {"any": "required"}.get(choice, choice)
+        if value in ("auto", "none", "required"):
+            return value
+    if isinstance(choice, Mapping):
+        inner = choice.get("function")
+        name = inner.get("name") if isinstance(inner, Mapping) else choice.get("name")
+        if isinstance(name, str) and name:
+            return name
+        kind = choice.get("type")
+        if kind in ("auto", "none", "any", "required"):
+            return "required" if kind == "any" else str(kind)
+    raise ConfigurationError(
+        f"tool_choice {choice!r} is not understood; give 'auto', 'none', 'required' or "
+        '{"name": "<tool>"}.'
+    )
+
+
 @lru_cache(maxsize=64)
 def _compiled(source: str) -> jinja2.Template:
     return _ENV.from_string(source)
@@ -128,7 +232,8 @@ class PromptTemplate:
     :param system: shared prefix (rubric, instructions, few-shot examples); not templated so
         that it is byte-identical across items and cacheable
     :param params: generation parameters passed through to the provider
-    :param kind: ``chat`` or ``embedding`` (for embeddings ``user`` renders the input text)
+    :param kind: ``chat``, ``embedding``, ``response`` or ``moderation`` (for embeddings and
+        moderations ``user`` renders the input text)
     :param id_field: the record field that holds the application id
     :param output_format: what a result must be: ``text``, ``json`` or ``vector`` (embeddings)
     :param output_schema: JSON Schema a ``json`` output must satisfy (else ``invalid_output``)
@@ -185,6 +290,11 @@ class PromptTemplate:
     def __post_init__(self) -> None:
         if not self.version:
             raise ConfigurationError("PromptTemplate.version is empty: give every prompt a version string.")
+        if self.kind not in REQUEST_KINDS:
+            raise ConfigurationError(
+                f"PromptTemplate {self.version!r}: kind {self.kind!r} is not a request kind; give one of "
+                f"{list(REQUEST_KINDS)}."
+            )
         try:
             # Compiling (not only parsing) also catches a filter or test that does not exist.
             _compiled(self.user)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from airflow_batch_provider.core.ratelimit import RETRYABLE_STATUS, is_retryable
+
 Outcome = Literal[
     "succeeded",
     "failed_retryable",
@@ -16,8 +18,8 @@ Outcome = Literal[
 ]
 OUTCOMES: Final[tuple[str, ...]] = get_args(Outcome)
 
-#: HTTP status codes in a per-item error that are worth another attempt.
-RETRYABLE_HTTP: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: HTTP status codes in a per-item error that are worth another attempt (the one table).
+RETRYABLE_HTTP: Final[frozenset[int]] = RETRYABLE_STATUS
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,16 @@ class Usage:
     :param output_tokens: completion tokens
     :param cached_input_tokens: prompt tokens read from the provider's prompt cache
     :param cache_write_tokens: prompt tokens written to the prompt cache
+    :param reasoning_tokens: the part of ``output_tokens`` the model spent reasoning (OpenAI's
+        ``output_tokens_details.reasoning_tokens``, Gemini's ``thoughtsTokenCount``); already
+        counted in ``output_tokens`` and priced as output, reported for insight only
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -41,6 +47,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cached_input_tokens + other.cached_input_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
         )
 
     @property
@@ -72,29 +79,19 @@ class ItemResult:
 
 
 def classify_http_error(status: int | None, code: str | None = None) -> Outcome:
-    """Map an HTTP status and error code to retryable or permanent.
+    """Map an HTTP status and error code to retryable or permanent, for every provider.
+
+    Retryable: the statuses and provider error types of the one table
+    (:func:`~airflow_batch_provider.core.ratelimit.is_retryable`).
 
     :param status: HTTP status code of the item's response, if any
-    :param code: provider error code, if any
+    :param code: provider error code or type, if any
     """
-    retryable_codes = {
-        "rate_limit_exceeded",
-        "server_error",
-        "overloaded_error",
-        "api_error",
-        "rate_limit_error",
-        "timeout",
-        "internal_error",
-    }
     if code == "batch_expired":
         return "expired"
     if code == "batch_cancelled":
         return "cancelled"
-    if code in retryable_codes:
-        return "failed_retryable"
-    if status is not None and status in RETRYABLE_HTTP:
-        return "failed_retryable"
-    return "failed_permanent"
+    return "failed_retryable" if is_retryable(status, code) else "failed_permanent"
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ _TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "fallback": frozenset({"succeeded", "failed_permanent", "review", "failed_retryable"}),
     "succeeded": frozenset(),
     "unchanged": frozenset(),
-    "review": frozenset(),
+    # a person's decision on a review item (Ledger.skip_review); a re-drive goes back to pending
+    "review": frozenset({"skipped"}),
     "skipped": frozenset(),
 }
 
@@ -75,9 +76,25 @@ def can_transition(current: str, target: str) -> bool:
     return target in _TRANSITIONS[current]
 
 
-def sources_of(target: str) -> frozenset[str]:
+def sources_of(target: str, *, reopen: bool = False) -> frozenset[str]:
     """Return every state from which ``target`` may be reached (for guarded bulk updates).
 
     :param target: the state asked for
+    :param reopen: the move is a new run's prepare, which reopens the item (back to ``pending``)
+        and decides again in the same write: every state that may reach ``pending`` counts when
+        ``pending`` may reach ``target`` (e.g. ``succeeded`` -> ``unchanged``, ``failed_permanent``
+        -> ``review``)
     """
+    if reopen and can_transition("pending", target):
+        return frozenset(s for s in ITEM_STATES if can_transition(s, "pending"))
     return frozenset(s for s in ITEM_STATES if can_transition(s, target))
+
+
+#: States in which an item may be at a provider or in a staged file another run will send: a new
+#: run never takes these over (items in flight stay with their run).
+IN_FLIGHT_STATES: Final[frozenset[str]] = frozenset({"staged", "submitted", "fallback"})
+
+#: States a person may re-drive (back to ``pending``, attempts 0): every settled failure or skip.
+REDRIVABLE_STATES: Final[frozenset[str]] = frozenset(
+    {"review", "failed_permanent", "failed_retryable", "expired", "cancelled", "skipped"}
+)

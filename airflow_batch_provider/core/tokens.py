@@ -15,7 +15,7 @@ Heuristic:
 - ``tools`` and ``response_format`` in the params count as their canonical JSON text, since the
   provider puts the schema in front of the model;
 - a non-text content part (an image) counts :data:`NON_TEXT_PART_TOKENS`;
-- embeddings count their text only, and produce no output tokens.
+- embeddings and moderations count their text only, and produce no output tokens.
 
 The maximum output is the request's ``max_tokens``, ``max_completion_tokens`` or
 ``max_output_tokens`` (the first present), else :data:`DEFAULT_MAX_OUTPUT`.
@@ -107,7 +107,7 @@ def estimate_request_tokens(
     :param request: the canonical request
     :param default_max_output: output ceiling assumed when the params name none
     """
-    if request.kind == "embedding":
+    if request.kind in ("embedding", "moderation"):
         text = request.text
         return TokenEstimate(input=estimate_text_tokens(text), max_output=0, cacheable=0)
     system = 0

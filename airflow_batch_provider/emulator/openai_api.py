@@ -45,7 +45,7 @@ from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIs
 from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
 PROVIDER: Final = "openai"
-SUPPORTED_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/embeddings")
+SUPPORTED_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 FILE_PURPOSES: Final = frozenset({"assistants", "batch", "fine-tune", "vision", "user_data", "evals"})
 OUTPUT_FILE_TTL_S: Final = 30 * 86_400
 MAX_ISSUES: Final = 100
@@ -333,6 +333,267 @@ def embedding_list(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, i
     return obj, {"input": tokens, "cached": 0, "output": 0}
 
 
+# -- Responses API ---------------------------------------------------------------------------
+
+#: Reasoning tokens a reasoning model spends per ``reasoning.effort`` (deterministic stand-in).
+REASONING_TOKENS: Final = {"minimal": 0, "low": 16, "medium": 64, "high": 256}
+_REASONING_MODEL_PREFIXES: Final = ("o1", "o3", "o4", "gpt-5")
+
+
+def _input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """A Responses ``input`` (a string, or message items) as chat messages; ``None`` when malformed."""
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}] if raw else None
+    if not isinstance(raw, list) or not raw:
+        return None
+    out: list[dict[str, Any]] = []
+    for item in raw:
+        if not isinstance(item, Mapping):
+            return None
+        if item.get("type", "message") == "message" and "role" in item:
+            out.append({"role": item["role"], "content": item.get("content")})
+        elif item.get("type") == "function_call_output":
+            out.append({"role": "tool", "content": str(item.get("output") or "")})
+    return out or None
+
+
+def chat_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses request seen as a chat request, so that one stand-in model answers both.
+
+    :param body: the ``CreateResponse`` body
+    """
+    messages = list(_input_messages(body) or [])
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        messages.insert(0, {"role": "developer", "content": body["instructions"]})
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), Mapping) else None
+    view: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    if isinstance(fmt, Mapping) and fmt.get("type") in ("json_object", "json_schema"):
+        view["response_format"] = {"type": fmt["type"]}
+    if body.get("max_output_tokens") is not None:
+        view["max_completion_tokens"] = body["max_output_tokens"]
+    return view
+
+
+def reasoning_tokens(body: Mapping[str, Any]) -> int:
+    """Reasoning tokens a Responses request spends: by ``reasoning.effort`` on a reasoning model.
+
+    :param body: the ``CreateResponse`` body
+    """
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, Mapping) else None
+    if effort is None and str(body.get("model") or "").startswith(_REASONING_MODEL_PREFIXES):
+        effort = "medium"
+    return REASONING_TOKENS.get(str(effort), 0) if effort is not None else 0
+
+
+def response_request_error(body: Mapping[str, Any], config: EmulatorConfig) -> dict[str, Any] | None:
+    """Return the error a Responses request causes by itself, or ``None``.
+
+    :param body: the ``CreateResponse`` body
+    :param config: emulator settings (context window)
+    """
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return _natural(400, "you must provide a model parameter", "model", "missing_required_parameter")
+    if _input_messages(body) is None:
+        return _natural(
+            400, "'input' must be a non-empty string or array of input items.", "input", "invalid_value"
+        )
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, Mapping) else None
+    if fmt is not None and (
+        not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "json_object", "json_schema")
+    ):
+        return _natural(
+            400,
+            "Invalid 'text.format': give type text, json_object or json_schema.",
+            "text.format",
+            "invalid_value",
+        )
+    if (
+        isinstance(fmt, Mapping)
+        and fmt.get("type") == "json_schema"
+        and (not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), Mapping))
+    ):
+        return _natural(
+            400,
+            "'text.format' of type json_schema needs 'name' and 'schema'.",
+            "text.format",
+            "missing_required_parameter",
+        )
+    for name in ("messages", "response_format", "max_tokens", "stop"):
+        if name in body:
+            return _natural(
+                400,
+                f"Unsupported parameter: '{name}' (a Chat Completions parameter).",
+                name,
+                "unknown_parameter",
+            )
+    return chat_request_error(chat_view(body), config)
+
+
+def response_object(
+    body: Mapping[str, Any], *, response_id: str, created: int, cached: int
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Answer a valid Responses request with a ``response`` object.
+
+    :param body: the ``CreateResponse`` body
+    :param response_id: the ``resp_...`` id
+    :param created: unix seconds
+    :param cached: input tokens to report as cached
+    :return: the object and its usage as ``input``/``cached``/``output``/``reasoning`` token counts
+    """
+    prompt = ChatPrompt(chat_view(body))
+    reply = model.respond(
+        prompt.system or None,
+        prompt.user,
+        json_mode=prompt.json_mode,
+        max_output_tokens=prompt.max_output_tokens,
+    )
+    reasoning = reasoning_tokens(body)
+    output_tokens = reply.output_tokens + reasoning
+    output: list[dict[str, Any]] = []
+    if reasoning:
+        output.append({"id": _stable_id("rs_", response_id), "type": "reasoning", "summary": []})
+    output.append(
+        {
+            "id": _stable_id("msg_", response_id),
+            "type": "message",
+            "role": "assistant",
+            "status": "incomplete" if reply.truncated else "completed",
+            "content": [{"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}],
+        }
+    )
+    text = body.get("text") if isinstance(body.get("text"), Mapping) else {}
+    obj: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "completed_at": created,
+        "status": "incomplete" if reply.truncated else "completed",
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if reply.truncated else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": str(body["model"]),
+        "output": output,
+        "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+        "previous_response_id": None,
+        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+        "store": bool(body.get("store", True)),
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": (text or {}).get("format") or {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": list(body.get("tools") or []),
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": prompt.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": prompt.prompt_tokens + output_tokens,
+        },
+        "metadata": dict(body.get("metadata") or {}),
+    }
+    used = {"input": prompt.prompt_tokens, "cached": cached, "output": output_tokens, "reasoning": reasoning}
+    return obj, used
+
+
+# -- moderations -----------------------------------------------------------------------------
+
+#: Moderation categories and the words that make the stand-in classifier flag them.
+MODERATION_WORDS: Final[dict[str, tuple[str, ...]]] = {
+    "hate": ("hate", "hateful"),
+    "hate/threatening": (),
+    "harassment": ("idiot", "stupid", "loser"),
+    "harassment/threatening": (),
+    "illicit": ("shoplift", "counterfeit"),
+    "illicit/violent": (),
+    "self-harm": (),
+    "self-harm/intent": (),
+    "self-harm/instructions": (),
+    "sexual": (),
+    "sexual/minors": (),
+    "violence": ("kill", "attack", "bomb"),
+    "violence/graphic": (),
+}
+
+
+def _moderation_inputs(body: Mapping[str, Any]) -> list[str] | None:
+    raw = body.get("input")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        return None
+    texts: list[str] = []
+    for value in raw:
+        if isinstance(value, str):
+            texts.append(value)
+        elif (
+            isinstance(value, Mapping) and value.get("type") == "text" and isinstance(value.get("text"), str)
+        ):
+            texts.append(value["text"])
+        else:
+            return None
+    return texts
+
+
+def moderation_request_error(body: Mapping[str, Any], config: EmulatorConfig) -> dict[str, Any] | None:
+    """Return the error a moderations request causes by itself, or ``None``.
+
+    :param body: the ``CreateModerationRequest`` body
+    :param config: emulator settings (unused: moderations have no context window here)
+    """
+    del config
+    if "model" in body and not isinstance(body.get("model"), str):
+        return _natural(400, "'model' must be a string.", "model", "invalid_value")
+    if _moderation_inputs(body) is None:
+        return _natural(
+            400, "'input' must be a string, an array of strings or of text items.", "input", "invalid_value"
+        )
+    return None
+
+
+def moderation_object(
+    body: Mapping[str, Any], *, moderation_id: str
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """Answer a valid moderations request: a word-driven, deterministic classification.
+
+    :param body: the ``CreateModerationRequest`` body
+    :param moderation_id: the ``modr-...`` id
+    :return: the object and its usage (moderations are free: all zero)
+    """
+    results = []
+    for text in _moderation_inputs(body) or []:
+        words = set(model._words(text))
+        scores = {
+            category: (
+                0.9
+                if words & set(hits)
+                else round(
+                    int(hashlib.sha256(f"{category}|{text}".encode()).hexdigest()[:4], 16) / 65536 * 0.05, 6
+                )
+            )
+            for category, hits in MODERATION_WORDS.items()
+        }
+        categories = {c: score >= 0.5 for c, score in scores.items()}
+        results.append(
+            {
+                "flagged": any(categories.values()),
+                "categories": categories,
+                "category_scores": scores,
+                "category_applied_input_types": {c: ["text"] for c in MODERATION_WORDS},
+            }
+        )
+    obj = {
+        "id": moderation_id,
+        "model": str(body.get("model") or "omni-moderation-latest"),
+        "results": results,
+    }
+    return obj, {"input": 0, "cached": 0, "output": 0}
+
+
 # -- router ----------------------------------------------------------------------------------
 
 
@@ -364,6 +625,8 @@ def build_router(state: EmulatorState) -> APIRouter:
     router.add_api_route("/batches/{batch_id}/cancel", api.cancel_batch, methods=["POST"])
     router.add_api_route("/chat/completions", api.chat_completions, methods=["POST"])
     router.add_api_route("/embeddings", api.embeddings, methods=["POST"])
+    router.add_api_route("/responses", api.responses, methods=["POST"])
+    router.add_api_route("/moderations", api.moderations, methods=["POST"])
     return router
 
 
@@ -627,7 +890,7 @@ class OpenAIEmulator:
         seen: set[str] = set()
         first_model: str | None = None
         count = 0
-        check = chat_request_error if endpoint == "/v1/chat/completions" else embedding_request_error
+        check = REQUEST_CHECKS[endpoint]
         faults = config.faults
         for number, raw in enumerate(self.state.files.iter_lines(meta.id), start=1):
             if len(issues) >= MAX_ISSUES:
@@ -769,7 +1032,7 @@ class OpenAIEmulator:
         """Render and store the output and error files of a job that just ended."""
         out_lines: list[bytes] = []
         err_lines: list[bytes] = []
-        usage = {"input": 0, "cached": 0, "output": 0}
+        usage = {"input": 0, "cached": 0, "output": 0, "reasoning": 0}
         seen_prefixes: set[str] = set()
         config = job.config
         created = int(job.view(now).times.get("finalizing_at", now))
@@ -808,24 +1071,37 @@ class OpenAIEmulator:
                 continue
             if item.decision.fault == "missing":
                 continue
-            if job.attrs["endpoint"] == "/v1/embeddings":
+            endpoint = job.attrs["endpoint"]
+            if endpoint == "/v1/embeddings":
                 body, used = embedding_list(item.body)
+            elif endpoint == "/v1/moderations":
+                body, used = moderation_object(
+                    item.body, moderation_id=_stable_id("modr-", job.id, item.custom_id)
+                )
             else:
-                prompt = ChatPrompt(item.body)
+                prompt = ChatPrompt(chat_view(item.body) if endpoint == "/v1/responses" else item.body)
                 seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
                 cached = model.cached_tokens(
                     prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
                 )
                 if prompt.prefix_key is not None:
                     seen_prefixes.add(prompt.prefix_key)
-                body, used = chat_completion(
-                    item.body,
-                    completion_id=_stable_id("chatcmpl-", job.id, item.custom_id),
-                    created=created,
-                    cached=cached,
-                )
+                if endpoint == "/v1/responses":
+                    body, used = response_object(
+                        item.body,
+                        response_id=_stable_id("resp_", job.id, item.custom_id),
+                        created=created,
+                        cached=cached,
+                    )
+                else:
+                    body, used = chat_completion(
+                        item.body,
+                        completion_id=_stable_id("chatcmpl-", job.id, item.custom_id),
+                        created=created,
+                        cached=cached,
+                    )
             for key in usage:
-                usage[key] += used[key]
+                usage[key] += used.get(key, 0)
             job.bill(
                 item.custom_id,
                 input_tokens=used["input"] - used["cached"],
@@ -850,7 +1126,7 @@ class OpenAIEmulator:
                 "input_tokens": usage["input"],
                 "input_tokens_details": {"cached_tokens": usage["cached"]},
                 "output_tokens": usage["output"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": usage["reasoning"]},
                 "total_tokens": usage["input"] + usage["output"],
             }
         }
@@ -995,6 +1271,55 @@ class OpenAIEmulator:
         )
         return JSONResponse(obj, headers=headers)
 
+    async def responses(self, request: Request) -> JSONResponse:
+        """``POST /v1/responses`` (non-streaming, not stored: ``GET`` of a response is not served)."""
+        body = await _json_body(request)
+        config = self.state.config
+        problem = response_request_error(body, config)
+        prompt = ChatPrompt(chat_view(body))
+        headers = self._admit("responses", prompt.prompt_tokens + (prompt.max_output_tokens or 0))
+        if problem is not None:
+            raise ApiError(
+                problem["status"],
+                error_body(problem["message"], problem["type"], problem["param"], problem["code"]),
+                headers,
+            )
+        with self.state.lock:
+            seen = prompt.prefix_key is not None and prompt.prefix_key in self.state.seen_prefixes
+            if prompt.prefix_key is not None:
+                self.state.seen_prefixes.add(prompt.prefix_key)
+        cached = model.cached_tokens(
+            prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
+        )
+        obj, used = response_object(
+            body, response_id=self.state.new_id("resp_"), created=int(self.state.now()), cached=cached
+        )
+        self.state.record_realtime(
+            PROVIDER,
+            request.headers.get(CUSTOM_ID_HEADER),
+            {
+                "input_tokens": used["input"] - used["cached"],
+                "cached_input_tokens": used["cached"],
+                "output_tokens": used["output"],
+            },
+        )
+        return JSONResponse(obj, headers=headers)
+
+    async def moderations(self, request: Request) -> JSONResponse:
+        """``POST /v1/moderations``."""
+        body = await _json_body(request)
+        problem = moderation_request_error(body, self.state.config)
+        headers = self._admit("moderations", 0)
+        if problem is not None:
+            raise ApiError(
+                problem["status"],
+                error_body(problem["message"], problem["type"], problem["param"], problem["code"]),
+                headers,
+            )
+        obj, _ = moderation_object(body, moderation_id=self.state.new_id("modr-"))
+        self.state.record_realtime(PROVIDER, request.headers.get(CUSTOM_ID_HEADER), {})
+        return JSONResponse(obj, headers=headers)
+
     async def embeddings(self, request: Request) -> JSONResponse:
         """``POST /v1/embeddings``."""
         body = await _json_body(request)
@@ -1012,6 +1337,15 @@ class OpenAIEmulator:
             PROVIDER, request.headers.get(CUSTOM_ID_HEADER), {"input_tokens": used["input"]}
         )
         return JSONResponse(obj, headers=headers)
+
+
+#: The request check of each batch endpoint.
+REQUEST_CHECKS: Final = {
+    "/v1/chat/completions": chat_request_error,
+    "/v1/embeddings": embedding_request_error,
+    "/v1/responses": response_request_error,
+    "/v1/moderations": moderation_request_error,
+}
 
 
 def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:

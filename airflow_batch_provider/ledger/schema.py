@@ -5,22 +5,130 @@ Money is stored as integer nano-dollars (``*_nusd``): exact on SQLite and Postgr
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
     DateTime,
+    Dialect,
     Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    TypeDecorator,
 )
 
-SCHEMA_VERSION: Final = 1
+#: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
+#: the ``abp_leases`` and ``abp_audit`` tables. Older ledgers are upgraded in place on open.
+SCHEMA_VERSION: Final = 2
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that goes in as UTC and comes back timezone-aware UTC, on SQLite too.
+
+    SQLite keeps no zone: a naive value read back would be taken for local time by ``astimezone``
+    or ``timestamp()``. Values are converted to UTC on the way in (a naive value is taken to be
+    UTC already, as every earlier version of this package wrote it) and marked UTC on the way out.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; SQLite stores the naive UTC wall clock.
+
+        :param value: the value written
+        :param dialect: the database dialect
+        """
+        if value is None:
+            return None
+        utc = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        """Return an aware UTC datetime.
+
+        :param value: the value read
+        :param dialect: the database dialect
+        """
+        if value is None:
+            return None
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=timezone.utc)
+        return moment.astimezone(timezone.utc)
+
+    # The two processors below do what the two methods above say in one call per value: the
+    # ledger writes a timestamp per row, and reconcile writes tens of thousands of rows.
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        """Return the per-value bind function (UTC first, then the dialect's own conversion).
+
+        :param dialect: the database dialect
+        """
+        inner = self.impl_instance.dialect_impl(dialect).bind_processor(dialect)
+        utc = timezone.utc
+        naive = dialect.name == "sqlite"  # SQLite's DATETIME formats the fields and drops the zone
+
+        # A bulk write binds the same ``now`` on every row: remember the last one (one tuple, so a
+        # thread never sees the input of one value with the output of another).
+        last: list[tuple[Any, Any]] = [(None, None)]
+
+        def process(value: Any) -> Any:
+            seen, done = last[0]
+            if value is seen:
+                return done
+            given = value
+            if value is not None:
+                zone = value.tzinfo
+                if zone is None:
+                    if not naive:
+                        value = value.replace(tzinfo=utc)
+                elif zone is not utc:
+                    value = value.astimezone(utc)
+            out = inner(value) if inner is not None else value
+            last[0] = (given, out)
+            return out
+
+        return process
+
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Callable[[Any], Any]:
+        """Return the per-value result function (the dialect's conversion, then UTC).
+
+        :param dialect: the database dialect
+        :param coltype: the DBAPI column type
+        """
+        inner = self.impl_instance.dialect_impl(dialect).result_processor(dialect, coltype)
+        utc = timezone.utc
+
+        last: list[tuple[Any, Any]] = [(None, None)]  # rows written together read back one stamp
+
+        def process(value: Any) -> Any:
+            if value is None:
+                return None
+            seen, done = last[0]
+            if value == seen:
+                return done
+            raw = value
+            if inner is not None:
+                value = inner(value)
+            if not isinstance(value, datetime):
+                value = datetime.fromisoformat(str(value))
+            zone = value.tzinfo
+            if zone is None:
+                value = value.replace(tzinfo=utc)
+            elif zone is not utc:
+                value = value.astimezone(utc)
+            last[0] = (raw, value)
+            return value
+
+        return process
+
 
 metadata = MetaData()
 
@@ -62,8 +170,11 @@ items = Table(
     Column("error_code", String(100)),
     Column("error_message", Text),
     Column("succeeded_hash", String(64)),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    # a person's decision on a review item: NULL (open), ``resolved`` or ``skipped``
+    Column("review_action", String(16)),
+    Column("review_note", Text),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
     Index("ix_abp_items_run_state", "workload", "run_id", "state"),
     # keyset pages of one run in key order (iter_items)
     Index("ix_abp_items_run_key", "workload", "run_id", "item_key", "prompt_version"),
@@ -98,10 +209,17 @@ jobs = Table(
     Column("unknown_lines", Integer, nullable=False, default=0),
     Column("missing", Integer, nullable=False, default=0),
     Column("error", Text),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("submitted_at", DateTime(timezone=True)),
-    Column("finished_at", DateTime(timezone=True)),
-    Column("reconciled_at", DateTime(timezone=True)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("submitted_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("reconciled_at", UTCDateTime()),
+    # compare-and-set claim on the create call (Ledger.claim_job)
+    Column("claim_owner", String(250)),
+    Column("claim_count", Integer, nullable=False, default=0, server_default="0"),
+    Column("claim_expires_at", UTCDateTime()),
+    # why a create call's outcome is unknown (state ``in_doubt``)
+    Column("in_doubt_reason", Text),
+    Column("in_doubt_at", UTCDateTime()),
     Index("ix_abp_jobs_run", "workload", "run_id", "round"),
 )
 
@@ -121,8 +239,8 @@ attempts = Table(
     Column("error_code", String(100)),
     Column("error_message", Text),
     *_usage_columns(),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
     Index("ix_abp_attempts_item", "workload", "item_key", "prompt_version"),
     Index("ix_abp_attempts_run", "workload", "run_id"),
 )
@@ -134,9 +252,10 @@ runs = Table(
     Column("run_id", String(250), primary_key=True),
     Column("provider", String(64)),
     Column("model", String(200)),
-    Column("started_at", DateTime(timezone=True), nullable=False),
-    Column("finished_at", DateTime(timezone=True)),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
     Column("report_json", Text),
+    Column("dag_id", String(250)),
 )
 
 published = Table(
@@ -149,5 +268,58 @@ published = Table(
     Column("run_id", String(250), nullable=False),
     Column("state", String(32), nullable=False),
     Column("output_json", Text),
-    Column("published_at", DateTime(timezone=True), nullable=False),
+    Column("published_at", UTCDateTime(), nullable=False),
+)
+
+leases = Table(
+    "abp_leases",
+    metadata,
+    Column("workload", String(200), primary_key=True),
+    Column("run_id", String(250), nullable=False),
+    Column("dag_id", String(250)),
+    Column("owner", String(250), nullable=False),
+    Column("acquired_at", UTCDateTime(), nullable=False),
+    Column("taken_over_from", String(250)),
+)
+
+audit = Table(
+    "abp_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime(), nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("workload", String(200), nullable=False),
+    Column("item_count", Integer, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Index("ix_abp_audit_workload", "workload", "at"),
+)
+
+#: Columns added after version 1, by table: an older ledger gets them with ``ALTER TABLE ... ADD``.
+ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "abp_items": ("review_action", "review_note"),
+    "abp_jobs": ("claim_owner", "claim_count", "claim_expires_at", "in_doubt_reason", "in_doubt_at"),
+    "abp_runs": ("dag_id",),
+}
+
+#: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the
+#: connection's hourly rate. One row per job; a re-run of the pod task overwrites it.
+infra_costs = Table(
+    "abp_infra_costs",
+    metadata,
+    Column("job_id", String(250), primary_key=True),
+    Column("workload", String(200), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("pod_name", String(253)),
+    Column("gpu_type", String(64)),
+    Column("gpu_count", Integer, nullable=False),
+    Column("started_at", UTCDateTime()),
+    Column("finished_at", UTCDateTime()),
+    Column("gpu_seconds", BigInteger, nullable=False),
+    Column("usd_per_gpu_hour_micros", BigInteger, nullable=False),
+    Column("cost_nusd", BigInteger, nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("reason", Text),
+    Index("ix_abp_infra_costs_run", "workload", "run_id"),
 )

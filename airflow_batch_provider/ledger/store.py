@@ -1,9 +1,14 @@
 """The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
 
-Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. State changes are
-checked against :mod:`airflow_batch_provider.core.states`, and a refused change raises
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. Every write of an
+item's state goes through one function, :func:`_transition`, which checks the move against
+:mod:`airflow_batch_provider.core.states` in SQL (``WHERE state IN <sources of the target>``,
+plus a compare-and-set on the state the caller read) and counts what moved and what was refused;
+a move the states do not allow raises
 :class:`~airflow_batch_provider.exceptions.InvalidTransitionError` instead of corrupting the run.
-Every operation is safe to repeat: a cleared task that runs again converges to the same rows.
+Job claims and the workload lease are compare-and-set in one statement each, so two task
+attempts (or two runs) never both win. Every operation is safe to repeat: a cleared task that
+runs again converges to the same rows.
 """
 
 from __future__ import annotations
@@ -12,24 +17,59 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, create_engine, event, func, or_, select, text, tuple_
+from sqlalchemy import (
+    Engine,
+    and_,
+    bindparam,
+    case,
+    create_engine,
+    event,
+    func,
+    inspect,
+    literal_column,
+    or_,
+    select,
+    text,
+    tuple_,
+)
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError
 
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.core.states import (
+    IN_FLIGHT_STATES,
+    ITEM_STATES,
+    REDRIVABLE_STATES,
     RETRYABLE_STATES,
     USABLE_STATES,
     can_transition,
+    sources_of,
 )
-from airflow_batch_provider.exceptions import InvalidTransitionError, LedgerError
+from airflow_batch_provider.exceptions import (
+    InvalidTransitionError,
+    JobClaimedError,
+    JobNotClaimableError,
+    LedgerError,
+    WorkloadLeasedError,
+)
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.records import (
+    AuditRow,
+    ItemRow,
+    JobClaim,
+    JobRow,
+    WorkloadLease,
+    sync_job_id,
+)
 
 BATCH = 1000
+#: At most this many item keys (and application ids) of one action are written to the audit row.
+AUDIT_KEYS_SHOWN = 1000
 NANO = Decimal(1_000_000_000)
 
 
@@ -74,12 +114,18 @@ class UpsertStats:
     :param changed: items whose input changed (or that had not succeeded) and go out again
     :param unchanged: items whose input matches an earlier success; not sent again
     :param already_in_run: items this run had recorded before (a rerun of the task)
+    :param in_review: unchanged items held in review (or resolved/skipped by a person); not sent
+        again until their input changes or someone re-drives them
+    :param in_flight_elsewhere: items staged or sent by another run that may already be at a
+        provider; they stay with that run (never sent twice)
     """
 
     new: int = 0
     changed: int = 0
     unchanged: int = 0
     already_in_run: int = 0
+    in_review: int = 0
+    in_flight_elsewhere: int = 0
 
 
 @dataclass
@@ -142,6 +188,22 @@ _ITEM_ROW = and_(
 _ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
 
 
+# What reconcile reads of an attempt (no timestamps: tens of thousands of rows per job).
+_RECONCILE_ATTEMPT_COLUMNS = tuple(
+    s.attempts.c[name]
+    for name in (
+        "job_id",
+        "custom_id",
+        "item_key",
+        "prompt_version",
+        "attempt",
+        "outcome",
+        "discarded",
+        "cost_nusd",
+    )
+)
+
+
 def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, Any]]) -> None:
     """One ``executemany`` UPDATE per set of columns; ``b_*`` keys address the row.
 
@@ -155,6 +217,147 @@ def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, 
         groups.setdefault(tuple(sorted(k for k in row if not k.startswith("b_"))), []).append(row)
     for columns, group in groups.items():
         conn.execute(table.update().where(where).values({c: bindparam(c) for c in columns}), group)
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What one guarded transition did.
+
+    :param moved: items now in the target state (including those already there)
+    :param refused: items addressed whose state may not reach the target; left as they were
+    """
+
+    moved: int = 0
+    refused: int = 0
+
+    def __add__(self, other: Moved) -> Moved:
+        return Moved(self.moved + other.moved, self.refused + other.refused)
+
+
+def _guard(target: str, from_states: Iterable[str] | None, reopen: bool) -> Any:
+    """``state IN (...)``: the states that may reach ``target`` (intersected with ``from_states``).
+
+    The states are inlined (they come from the fixed vocabulary) so the filter also works in an
+    ``executemany``, where an expanding ``IN`` parameter cannot.
+    """
+    return s.items.c.state.in_(
+        [literal_column(f"'{st}'") for st in sorted(_sources(target, from_states, reopen))]
+    )
+
+
+def _sources(target: str, from_states: Iterable[str] | None, reopen: bool) -> frozenset[str]:
+    """The states that may reach ``target``, intersected with ``from_states``.
+
+    :raises InvalidTransitionError: ``target`` is unknown, or a state in ``from_states`` cannot reach it
+    """
+    allowed = sources_of(target, reopen=reopen)
+    if not allowed:
+        raise InvalidTransitionError(f"{target!r} is not an item state; known: {', '.join(ITEM_STATES)}.")
+    chosen = allowed if from_states is None else frozenset(from_states)
+    bad = sorted(chosen - allowed)
+    if bad:
+        raise InvalidTransitionError(
+            f"items cannot move from {bad} to {target!r} (see DESIGN.md item states); "
+            f"only from {sorted(allowed)}."
+        )
+    return chosen
+
+
+def _transition(
+    conn: Connection,
+    now: datetime,
+    *,
+    target: str | None = None,
+    where: Any = None,
+    values: Mapping[str, Any] | None = None,
+    rows: Sequence[Mapping[str, Any]] | None = None,
+    from_states: Iterable[str] | None = None,
+    reopen: bool = False,
+) -> Moved:
+    """The one place that writes ``abp_items.state``; the move is guarded in SQL.
+
+    Two forms. Set form (``target``, ``where``, ``values``): one ``UPDATE ... WHERE <where> AND state
+    IN <sources of target>``; ``refused`` counts the rows ``where`` addresses that stayed out. Row
+    form (``rows``): one ``executemany`` per target and set of columns; each row carries ``state``
+    (its target), its address as ``b_workload``/``b_key``/``b_version`` (and any other ``b_*``
+    parameter ``where`` uses) and, optionally, ``b_from``: the state the caller read, so the write
+    is a compare-and-set against a concurrent writer (``WHERE state = b_from``, each ``b_from``
+    checked against the sources of the target first; a row whose ``b_from`` is not one is refused
+    without being sent). Rows without ``b_from`` get ``state IN <sources>`` in SQL.
+
+    :param conn: an open transaction
+    :param now: the ``updated_at`` to write
+    :param target: set form: the new state
+    :param where: set form: the rows to move; row form: the row filter (default: primary key)
+    :param values: set form: other columns to set
+    :param rows: row form: one dict per item
+    :param from_states: only from these states (each must reach the target)
+    :param reopen: a new run's prepare: the item goes back to ``pending`` and on in one write
+    :raises InvalidTransitionError: a state in ``from_states`` cannot reach the target
+    """
+    c = s.items.c
+    if rows is None:
+        if target is None or where is None:
+            raise TypeError("_transition needs target and where, or rows")
+        res = conn.execute(
+            s.items.update()
+            .where(where, _guard(target, from_states, reopen))
+            .values(**(values or {}), state=target, updated_at=now)
+        )
+        moved = int(res.rowcount or 0)
+        left = conn.execute(select(func.count()).where(where, c.state != target)).scalar_one()
+        return Moved(moved, int(left))
+    row_where = _ITEM_ROW if where is None else where
+    groups: dict[tuple[str, bool, tuple[str, ...]], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        cols = tuple(sorted(k for k in row if not k.startswith("b_") and k not in ("state", "updated_at")))
+        groups.setdefault((str(row["state"]), "b_from" in row, cols), []).append(row)
+    total = Moved()
+    exact = conn.dialect.supports_sane_multi_rowcount
+    for (state, cas, cols), rows_of in groups.items():
+        if cas:
+            # Compare-and-set: ``state = b_from`` with every b_from checked against the sources
+            # here, which is ``state IN (sources)`` without a long IN list in every statement of
+            # the batch (PostgreSQL parses each one).
+            sources = _sources(state, from_states, reopen)
+            group = [r for r in rows_of if r["b_from"] in sources]
+            refused_early = len(rows_of) - len(group)
+            guard = c.state == bindparam("b_from")
+        else:
+            group, refused_early = list(rows_of), 0
+            guard = _guard(state, from_states, reopen)
+        total = total + Moved(0, refused_early)
+        if not group:
+            continue
+        stmt = (
+            s.items.update()
+            .where(row_where, guard)
+            .values({**{col: bindparam(col) for col in cols}, "state": state, "updated_at": now})
+        )
+        res = conn.execute(stmt, group)
+        if exact:
+            moved = int(res.rowcount or 0)
+        else:
+            # psycopg2's batched executemany reports only its last page: count what now holds the
+            # target with this write's timestamp (the rows are locked by this transaction).
+            by_wl: dict[str, list[tuple[str, str]]] = {}
+            for r in group:
+                by_wl.setdefault(r["b_workload"], []).append((r["b_key"], r["b_version"]))
+            moved = sum(
+                int(
+                    conn.execute(
+                        select(func.count()).where(
+                            c.workload == wl,
+                            _pairs(c.item_key, c.prompt_version, keys),
+                            c.state == state,
+                            c.updated_at == now,
+                        )
+                    ).scalar_one()
+                )
+                for wl, keys in by_wl.items()
+            )
+        total = total + Moved(moved, len(group) - moved)
+    return total
 
 
 class Ledger:
@@ -200,15 +403,47 @@ class Ledger:
         :raises LedgerError: the database holds a newer schema than this package knows
         """
         s.metadata.create_all(self.engine)
-        with self.engine.begin() as conn:
+        with self.engine.connect() as conn:
             found = conn.execute(select(s.meta.c.value).where(s.meta.c.key == "schema_version")).scalar()
+        if found is not None and int(found) > s.SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger schema version {found} is newer than this package's {s.SCHEMA_VERSION}; "
+                "upgrade airflow-batch-provider on every worker."
+            )
+        self._add_missing_columns()
+        with self.engine.begin() as conn:
             if found is None:
                 conn.execute(s.meta.insert().values(key="schema_version", value=str(s.SCHEMA_VERSION)))
-            elif int(found) > s.SCHEMA_VERSION:
-                raise LedgerError(
-                    f"ledger schema version {found} is newer than this package's {s.SCHEMA_VERSION}; "
-                    "upgrade airflow-batch-provider on every worker."
+            elif int(found) < s.SCHEMA_VERSION:
+                conn.execute(
+                    s.meta.update()
+                    .where(s.meta.c.key == "schema_version", s.meta.c.value == found)
+                    .values(value=str(s.SCHEMA_VERSION))
                 )
+
+    def _add_missing_columns(self) -> None:
+        """Upgrade an older ledger in place: add the columns of :data:`schema.ADDED_COLUMNS` it lacks.
+
+        Safe when several workers open the ledger at once: a column another one added meanwhile
+        is accepted.
+        """
+        dialect = self.engine.dialect
+        for table_name, names in s.ADDED_COLUMNS.items():
+            present = {col["name"] for col in inspect(self.engine).get_columns(table_name)}
+            for name in names:
+                if name in present:
+                    continue
+                col = s.metadata.tables[table_name].c[name]
+                ddl = f"ALTER TABLE {table_name} ADD COLUMN {name} {col.type.compile(dialect=dialect)}"
+                if col.server_default is not None:
+                    ddl += f" DEFAULT {col.server_default.arg} NOT NULL"  # type: ignore[attr-defined]
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(text(ddl))
+                except DBAPIError:
+                    now_present = {c["name"] for c in inspect(self.engine).get_columns(table_name)}
+                    if name not in now_present:
+                        raise
 
     @property
     def schema_version(self) -> int:
@@ -219,23 +454,37 @@ class Ledger:
             )
 
     # ------------------------------------------------------------------ runs
-    def start_run(self, workload: str, run_id: str, provider: str, model: str) -> None:
+    def start_run(
+        self, workload: str, run_id: str, provider: str, model: str, dag_id: str | None = None
+    ) -> None:
         """Record that a run started (idempotent).
 
         :param workload: workload name
         :param run_id: the Airflow run id
         :param provider: adapter name
         :param model: model name
+        :param dag_id: the DAG of the run, when known
         """
         with self.engine.begin() as conn:
             found = conn.execute(
-                select(s.runs.c.run_id).where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+                select(s.runs.c.dag_id).where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
             ).first()
             if found is None:
                 conn.execute(
                     s.runs.insert().values(
-                        workload=workload, run_id=run_id, provider=provider, model=model, started_at=utcnow()
+                        workload=workload,
+                        run_id=run_id,
+                        provider=provider,
+                        model=model,
+                        started_at=utcnow(),
+                        dag_id=dag_id,
                     )
+                )
+            elif dag_id and found.dag_id != dag_id:
+                conn.execute(
+                    s.runs.update()
+                    .where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+                    .values(dag_id=dag_id)
                 )
 
     def finish_run(self, workload: str, run_id: str, report: Mapping[str, Any]) -> None:
@@ -272,6 +521,12 @@ class Ledger:
         whose input hash matches its last success becomes ``unchanged`` and keeps its output. An
         item this run already recorded is left alone, so rerunning the task changes nothing.
 
+        Sticky, when the input is unchanged: an item in ``review`` (or that a person resolved or
+        skipped) stays there, and a ``failed_permanent`` one goes to ``review``: neither is paid for
+        again until its input or prompt version changes or someone re-drives it. An item another
+        run has staged or sent (or may have: its job was claimed, is in doubt or has a batch)
+        stays with that run, whatever its input.
+
         :param workload: workload name
         :param run_id: the Airflow run id
         :param items: the prepared items (streamed)
@@ -279,6 +534,7 @@ class Ledger:
         """
         stats = Counter[str]()
         now = utcnow()
+        c = s.items.c
         for batch in _chunks(items):
             with self.engine.begin() as conn:
                 keys = [(it.key, it.request.prompt_version) for it in batch]
@@ -286,21 +542,28 @@ class Ledger:
                     (r["item_key"], r["prompt_version"]): r
                     for r in conn.execute(
                         select(
-                            s.items.c.item_key,
-                            s.items.c.prompt_version,
-                            s.items.c.app_id,
-                            s.items.c.run_id,
-                            s.items.c.state,
-                            s.items.c.input_hash,
-                            s.items.c.succeeded_hash,
-                        ).where(
-                            s.items.c.workload == workload,
-                            _pairs(s.items.c.item_key, s.items.c.prompt_version, keys),
-                        )
+                            c.item_key,
+                            c.prompt_version,
+                            c.app_id,
+                            c.run_id,
+                            c.state,
+                            c.input_hash,
+                            c.succeeded_hash,
+                            c.review_action,
+                            c.job_id,
+                        ).where(c.workload == workload, _pairs(c.item_key, c.prompt_version, keys))
                     ).mappings()
                 }
+                unsent = self._unsent_jobs(
+                    conn,
+                    {
+                        r["job_id"]
+                        for r in existing.values()
+                        if r["state"] == "staged" and r["run_id"] != run_id and r["job_id"]
+                    },
+                )
                 inserts: list[dict[str, Any]] = []
-                updates: list[dict[str, Any]] = []
+                reopened: list[dict[str, Any]] = []
                 first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
                     req = it.request
@@ -315,24 +578,28 @@ class Ledger:
                             f"application ids {first_id!r} and {req.app_id!r} map to the same item key "
                             f"{it.key!r}; rename one of them."
                         )
-                    values = {
-                        "app_id": req.app_id,
-                        "model": req.model,
-                        "input_hash": req.input_hash,
-                        "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
-                        "run_id": run_id,
-                        "updated_at": now,
-                    }
+                    input_hash = req.input_hash  # computed once: it serialises the request
+
+                    def values(req: CanonicalRequest = req, input_hash: str = input_hash) -> dict[str, Any]:
+                        return {
+                            "app_id": req.app_id,
+                            "model": req.model,
+                            "input_hash": input_hash,
+                            "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
+                            "run_id": run_id,
+                        }
+
                     if row is None:
                         inserts.append(
                             {
-                                **values,
+                                **values(),
                                 "workload": workload,
                                 "item_key": it.key,
                                 "prompt_version": req.prompt_version,
                                 "state": "pending",
                                 "attempts": 0,
                                 "created_at": now,
+                                "updated_at": now,
                             }
                         )
                         stats["new"] += 1
@@ -340,23 +607,33 @@ class Ledger:
                     if row["run_id"] == run_id:
                         stats["already_in_run"] += 1
                         continue
-                    address = {"b_workload": workload, "b_key": it.key, "b_version": req.prompt_version}
-                    if row["succeeded_hash"] == req.input_hash and row["state"] in USABLE_STATES:
-                        updates.append(
-                            {
-                                **address,
-                                "run_id": run_id,
-                                "state": "unchanged",
-                                "route": "unchanged",
-                                "updated_at": now,
-                            }
+                    state = row["state"]
+                    address = {
+                        "b_workload": workload,
+                        "b_key": it.key,
+                        "b_version": req.prompt_version,
+                        "b_from": state,
+                    }
+                    if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
+                        stats["in_flight_elsewhere"] += 1
+                        continue
+                    same_input = row["input_hash"] == input_hash
+                    if same_input and (
+                        state in ("review", "failed_permanent") or row["review_action"] is not None
+                    ):
+                        held = "review" if state == "failed_permanent" else state
+                        reopened.append({**address, "state": held, "run_id": run_id})
+                        stats["in_review"] += 1
+                    elif row["succeeded_hash"] == input_hash and state in USABLE_STATES:
+                        reopened.append(
+                            {**address, "state": "unchanged", "run_id": run_id, "route": "unchanged"}
                         )
                         stats["unchanged"] += 1
                     else:
-                        updates.append(
+                        reopened.append(
                             {
                                 **address,
-                                **values,
+                                **values(),
                                 "state": "pending",
                                 "attempts": 0,
                                 "job_id": None,
@@ -365,10 +642,19 @@ class Ledger:
                                 "output_json": None,
                                 "error_code": None,
                                 "error_message": None,
+                                "review_action": None,
+                                "review_note": None,
                             }
                         )
                         stats["changed"] += 1
-                _bulk_update(conn, s.items, _ITEM_ROW, updates)
+                if reopened:
+                    moved = _transition(conn, now, rows=reopened, reopen=True)
+                    if moved.refused:
+                        raise LedgerError(
+                            f"{moved.refused} item(s) of workload {workload!r} changed state while run "
+                            f"{run_id!r} was preparing them (another run of the workload is active?); "
+                            "retry the task, and let one run hold the workload at a time."
+                        )
                 if inserts:
                     conn.execute(s.items.insert(), inserts)
         if (
@@ -380,6 +666,21 @@ class Ledger:
             with self.engine.begin() as conn:
                 conn.execute(text("ANALYZE abp_items"))
         return UpsertStats(**stats)
+
+    @staticmethod
+    def _unsent_jobs(conn: Connection, job_ids: set[str]) -> set[str]:
+        """Of ``job_ids``, those proven never sent: staged, never claimed, not in doubt, no batch."""
+        if not job_ids:
+            return set()
+        j = s.jobs.c
+        q = select(j.job_id).where(
+            j.job_id.in_(sorted(job_ids)), j.state == "staged", j.claim_count == 0, j.batch_id.is_(None)
+        )
+        unsent = {str(r) for r in conn.execute(q).scalars()}
+        known = {
+            str(r) for r in conn.execute(select(j.job_id).where(j.job_id.in_(sorted(job_ids)))).scalars()
+        }
+        return unsent | (job_ids - known)
 
     def reject_items(
         self, workload: str, run_id: str, rejected: Iterable[tuple[PreparedItem | None, str, str, str]]
@@ -403,17 +704,22 @@ class Ledger:
                     s.items.c.item_key == key,
                     s.items.c.prompt_version == version,
                 )
-                found = conn.execute(select(s.items.c.item_key).where(where)).first()
-                values = {
-                    "state": "review",
-                    "run_id": run_id,
-                    "error_code": code,
-                    "error_message": message,
-                    "updated_at": now,
-                    "route": None,
-                }
+                found = conn.execute(select(s.items.c.run_id).where(where)).first()
+                values = {"run_id": run_id, "error_code": code, "error_message": message, "route": None}
                 if found:
-                    conn.execute(s.items.update().where(where).values(**values))
+                    # An item another run has in flight stays with it; anything else is reopened.
+                    moved = _transition(
+                        conn,
+                        now,
+                        target="review",
+                        where=where,
+                        values=values,
+                        from_states=(
+                            ITEM_STATES if found.run_id == run_id else set(ITEM_STATES) - IN_FLIGHT_STATES
+                        ),
+                        reopen=True,
+                    )
+                    count += moved.moved
                 else:
                     req = prepared.request if prepared else None
                     conn.execute(
@@ -427,10 +733,12 @@ class Ledger:
                             request_json=json.dumps(req.to_dict()) if req else "{}",
                             attempts=0,
                             created_at=now,
+                            updated_at=now,
+                            state="review",
                             **values,
                         )
                     )
-                count += 1
+                    count += 1
         return count
 
     def iter_items(
@@ -495,6 +803,8 @@ class Ledger:
     ) -> int:
         """Move this run's items in ``from_states`` (optionally only ``keys``) to ``target``.
 
+        Through the guarded transition: an item that left ``from_states`` meanwhile is not moved.
+
         :param workload: workload name
         :param run_id: the Airflow run id
         :param target: the new state
@@ -503,29 +813,23 @@ class Ledger:
         :param values: extra columns to set
         :raises InvalidTransitionError: a source state does not connect to ``target``
         """
-        bad = [st for st in from_states if not can_transition(st, target)]
-        if bad:
-            raise InvalidTransitionError(
-                f"items cannot move from {bad} to {target!r} (see DESIGN.md item states)."
-            )
-        total = 0
+        _guard(target, from_states, reopen=False)  # refuse a bad move before touching anything
+        total = Moved()
         base = and_(
             s.items.c.workload == workload, s.items.c.run_id == run_id, s.items.c.state.in_(list(from_states))
         )
         with self.engine.begin() as conn:
-            if keys is None:
-                res = conn.execute(
-                    s.items.update().where(base).values(state=target, updated_at=utcnow(), **values)
+            now = utcnow()
+            for batch in [None] if keys is None else _chunks(keys):
+                where = (
+                    base
+                    if batch is None
+                    else and_(base, _pairs(s.items.c.item_key, s.items.c.prompt_version, batch))
                 )
-                return int(res.rowcount or 0)
-            for batch in _chunks(keys):
-                res = conn.execute(
-                    s.items.update()
-                    .where(base, _pairs(s.items.c.item_key, s.items.c.prompt_version, batch))
-                    .values(state=target, updated_at=utcnow(), **values)
+                total = total + _transition(
+                    conn, now, target=target, where=where, values=values, from_states=from_states
                 )
-                total += int(res.rowcount or 0)
-        return total
+        return total.moved
 
     # ------------------------------------------------------------------ jobs
     def record_job(
@@ -565,11 +869,10 @@ class Ledger:
                         for key, version, cid, attempt in batch
                     ],
                 )
-                _bulk_update(
+                moved = _transition(
                     conn,
-                    s.items,
-                    _ITEM_ROW,
-                    [
+                    now,
+                    rows=[
                         {
                             "b_workload": job["workload"],
                             "b_key": key,
@@ -580,11 +883,16 @@ class Ledger:
                             "attempts": attempt,
                             "error_code": None,
                             "error_message": None,
-                            "updated_at": now,
                         }
                         for key, version, cid, attempt in batch
                     ],
                 )
+                if moved.refused:
+                    raise InvalidTransitionError(
+                        f"job {job['job_id']!r}: {moved.refused} of its items are no longer in a state "
+                        "that may be staged (settled, in review or in flight elsewhere); nothing was "
+                        "recorded. Clear the prepare task so that it chunks the open items again."
+                    )
 
     def jobs_for(self, workload: str, run_id: str, round_: int | None = None) -> list[dict[str, Any]]:
         """Return this run's jobs (optionally one round's), by round and chunk.
@@ -614,6 +922,302 @@ class Ledger:
             )
         return dict(row)
 
+    def get_job(self, job_id: str) -> JobRow:
+        """Return one job as a typed row.
+
+        :param job_id: the job id
+        :raises LedgerError: no such job
+        """
+        return JobRow.from_row(self.job(job_id))
+
+    def get_jobs(self, workload: str, run_id: str, round_: int | None = None) -> list[JobRow]:
+        """Return this run's jobs (optionally one round's), by round and chunk, as typed rows.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param round_: only this round
+        """
+        return [JobRow.from_row(r) for r in self.jobs_for(workload, run_id, round_)]
+
+    # ------------------------------------------------------------------ job claims
+    def claim_job(self, job_id: str, owner: str, lease_s: float) -> JobClaim:
+        """Claim a job's create call: a compare-and-set in one statement, so two attempts never both win.
+
+        The claim is taken when the job is unclaimed, already claimed by ``owner`` (a retry of the
+        same attempt), or its previous claim expired. Each claim increments the job's claim count,
+        so a later claimer knows that an earlier one may have reached the provider and must look
+        the batch up by its idempotency key before creating.
+
+        :param job_id: the job
+        :param owner: who claims (unique per task attempt, e.g. ``dag/run/task/try/pid``)
+        :param lease_s: seconds the claim holds before another owner may take it over
+        :raises JobClaimedError: another owner holds an unexpired claim
+        :raises JobNotClaimableError: the job has a batch id or is in doubt
+        :raises LedgerError: no such job
+        """
+        now = utcnow()
+        expires = now + timedelta(seconds=lease_s)
+        j = s.jobs.c
+        stmt = (
+            s.jobs.update()
+            .where(
+                j.job_id == job_id,
+                j.batch_id.is_(None),
+                j.state != "in_doubt",
+                or_(j.claim_owner.is_(None), j.claim_owner == owner, j.claim_expires_at < now),
+            )
+            .values(claim_owner=owner, claim_count=j.claim_count + 1, claim_expires_at=expires)
+            .returning(j.claim_count, j.claim_expires_at)
+        )
+        with self.engine.begin() as conn:
+            won = conn.execute(stmt).first()
+            if won is not None:
+                return JobClaim(job_id, owner, int(won.claim_count), won.claim_expires_at)
+            job = conn.execute(select(s.jobs).where(j.job_id == job_id)).mappings().first()
+        if job is None:
+            raise LedgerError(
+                f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+            )
+        if job["batch_id"] is not None:
+            raise JobNotClaimableError(job_id, "submitted", str(job["batch_id"]))
+        if job["state"] == "in_doubt":
+            raise JobNotClaimableError(job_id, "in_doubt", str(job["in_doubt_reason"]))
+        raise JobClaimedError(job_id, str(job["claim_owner"]), _iso(job["claim_expires_at"]))
+
+    def release_job_claim(self, job_id: str, owner: str) -> bool:
+        """Give up a claim (after the batch id is recorded, or when nothing was sent).
+
+        Returns whether ``owner`` held it; a claim taken over by someone else is left alone. The
+        claim count stays: it is the job's history.
+
+        :param job_id: the job
+        :param owner: who claimed it
+        """
+        j = s.jobs.c
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                s.jobs.update()
+                .where(j.job_id == job_id, j.claim_owner == owner)
+                .values(claim_owner=None, claim_expires_at=None)
+            )
+        return bool(res.rowcount)
+
+    # ------------------------------------------------------------------ jobs in doubt
+    def mark_job_in_doubt(self, job_id: str, reason: str) -> None:
+        """Record that a create call's outcome is unknown: nothing is created for the job until resolved.
+
+        Its items stay ``staged`` under the job (never picked up by another job or run). The claim
+        is dropped: no attempt may create while the job is in doubt.
+
+        :param job_id: the job
+        :param reason: what happened (e.g. ``timeout after create; provider cannot be listed``)
+        :raises LedgerError: no such job, or it has a batch id already
+        """
+        j = s.jobs.c
+        with self.engine.begin() as conn:
+            res = conn.execute(
+                s.jobs.update()
+                .where(j.job_id == job_id, j.batch_id.is_(None))
+                .values(
+                    state="in_doubt",
+                    in_doubt_reason=reason,
+                    in_doubt_at=utcnow(),
+                    claim_owner=None,
+                    claim_expires_at=None,
+                )
+            )
+        if not res.rowcount:
+            job = self.job(job_id)
+            raise LedgerError(
+                f"job {job_id!r} has batch {job['batch_id']!r} already; it is not in doubt. Poll that batch."
+            )
+
+    def resolve_job(
+        self,
+        job_id: str,
+        batch_id: str | None,
+        actor: str,
+        note: str,
+        submitted_at: datetime | None = None,
+        input_ref: str | None = None,
+    ) -> JobRow:
+        """Settle a job in doubt, and write the decision to the audit table.
+
+        :param job_id: the job
+        :param batch_id: the batch found for it: the job becomes ``submitted`` and its ``staged``
+            items ``submitted``; ``None``: proven absent, the job goes back to ``staged`` and may
+            be claimed again (its items stay staged under it)
+        :param actor: who decided (a person, or ``provider-list`` when matched automatically)
+        :param note: why (what was checked)
+        :param submitted_at: when the batch was created, if known (keeps the poll timeout honest)
+        :param input_ref: the provider's input file id, if known
+        :raises LedgerError: no such job, or it is not in doubt
+        """
+        j = s.jobs.c
+        now = utcnow()
+        with self.engine.begin() as conn:
+            job = conn.execute(select(s.jobs).where(j.job_id == job_id).with_for_update()).mappings().first()
+            if job is None:
+                raise LedgerError(
+                    f"job {job_id!r} is not in the ledger; check the id (`airflow-batch jobs in-doubt`)."
+                )
+            if job["state"] != "in_doubt":
+                raise LedgerError(
+                    f"job {job_id!r} is {job['state']!r} (batch {job['batch_id']!r}), not in doubt; nothing to resolve."
+                )
+            if batch_id is not None:
+                values: dict[str, Any] = {
+                    "state": "submitted",
+                    "batch_id": batch_id,
+                    "submitted_at": submitted_at or job["in_doubt_at"] or now,
+                }
+                if input_ref is not None:
+                    values["input_ref"] = input_ref
+                conn.execute(s.jobs.update().where(j.job_id == job_id).values(**values))
+                _transition(
+                    conn,
+                    now,
+                    target="submitted",
+                    where=and_(s.items.c.job_id == job_id, s.items.c.state == "staged"),
+                )
+            else:
+                conn.execute(
+                    s.jobs.update()
+                    .where(j.job_id == job_id)
+                    .values(state="staged", claim_owner=None, claim_expires_at=None)
+                )
+            _audit(
+                conn,
+                now,
+                actor,
+                "resolve_job",
+                str(job["workload"]),
+                int(job["lines"]),
+                {"job_id": job_id, "batch_id": batch_id, "in_doubt_reason": job["in_doubt_reason"]},
+                note,
+            )
+            row = conn.execute(select(s.jobs).where(j.job_id == job_id)).mappings().one()
+        return JobRow.from_row(row)
+
+    def jobs_in_doubt(self, workload: str | None = None) -> list[JobRow]:
+        """Return the jobs whose create call's outcome is unknown, oldest first.
+
+        :param workload: only this workload
+        """
+        q = select(s.jobs).where(s.jobs.c.state == "in_doubt").order_by(s.jobs.c.in_doubt_at, s.jobs.c.job_id)
+        if workload is not None:
+            q = q.where(s.jobs.c.workload == workload)
+        with self.engine.connect() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).mappings()]
+
+    # ------------------------------------------------------------------ workload lease
+    def acquire_workload_lease(
+        self,
+        workload: str,
+        run_id: str,
+        owner: str,
+        dag_id: str | None = None,
+        takeover: bool = False,
+    ) -> WorkloadLease:
+        """Let one run at a time hold a workload (one statement: insert, or update when it is ours).
+
+        The same run acquires again without effect but the new ``owner`` (a retried or cleared
+        task). Another run gets :class:`WorkloadLeasedError`, unless ``takeover``: then the lease
+        moves to this run (the caller decides that, e.g. from Airflow's own state of the holding
+        run) and the takeover is written to the audit table. Items another run has in flight stay
+        with that run either way.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param owner: the task attempt acquiring it
+        :param dag_id: the run's DAG (also recorded on the run's row)
+        :param takeover: move the lease from another run
+        :raises WorkloadLeasedError: another run holds the workload
+        """
+        lt = s.leases
+        now = utcnow()
+        with self.engine.begin() as conn:
+            before = None
+            if takeover:
+                before = conn.execute(select(lt.c.run_id).where(lt.c.workload == workload)).scalar()
+            ins = _dialect_insert(conn)(lt).values(
+                workload=workload, run_id=run_id, dag_id=dag_id, owner=owner, acquired_at=now
+            )
+            mine = lt.c.run_id == ins.excluded.run_id
+            stmt = ins.on_conflict_do_update(
+                index_elements=[lt.c.workload],
+                set_={
+                    "run_id": ins.excluded.run_id,
+                    "owner": ins.excluded.owner,
+                    "dag_id": func.coalesce(ins.excluded.dag_id, lt.c.dag_id),
+                    # a re-acquire by the holding run keeps its "since"
+                    "acquired_at": case((mine, lt.c.acquired_at), else_=ins.excluded.acquired_at),
+                    "taken_over_from": case((mine, lt.c.taken_over_from), else_=lt.c.run_id),
+                },
+                where=None if takeover else mine,
+            ).returning(lt.c.run_id, lt.c.dag_id, lt.c.owner, lt.c.acquired_at, lt.c.taken_over_from)
+            won = conn.execute(stmt).first()
+            if won is None:
+                held = conn.execute(select(lt).where(lt.c.workload == workload)).mappings().one()
+                raise WorkloadLeasedError(workload, held["run_id"], held["dag_id"], _iso(held["acquired_at"]))
+            if dag_id:
+                conn.execute(
+                    s.runs.update()
+                    .where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+                    .values(dag_id=dag_id)
+                )
+            if takeover and before is not None and before != run_id:
+                _audit(
+                    conn,
+                    now,
+                    owner,
+                    "takeover_lease",
+                    workload,
+                    0,
+                    {"from_run": before, "to_run": run_id},
+                    "",
+                )
+        return WorkloadLease(
+            workload, won.run_id, won.dag_id, won.owner, won.acquired_at, won.taken_over_from
+        )
+
+    def workload_lease(self, workload: str) -> WorkloadLease | None:
+        """Return who holds a workload, or ``None``.
+
+        :param workload: workload name
+        """
+        lt = s.leases
+        with self.engine.connect() as conn:
+            row = conn.execute(select(lt).where(lt.c.workload == workload)).mappings().first()
+        if row is None:
+            return None
+        return WorkloadLease(
+            row["workload"],
+            row["run_id"],
+            row["dag_id"],
+            row["owner"],
+            row["acquired_at"],
+            row["taken_over_from"],
+        )
+
+    def release_workload_lease(
+        self, workload: str, run_id: str, actor: str | None = None, reason: str = ""
+    ) -> bool:
+        """Release a workload if ``run_id`` holds it; return whether it did.
+
+        :param workload: workload name
+        :param run_id: the run that holds it (a lease another run holds is left alone)
+        :param actor: a person releasing a dead run's lease: the release is written to the audit table
+        :param reason: why (with ``actor``)
+        """
+        lt = s.leases
+        with self.engine.begin() as conn:
+            res = conn.execute(lt.delete().where(lt.c.workload == workload, lt.c.run_id == run_id))
+            released = bool(res.rowcount)
+            if released and actor is not None:
+                _audit(conn, utcnow(), actor, "release_lease", workload, 0, {"run_id": run_id}, reason)
+        return released
+
     def update_job(self, job_id: str, **values: Any) -> None:
         """Set columns of one job.
 
@@ -623,24 +1227,74 @@ class Ledger:
         with self.engine.begin() as conn:
             conn.execute(s.jobs.update().where(s.jobs.c.job_id == job_id).values(**values))
 
-    def mark_submitted(self, job_id: str, batch_id: str, input_ref: str) -> None:
+    def record_infra_cost(self, row: Mapping[str, Any]) -> None:
+        """Record (or replace) the infrastructure cost of one self-hosted job.
+
+        :param row: the ``abp_infra_costs`` columns (``job_id``, ``workload``, ``run_id``,
+            ``gpu_count``, ``gpu_seconds``, ``usd_per_gpu_hour_micros``, ``cost_nusd``, ``outcome`` ...)
+        """
+        with self.engine.begin() as conn:
+            conn.execute(s.infra_costs.delete().where(s.infra_costs.c.job_id == row["job_id"]))
+            conn.execute(s.infra_costs.insert().values(**row))
+
+    def infra_costs(self, workload: str, run_id: str) -> list[dict[str, Any]]:
+        """Return the infrastructure cost rows of a run, by job id.
+
+        :param workload: the workload
+        :param run_id: the run id
+        """
+        query = (
+            select(s.infra_costs)
+            .where(s.infra_costs.c.workload == workload, s.infra_costs.c.run_id == run_id)
+            .order_by(s.infra_costs.c.job_id)
+        )
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def mark_submitted(
+        self, job_id: str, batch_id: str, input_ref: str, submitted_at: datetime | None = None
+    ) -> None:
         """Record the provider's batch id and move the job's items to ``submitted``.
+
+        Repeating it with the same batch keeps the first ``submitted_at`` (a re-attach does not
+        restart the poll timeout). A different batch for a job that has one is refused: two
+        batches were created for one job and both are billed.
 
         :param job_id: the job id
         :param batch_id: the provider's batch id
         :param input_ref: where the input was staged at the provider
+        :param submitted_at: when the provider created the batch, if known (default: now)
+        :raises LedgerError: no such job, or it has another batch already
         """
         now = utcnow()
+        j = s.jobs.c
         with self.engine.begin() as conn:
-            conn.execute(
+            res = conn.execute(
                 s.jobs.update()
-                .where(s.jobs.c.job_id == job_id)
-                .values(state="submitted", batch_id=batch_id, input_ref=input_ref, submitted_at=now)
+                .where(j.job_id == job_id, or_(j.batch_id.is_(None), j.batch_id == batch_id))
+                .values(
+                    state="submitted",
+                    batch_id=batch_id,
+                    input_ref=input_ref,
+                    submitted_at=func.coalesce(j.submitted_at, submitted_at or now),
+                )
             )
-            conn.execute(
-                s.items.update()
-                .where(s.items.c.job_id == job_id, s.items.c.state == "staged")
-                .values(state="submitted", updated_at=now)
+            if not res.rowcount:
+                held = conn.execute(select(j.batch_id).where(j.job_id == job_id)).first()
+                if held is None:
+                    raise LedgerError(
+                        f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+                    )
+                raise LedgerError(
+                    f"job {job_id!r} has batch {held.batch_id!r} already, and batch {batch_id!r} was "
+                    "created for it too: both are billed. Nothing was recorded for the second; cancel "
+                    "it at the provider, or reconcile it by hand."
+                )
+            _transition(
+                conn,
+                now,
+                target="submitted",
+                where=and_(s.items.c.job_id == job_id, s.items.c.state == "staged"),
             )
 
     # ------------------------------------------------------------------ results
@@ -671,7 +1325,7 @@ class Ledger:
                 known = {
                     r["custom_id"]: r
                     for r in conn.execute(
-                        select(s.attempts).where(
+                        select(*_RECONCILE_ATTEMPT_COLUMNS).where(
                             s.attempts.c.job_id == job_id, s.attempts.c.custom_id.in_(cids)
                         )
                     ).mappings()
@@ -726,21 +1380,21 @@ class Ledger:
                     else:
                         stats.late += 1
                     if values and item is not None:
-                        item.update(values)  # later lines of this slice see the new state
                         item_rows.append(
                             {
                                 "b_workload": workload,
                                 "b_key": att["item_key"],
                                 "b_version": att["prompt_version"],
+                                "b_from": item["state"],
                                 **values,
-                                "updated_at": now,
                             }
                         )
+                        item.update(values)  # later lines of this slice see the new state
                     if verdict == "discard" and not att["discarded"]:
                         attempt_rows.append({**address, "discarded": True, "updated_at": now})
                 _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" in r])
                 _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" not in r])
-                _bulk_update(conn, s.items, _ITEM_ROW, item_rows)
+                _transition(conn, now, rows=item_rows)
         return stats
 
     @staticmethod
@@ -788,26 +1442,20 @@ class Ledger:
             if rows:
                 # Only items whose current attempt is the missing line move; an item that went on to
                 # a newer attempt keeps its state.
-                c = s.items.c
-                conn.execute(
-                    s.items.update()
-                    .where(
-                        _ITEM_ROW,
-                        c.custom_id == bindparam("b_cid"),
-                        or_(c.state == "submitted", c.state == "staged"),  # no IN: executemany
-                    )
-                    .values(
-                        state="failed_retryable",
-                        error_code="missing",
-                        error_message="absent from every result file of the batch",
-                        updated_at=now,
-                    ),
-                    [
+                _transition(
+                    conn,
+                    now,
+                    where=and_(_ITEM_ROW, s.items.c.custom_id == bindparam("b_cid")),
+                    from_states=["submitted"],
+                    rows=[
                         {
                             "b_workload": job["workload"],
                             "b_key": a["item_key"],
                             "b_version": a["prompt_version"],
                             "b_cid": a["custom_id"],
+                            "state": "failed_retryable",
+                            "error_code": "missing",
+                            "error_message": "absent from every result file of the batch",
                         }
                         for a in rows
                     ],
@@ -828,21 +1476,218 @@ class Ledger:
         """
         with self.engine.begin() as conn:
             base = and_(s.items.c.workload == workload, s.items.c.run_id == run_id)
-            to_review = conn.execute(
-                s.items.update()
-                .where(
+            to_review = _transition(
+                conn,
+                utcnow(),
+                target="review",
+                where=and_(
                     base,
                     (s.items.c.state == "failed_permanent")
                     | (s.items.c.state.in_(list(RETRYABLE_STATES)) & (s.items.c.attempts >= max_attempts)),
-                )
-                .values(state="review", updated_at=utcnow())
-            ).rowcount
+                ),
+            ).moved
             retry = conn.execute(
                 select(func.count()).where(
                     base, s.items.c.state.in_(list(RETRYABLE_STATES)), s.items.c.attempts < max_attempts
                 )
             ).scalar_one()
         return int(retry), int(to_review or 0)
+
+    # ------------------------------------------------------------------ review and re-drive
+    def review_items(
+        self, workload: str, error_code: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[ItemRow]:
+        """Return the open review queue of a workload (in review, no person's decision yet), by key.
+
+        :param workload: workload name
+        :param error_code: only items with this error code
+        :param limit: at most this many
+        :param offset: skip this many first
+        """
+        c = s.items.c
+        q = select(s.items).where(c.workload == workload, c.state == "review", c.review_action.is_(None))
+        if error_code is not None:
+            q = q.where(c.error_code == error_code)
+        q = q.order_by(c.item_key, c.prompt_version).limit(limit).offset(offset)
+        with self.engine.connect() as conn:
+            return [ItemRow.from_row(r) for r in conn.execute(q).mappings()]
+
+    def redrive(
+        self,
+        workload: str,
+        *,
+        item_keys: Sequence[str] | None = None,
+        app_ids: Sequence[str] | None = None,
+        error_code: str | None = None,
+        actor: str,
+        reason: str,
+    ) -> int:
+        """Send settled failures back to ``pending`` with attempts 0: the next run sends them again.
+
+        Addresses items in review (the default), or any re-drivable state (review, failed,
+        expired, cancelled, skipped) when keys, application ids or an error code are given.
+        Items in flight or with a usable result are never moved. Returns how many moved; the
+        action is written to the audit table.
+
+        :param workload: workload name
+        :param item_keys: only these item keys
+        :param app_ids: only these application ids (with ``item_keys``: either)
+        :param error_code: only items with this error code
+        :param actor: who
+        :param reason: why
+        """
+        return self._review_action(
+            "redrive",
+            workload,
+            item_keys,
+            app_ids,
+            error_code,
+            actor,
+            reason,
+            target="pending",
+            from_states=REDRIVABLE_STATES,
+            values={
+                "attempts": 0,
+                "job_id": None,
+                "custom_id": None,
+                "route": None,
+                "error_code": None,
+                "error_message": None,
+                "review_action": None,
+                "review_note": None,
+            },
+        )
+
+    def resolve_review(
+        self,
+        workload: str,
+        *,
+        item_keys: Sequence[str] | None = None,
+        app_ids: Sequence[str] | None = None,
+        error_code: str | None = None,
+        actor: str,
+        note: str,
+    ) -> int:
+        """Mark review items resolved by a person: they leave the queue and stay out of every run.
+
+        They stay in ``review`` (no usable answer) until their input or prompt version changes or
+        someone re-drives them. Returns how many; written to the audit table.
+
+        :param workload: workload name
+        :param item_keys: only these item keys
+        :param app_ids: only these application ids
+        :param error_code: only items with this error code
+        :param actor: who
+        :param note: how it was resolved
+        """
+        return self._review_action(
+            "resolve_review",
+            workload,
+            item_keys,
+            app_ids,
+            error_code,
+            actor,
+            note,
+            target="review",
+            from_states={"review"},
+            values={"review_action": "resolved", "review_note": note},
+        )
+
+    def skip_review(
+        self,
+        workload: str,
+        *,
+        item_keys: Sequence[str] | None = None,
+        app_ids: Sequence[str] | None = None,
+        error_code: str | None = None,
+        actor: str,
+        reason: str,
+    ) -> int:
+        """Skip review items: they become ``skipped`` (published so) and stay out of every run.
+
+        Until their input or prompt version changes or someone re-drives them. Returns how many;
+        written to the audit table.
+
+        :param workload: workload name
+        :param item_keys: only these item keys
+        :param app_ids: only these application ids
+        :param error_code: only items with this error code
+        :param actor: who
+        :param reason: why
+        """
+        return self._review_action(
+            "skip_review",
+            workload,
+            item_keys,
+            app_ids,
+            error_code,
+            actor,
+            reason,
+            target="skipped",
+            from_states={"review"},
+            values={"review_action": "skipped", "review_note": reason},
+        )
+
+    def _review_action(
+        self,
+        action: str,
+        workload: str,
+        item_keys: Sequence[str] | None,
+        app_ids: Sequence[str] | None,
+        error_code: str | None,
+        actor: str,
+        reason: str,
+        *,
+        target: str,
+        from_states: Iterable[str],
+        values: Mapping[str, Any],
+    ) -> int:
+        if not actor or not reason:
+            raise LedgerError(f"{action} needs an actor and a reason, for the audit table.")
+        c = s.items.c
+        addressed = item_keys is not None or app_ids is not None or error_code is not None
+        # Without an address only the open queue; an address may reach any state in from_states.
+        wide = addressed and set(from_states) != {"review"}
+        states = set(from_states) if wide else {"review"}
+        base = [c.workload == workload, c.state.in_(sorted(states))]
+        if not wide:
+            base.append(c.review_action.is_(None))
+        if error_code is not None:
+            base.append(c.error_code == error_code)
+        target_info: dict[str, Any] = {"error_code": error_code} if error_code is not None else {}
+        now = utcnow()
+        moved = 0
+        with self.engine.begin() as conn:
+            if item_keys is None and app_ids is None:
+                moved = _transition(
+                    conn, now, target=target, where=and_(*base), values=values, from_states=states
+                ).moved
+                target_info["filter"] = "review queue" if not addressed else "error_code"
+            else:
+                keys, ids = list(item_keys or []), list(app_ids or [])
+                for i in range(0, max(len(keys), len(ids)), BATCH):
+                    who = or_(c.item_key.in_(keys[i : i + BATCH]), c.app_id.in_(ids[i : i + BATCH]))
+                    moved += _transition(
+                        conn, now, target=target, where=and_(*base, who), values=values, from_states=states
+                    ).moved
+                shown = AUDIT_KEYS_SHOWN
+                target_info.update(item_keys=keys[:shown], app_ids=ids[:shown])
+                if len(keys) > shown or len(ids) > shown:
+                    target_info["truncated"] = {"item_keys": len(keys), "app_ids": len(ids)}
+            _audit(conn, now, actor, action, workload, moved, target_info, reason)
+        return moved
+
+    def audit_log(self, workload: str | None = None, limit: int = 100) -> list[AuditRow]:
+        """Return the latest audit rows, newest first.
+
+        :param workload: only this workload
+        :param limit: how many
+        """
+        q = select(s.audit).order_by(s.audit.c.id.desc()).limit(limit)
+        if workload is not None:
+            q = q.where(s.audit.c.workload == workload)
+        with self.engine.connect() as conn:
+            return [AuditRow.from_row(r) for r in conn.execute(q).mappings()]
 
     # ------------------------------------------------------------------ reporting
     def attempt_totals(self, workload: str, run_id: str) -> list[dict[str, Any]]:
@@ -1017,6 +1862,15 @@ class Ledger:
                 return None
             attempt = int(item.attempts or 0) + 1
             custom_id = f"{item_key}__s{attempt}"
+            moved = _transition(
+                conn,
+                now,
+                target="fallback",
+                where=and_(where, s.items.c.state == item.state),
+                values={"route": "fallback", "job_id": job_id, "custom_id": custom_id, "attempts": attempt},
+            )
+            if not moved.moved:
+                return None
             conn.execute(
                 s.attempts.insert().values(
                     job_id=job_id,
@@ -1028,18 +1882,6 @@ class Ledger:
                     attempt=attempt,
                     mode="sync",
                     created_at=now,
-                    updated_at=now,
-                )
-            )
-            conn.execute(
-                s.items.update()
-                .where(where)
-                .values(
-                    state="fallback",
-                    route="fallback",
-                    job_id=job_id,
-                    custom_id=custom_id,
-                    attempts=attempt,
                     updated_at=now,
                 )
             )
@@ -1106,32 +1948,73 @@ class Ledger:
                 if result.outcome == "succeeded":
                     self._mark_discarded(conn, att, now)
                 return str(item.state)
-            values: dict[str, Any] = {"updated_at": now, "route": "fallback"}
+            values: dict[str, Any] = {"route": "fallback"}
             if result.outcome == "succeeded":
+                target = "succeeded"
                 values.update(
-                    state="succeeded",
                     output_json=json.dumps(result.output, ensure_ascii=False),
                     succeeded_hash=item.input_hash,
                     error_code=None,
                     error_message=None,
                 )
             else:
+                target = "review"
                 values.update(
-                    state="review",
                     error_code=result.error_code or result.outcome,
                     error_message=result.error_message or f"synchronous fallback ended {result.outcome}",
                 )
-            conn.execute(s.items.update().where(where).values(**values))
-            return str(values["state"])
+            moved = _transition(
+                conn,
+                now,
+                target=target,
+                where=and_(where, s.items.c.state == "fallback", s.items.c.custom_id == result.custom_id),
+                values=values,
+            )
+            if not moved.moved:  # settled meanwhile by another writer: the answer is unused cost
+                if result.outcome == "succeeded":
+                    self._mark_discarded(conn, att, now)
+                state = conn.execute(select(s.items.c.state).where(where)).scalar()
+                return str(state)
+            return target
 
 
-def sync_job_id(workload: str, run_id: str) -> str:
-    """The job id under which a run's synchronous fallback attempts are recorded.
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else "unknown"
 
-    :param workload: workload name
-    :param run_id: the Airflow run id
-    """
-    return f"{workload}:{run_id}:sync"
+
+def _dialect_insert(conn: Connection) -> Any:
+    """The dialect's ``INSERT`` with ``ON CONFLICT`` (SQLite and PostgreSQL)."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert
+
+
+def _audit(
+    conn: Connection,
+    now: datetime,
+    actor: str,
+    action: str,
+    workload: str,
+    item_count: int,
+    target: Mapping[str, Any],
+    reason: str,
+) -> None:
+    """Write one row of the audit table (in the caller's transaction)."""
+    conn.execute(
+        s.audit.insert().values(
+            at=now,
+            actor=actor,
+            action=action,
+            workload=workload,
+            item_count=item_count,
+            target=json.dumps(dict(target), ensure_ascii=False, default=str),
+            reason=reason,
+        )
+    )
 
 
 def _usage_of(row: RowMapping) -> Usage:

@@ -8,6 +8,7 @@ second provider batch. XCom carries job ids and small manifests only.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -17,19 +18,18 @@ from typing import IO, TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
-from airflow_batch_provider.core.chunking import Chunker, ChunkInfo, Placed
+from airflow_batch_provider.adapters.base import BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.core.states import RETRYABLE_STATES
-from airflow_batch_provider.core.validation import check_output
-from airflow_batch_provider.exceptions import ConfigurationError, ItemError, RecordSourceError
+from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceError
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.store import PreparedItem, utcnow
+from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.services import harvest, report
+from airflow_batch_provider.services import round as rounds
+from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import RowMapping
 
     from airflow_batch_provider.services.records import SourceRecord
+
+log = logging.getLogger(__name__)
 
 RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]]
 
@@ -93,25 +95,19 @@ class BatchBaseOperator(BaseOperator):
 
         :param job: a ledger job row
         """
-        return {
-            "job_id": job["job_id"],
-            "round": job["round"],
-            "chunk": job["chunk_index"],
-            "lines": job["lines"],
-        }
+        return rounds.job_manifest(job)
 
     def stage_round(
         self,
         context: Context,
         round_: int,
-        items: Iterable[RowMapping],
+        items: Iterable[Mapping[Any, Any]],
         max_requests: int | None,
         max_bytes: int | None = None,
     ) -> list[dict[str, Any]]:
         """Write ``items`` (ledger rows) into this round's chunks and record one job per chunk.
 
-        Continues an interrupted round: chunks already recorded are kept, and new chunks start
-        after them. Items whose line alone exceeds the byte limit go to ``review``.
+        See :func:`airflow_batch_provider.services.round.stage_round`.
 
         :param context: the task context
         :param round_: round number (1 for the first submission)
@@ -120,93 +116,17 @@ class BatchBaseOperator(BaseOperator):
         :param max_requests: a tighter per-chunk request limit
         :param max_bytes: a tighter per-chunk byte limit
         """
-        run_id = context["run_id"]
-        existing = self.ledger.jobs_for(self.workload, run_id, round_)
-        folder = self.staging.run_dir(self.workload, run_id) / f"round-{round_}"
-        adapter = self.adapter
-        first = max((j["chunk_index"] for j in existing), default=-1) + 1
-        versions: dict[str, str] = {}
-        rejected: list[tuple[PreparedItem | None, str, str, str]] = []
-        model = ""
-        kind = "chat"
-
-        def on_close(info: ChunkInfo, placed: list[Placed]) -> None:
-            key = "abp-" + short_hash(
-                self.workload, run_id, str(round_), str(info.index), info.sha256, length=32
-            )
-            self.ledger.record_job(
-                {
-                    "job_id": f"{self.workload}:{run_id}:r{round_}:c{info.index:05d}",
-                    "workload": self.workload,
-                    "run_id": run_id,
-                    "round": round_,
-                    "chunk_index": info.index,
-                    "provider": adapter.name,
-                    "model": model,
-                    "idempotency_key": key,
-                    "staged_path": str(folder / info.name),
-                    "input_sha256": info.sha256,
-                    "lines": info.lines,
-                    "size_bytes": info.size,
-                    "kind": kind,
-                },
-                [(p.key, versions[p.key], p.custom_id, p.attempt) for p in placed],
-            )
-            self.log.info(
-                "staged chunk %s: %d lines, %d bytes, sha256 %s",
-                info.name,
-                info.lines,
-                info.size,
-                info.sha256,
-            )
-
-        with Chunker(
-            adapter.limits,
-            lambda name: self.staging.writer(folder / name),
-            on_close=on_close,
+        return rounds.stage_round(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            staging=self.staging,
+            workload=self.workload,
+            run_id=context["run_id"],
+            round_=round_,
+            items=items,
             max_requests=max_requests,
             max_bytes=max_bytes,
-            first_index=first,
-        ) as chunker:
-            for row in items:
-                request = CanonicalRequest.from_dict(json.loads(row["request_json"]))
-                model, kind = request.model, request.kind
-                versions[row["item_key"]] = row["prompt_version"]
-                try:
-                    chunker.add(
-                        row["item_key"],
-                        row["app_id"],
-                        int(row["attempts"]) + 1,
-                        lambda cid, r=request: adapter.format_line(r, cid),  # type: ignore[misc]
-                    )
-                except ItemError as exc:
-                    self.log.error("%s", exc)
-                    rejected.append(
-                        (PreparedItem(row["item_key"], request), row["app_id"], exc.code, str(exc))
-                    )
-        if rejected:
-            self.ledger.reject_items(self.workload, run_id, rejected)
-        jobs = self.ledger.jobs_for(self.workload, run_id, round_)
-        manifest = {
-            "workload": self.workload,
-            "run_id": run_id,
-            "round": round_,
-            "provider": adapter.name,
-            "chunks": [
-                {
-                    "name": str(j["staged_path"]).rsplit("/", 1)[-1],
-                    "job_id": j["job_id"],
-                    "idempotency_key": j["idempotency_key"],
-                    "sha256": j["input_sha256"],
-                    "lines": j["lines"],
-                    "bytes": j["size_bytes"],
-                }
-                for j in jobs
-            ],
-        }
-        with self.staging.writer(folder / "manifest.json") as fh:
-            fh.write(json.dumps(manifest, indent=2).encode("utf-8"))
-        return [self.job_manifest(j) for j in jobs]
+        )
 
 
 class BatchPrepareOperator(BatchBaseOperator):
@@ -325,7 +245,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             check_budget(estimate, Decimal(str(self.budget_usd)))
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
-        from airflow_batch_provider.services.records import Reject, load_records
+        from airflow_batch_provider.services.records import Reject, check_kind, load_records
 
         run_id = context["run_id"]
         template = self.template
@@ -339,7 +259,11 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
                 f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
             )
-        ledger.start_run(self.workload, run_id, self.adapter.name, template.model)
+        # a kind the provider does not accept is refused before anything reaches the ledger
+        check_kind(self.workload, template, self.adapter)
+        # the run's DAG decides who may see it in the UI (the auth manager's DAG permissions)
+        dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", None)
+        ledger.start_run(self.workload, run_id, self.adapter.name, template.model, dag_id=dag_id)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -359,6 +283,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 records=self.source_records(context, files),
                 write_reject=write_reject,
                 log=self.log,
+                adapter=self.adapter,
             )
         summary = {**result.to_dict(), "rejects": str(rejects_path) if result.rejected else None}
         with self.staging.writer(folder / "prepare_summary.json") as fh:
@@ -403,10 +328,11 @@ class BatchPrepareOperator(BatchBaseOperator):
 class BatchSubmitOperator(BatchBaseOperator):
     """Upload one staged chunk and create its provider batch, exactly once.
 
-    The job row written by prepare is the intent. Before creating anything, the operator
-    re-attaches to a batch the ledger already knows, then asks the provider for a batch with the
-    job's idempotency key (a create whose reply was lost); only then does it upload (reusing an
-    upload of the same name and size) and create.
+    The steps are :func:`airflow_batch_provider.services.submit.submit_job`'s: claim the job in
+    the ledger (compare-and-set, so a zombie attempt and its retry never both create), re-attach
+    to a recorded batch, ask the provider for a batch with the job's key, and only then upload and
+    create. A create whose outcome is unknown leaves the job *in doubt*: nothing is created for it
+    again, and the wait task resolves it.
 
     A chunk smaller than the provider's minimum job size (Bedrock: 100 records) is not padded and
     not merged across rounds: its items go through the provider's real-time API right here, at
@@ -416,6 +342,8 @@ class BatchSubmitOperator(BatchBaseOperator):
     :param job: the job manifest from prepare or resubmit (``job_id``)
     :param prompt: the workload's prompt (output validation on the synchronous path)
     :param pricing_override: pricing file path or dict (synchronous path)
+    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up,
+        upload and create can take with their retries, at least 30 minutes)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
@@ -426,51 +354,34 @@ class BatchSubmitOperator(BatchBaseOperator):
         job: Mapping[str, Any],
         prompt: PromptTemplate | str | None = None,
         pricing_override: str | Mapping[str, Any] | None = None,
+        claim_lease_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.prompt = prompt
         self.pricing_override = pricing_override
+        self.claim_lease_s = claim_lease_s
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_batch_provider.services import submit
+
         job = self.ledger.job(self.job["job_id"])
         key = job["idempotency_key"]
-        out = {"job_id": job["job_id"], "provider": self.adapter.name, "idempotency_key": key}
         if job["state"] == "sync" or (
             not job["batch_id"] and job["lines"] < self.adapter.limits.min_requests
         ):
+            out = {"job_id": job["job_id"], "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
-        if job["batch_id"]:
-            self.log.info(
-                "job %s already submitted as batch %s; re-attaching", job["job_id"], job["batch_id"]
-            )
-            return {**out, "batch_id": job["batch_id"], "submitted_at": _epoch(job["submitted_at"])}
-        found = self.adapter.find(key)
-        if found is None:
-            path = self.staging.at(job["staged_path"])
-            self.staging.verify(path, job["input_sha256"])
-            self.ledger.update_job(job["job_id"], state="submitting")
-            with path.open("rb") as fh:
-                input_ref = self.adapter.stage(fh, f"{key}.jsonl", int(job["size_bytes"]))
-            self.ledger.update_job(job["job_id"], input_ref=input_ref.value)
-            metadata = {
-                "workload": self.workload[:500],
-                "run_id": context["run_id"][:500],
-                "round": str(job["round"]),
-                "chunk": str(job["chunk_index"]),
-                "model": job["model"],
-            }
-            ref = self.adapter.submit(input_ref, key, metadata, kind=job["kind"])
-            self.log.info("created batch %s for job %s (%d lines)", ref.batch_id, job["job_id"], job["lines"])
-        else:
-            ref, input_ref_value = found, job["input_ref"] or ""
-            self.log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
-            input_ref = None
-        self.ledger.mark_submitted(
-            job["job_id"], ref.batch_id, input_ref.value if input_ref else input_ref_value
+        done = submit.submit_job(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            staging=self.staging,
+            job_id=job["job_id"],
+            owner=attempt_owner(context),
+            lease_s=self.claim_lease_s,
         )
-        return {**out, "batch_id": ref.batch_id, "submitted_at": time.time()}
+        return done.to_xcom(self.adapter.name, key)
 
     def send_synchronously(self, context: Context, job: Mapping[str, Any]) -> dict[str, Any]:
         """Send a below-minimum chunk's items through the real-time API (idempotent per item).
@@ -522,7 +433,11 @@ class BatchSubmitOperator(BatchBaseOperator):
 
 
 class BatchDownloadOperator(BatchBaseOperator):
-    """Stream a finished batch's output and error files into staging (once).
+    """Stream a finished batch's output and error files into staging, once they are complete.
+
+    See :func:`airflow_batch_provider.services.harvest.download_job`: files fetched at a
+    terminal state are complete and not fetched again; otherwise (a harvest that ran out of time)
+    nothing is written and reconcile fetches them later.
 
     :param batch: the sensor's result for one job (``job_id``, ``batch_id``)
     """
@@ -535,33 +450,18 @@ class BatchDownloadOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.job(self.batch["job_id"])
-        if job["state"] == "sync":
-            return dict(self.batch)  # sent through the real-time API: no files
-        ref = BatchRef(self.adapter.name, job["batch_id"], job["idempotency_key"])
-        folder = self.staging.run_dir(self.workload, context["run_id"]) / f"round-{job['round']}"
-        paths: dict[str, str | None] = {}
-        fetched = False
-        for kind, column in (("output", "output_path"), ("errors", "error_path")):
-            target = folder / f"{kind}-{job['chunk_index']:05d}.jsonl"
-            if job[column] and target.exists():
-                self.log.info("%s file of batch %s already downloaded to %s", kind, ref.batch_id, target)
-                paths[column] = job[column]
-                continue
-            with self.staging.writer(target) as sink:
-                size = self.adapter.download(ref, kind, sink)  # type: ignore[arg-type]
-            self.log.info("downloaded %s file of batch %s: %d bytes", kind, ref.batch_id, size)
-            paths[column] = str(target)
-            fetched = True
-        if fetched:
-            self.ledger.update_job(job["job_id"], state="downloaded", finished_at=utcnow(), **paths)
-        return {**dict(self.batch), **paths}
+        if job["state"] == "sync" or not job["batch_id"]:
+            return dict(self.batch)  # real-time API (no files), or still in doubt (no batch)
+        got = harvest.download_job(self.ledger, self.adapter, self.staging, job["job_id"])
+        return {**dict(self.batch), **got.paths, "files_complete": got.complete}
 
 
 class BatchReconcileOperator(BatchBaseOperator):
-    """Apply a job's downloaded results to the ledger by custom id; mark missing lines.
+    """Apply a job's downloaded results to the ledger by custom id; settle a failed batch; mark missing lines.
 
-    Out-of-order lines, duplicates and late answers are handled by the ledger's upserts; a line
-    that does not parse is counted and its item ends ``missing`` (retryable).
+    See :func:`airflow_batch_provider.services.harvest.reconcile_job`. Out-of-order lines,
+    duplicates and late answers are handled by the ledger; a line that does not parse is counted
+    and its item ends ``missing`` (retryable); the lines of a batch that failed get its cause.
 
     :param batch: the download task's result for one job
     :param prompt: the workload's prompt (for output validation)
@@ -584,58 +484,23 @@ class BatchReconcileOperator(BatchBaseOperator):
         self.pricing_override = pricing_override
 
     def execute(self, context: Context) -> dict[str, Any]:
-        template = PromptTemplate.load(self.prompt)
         job = self.ledger.job(self.batch["job_id"])
-        if job["state"] == "sync":
-            self.log.info("job %s went through the real-time API; its items are settled", job["job_id"])
-            return {"job_id": job["job_id"], "route": "sync"}
-        cost_of = batch_pricer(self.adapter.name, job["model"], self.pricing_override)
-        malformed: list[MalformedLine] = []
-
-        def results() -> Iterator[ItemResult]:
-            for column in ("output_path", "error_path"):
-                if not job[column]:
-                    continue
-                path = self.staging.at(job[column])
-                with path.open("rb") as fh:
-                    for res in self.adapter.parse_results(fh):
-                        if isinstance(res, MalformedLine):
-                            malformed.append(res)
-                            continue
-                        yield check_output(res, template.output_format, template.output_schema)
-
-        stats = self.ledger.apply_results(job["job_id"], results(), cost_of)
-        for bad in malformed[:20]:
-            self.log.warning("malformed result line %d: %s (%s)", bad.line_number, bad.reason, bad.excerpt)
-        missing = self.ledger.mark_missing(job["job_id"])
-        self.ledger.update_job(
+        return harvest.reconcile_job(
+            self.ledger,
+            self.adapter,
+            self.staging,
             job["job_id"],
-            state="reconciled",
-            result_lines=sum(stats.outcomes.values()),
-            malformed_lines=len(malformed),
-            duplicate_lines=stats.duplicates,
-            unknown_lines=stats.unknown,
-            missing=missing,
-            reconciled_at=job["reconciled_at"] or utcnow(),
+            PromptTemplate.load(self.prompt),
+            report.batch_pricer(self.adapter.name, job["model"], self.pricing_override),
         )
-        summary = {
-            "job_id": job["job_id"],
-            "outcomes": dict(stats.outcomes),
-            "late": stats.late,
-            "duplicates": stats.duplicates,
-            "unknown": stats.unknown,
-            "malformed": len(malformed),
-            "missing": missing,
-        }
-        self.log.info("reconciled job %s: %s", job["job_id"], summary)
-        return summary
 
 
 class BatchResubmitOperator(BatchBaseOperator):
-    """Stage retryable items (failed with 429/5xx, expired, missing, invalid output) as a new round.
+    """Stage retryable items (failed with 429/5xx, expired, missing, invalid output, a failed batch) as a new round.
 
     Items keep their item key; the custom id carries the new attempt number. Items at the
-    attempts cap, and permanent failures, go to ``review``.
+    attempts cap, and permanent failures, go to ``review``. After a batch failed on the
+    provider's enqueued-token limit, the round's chunks are halved.
 
     :param round_number: the round this task stages (2 for the first resubmission)
     :param max_attempts: attempts cap per item (the first submission counts as 1)
@@ -697,15 +562,16 @@ class BatchResubmitOperator(BatchBaseOperator):
             self.workload,
             run_id,
             states=sorted(RETRYABLE_STATES),
-            columns=["app_id", "attempts", "request_json"],
+            columns=["app_id", "attempts", "request_json", "error_code"],
         )
         eligible = [r for r in items if int(r["attempts"]) < self.max_attempts]
         started = self.ledger.jobs_for(self.workload, run_id, self.round_number)
         if self.budget_usd is not None and eligible and not started and self.over_budget(run_id, eligible):
             return []
-        return self.stage_round(
-            context, self.round_number, eligible, self.max_requests_per_chunk, self.max_bytes_per_chunk
+        max_requests = rounds.retry_chunk_limit(
+            self.ledger, self.workload, run_id, self.round_number, eligible, self.max_requests_per_chunk
         )
+        return self.stage_round(context, self.round_number, eligible, max_requests, self.max_bytes_per_chunk)
 
     def over_budget(self, run_id: str, rows: Sequence[RowMapping]) -> bool:
         """Say whether this round would take the run over its budget; if so, send its items to review.
@@ -747,40 +613,29 @@ class BatchResubmitOperator(BatchBaseOperator):
         return True
 
 
-def batch_pricer(
-    provider: str, model: str, override: str | Mapping[str, Any] | None
-) -> Callable[[Usage], Decimal]:
-    """Return a function pricing one batch line's usage for ``model``.
-
-    :param provider: adapter name
-    :param model: model name
-    :param override: pricing override (file path or dict)
-    """
-    from airflow_batch_provider.core.pricing import cost
-
-    price = load_prices(override).price(provider, model)
-    return lambda usage: cost(usage, price, "batch")
-
-
-def _epoch(value: Any) -> float:
-    return float(value.timestamp()) if value is not None else time.time()
-
+#: Compatibility name: the report module prices batch lines.
+batch_pricer = report.batch_pricer
+#: Compatibility name: the report is built by the report service.
+build_report = report.build_report
 
 UNFINISHED_STATES = ("staged", "submitted", "failed_retryable", "expired", "cancelled")
 
 
 class BatchPublishOperator(BatchBaseOperator):
-    """Close the run: settle what is unfinished, publish results and the cost report.
+    """Close the run: harvest late files, settle what is unfinished, publish results and the report.
 
-    Items that exhausted their attempts, and permanent failures, go to ``review``. Items still
-    open (a round that could not run) go where ``unfinished`` says. Then every item of the run is
-    in exactly one final state; the results table is upserted, ``results.jsonl`` and
-    ``report.json`` are written to staging, and the report is logged and returned (small).
+    Jobs whose files were not complete (a harvest that ran out of time) are fetched once more if
+    their batch has ended meanwhile; answers for items another route settled are kept as
+    discarded cost. Items that exhausted their attempts, and permanent failures, go to ``review``.
+    Items still open go where ``unfinished`` says. Then every item of the run is in exactly one
+    final state; the results table is upserted, ``results.jsonl`` and ``report.json`` (with the
+    failed and in-doubt batches) are written to staging, the report is logged and returned
+    (small), and the run's workload lease is released.
 
     :param max_attempts: the attempts cap (as in resubmit)
     :param unfinished: ``review`` (default), ``pending`` (published as pending) or ``skipped``
-    :param provider_name: provider name used for pricing (default: the connection's adapter)
     :param pricing_override: pricing file path or dict merged over the shipped prices
+    :param prompt: the workload's prompt (validates late results); without it no late harvest
     """
 
     def __init__(
@@ -789,6 +644,7 @@ class BatchPublishOperator(BatchBaseOperator):
         max_attempts: int,
         unfinished: str = "review",
         pricing_override: str | Mapping[str, Any] | None = None,
+        prompt: PromptTemplate | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -797,10 +653,15 @@ class BatchPublishOperator(BatchBaseOperator):
         self.max_attempts = max_attempts
         self.unfinished = unfinished
         self.pricing_override = pricing_override
+        self.prompt = prompt
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
         ledger = self.ledger
+        self.harvest_late(run_id)
+        # A real-time send that crashed before its answer was recorded leaves its item in
+        # ``fallback``, which is not final: close it (the item becomes retryable, then settled).
+        close_interrupted_sends(ledger, self.workload, run_id, ANSWER_LOST)
         _, to_review = ledger.retry_candidates(self.workload, run_id, self.max_attempts)
         settled = ledger.transition(
             self.workload,
@@ -816,7 +677,7 @@ class BatchPublishOperator(BatchBaseOperator):
                 settled,
                 self.unfinished,
             )
-        report = build_report(ledger, self.workload, run_id, self.adapter.name, self.pricing_override)
+        summary = report.build_report(ledger, self.workload, run_id, self.adapter.name, self.pricing_override)
         published = ledger.publish(self.workload, run_id)
         folder = self.staging.run_dir(self.workload, run_id)
         with self.staging.writer(folder / "results.jsonl") as fh:
@@ -835,65 +696,135 @@ class BatchPublishOperator(BatchBaseOperator):
                 }
                 fh.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
         with self.staging.writer(folder / "report.json") as fh:
-            fh.write(json.dumps(report, indent=2).encode("utf-8"))
-        ledger.finish_run(self.workload, run_id, report)
+            fh.write(json.dumps(summary, indent=2).encode("utf-8"))
+        ledger.finish_run(self.workload, run_id, summary)
+        release_workload_lease(ledger, self.workload, run_id)
         self.log.info("published %d items to the results table and %s", published, folder / "results.jsonl")
-        self.log.info("\n%s", report["table"])
+        self.log.info("\n%s", summary["table"])
         return {
-            "items_by_state": report["items_by_state"],
-            "paid_usd": report["paid"],
-            "cost_per_usable_result_usd": report["cost_per_usable_result"],
+            "items_by_state": summary["items_by_state"],
+            "paid_usd": summary["paid"],
+            "cost_per_usable_result_usd": summary["cost_per_usable_result"],
+            "failed_batches": len(summary["failed_batches"]),
+            "in_doubt_jobs": len(summary["in_doubt_jobs"]),
+            "possibly_paid_twice": summary["possibly_paid_twice"],
             "report": str(folder / "report.json"),
         }
 
+    def harvest_late(self, run_id: str) -> None:
+        """Fetch and apply the files of jobs that were not complete, where the batch has ended since.
 
-def build_report(
-    ledger: Ledger,
-    workload: str,
-    run_id: str,
-    provider: str,
-    pricing_override: str | Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """Compute the run's cost report from the ledger (JSON-safe dict, with a ``table`` text).
+        :param run_id: the Airflow run id
+        """
+        late = [
+            j
+            for j in self.ledger.jobs_for(self.workload, run_id)
+            if j["batch_id"] and j["state"] not in (*harvest.COMPLETE_STATES, "sync")
+        ]
+        if not late or self.prompt is None:
+            return
+        template = PromptTemplate.load(self.prompt)
+        for job in late:
+            cost_of = report.batch_pricer(self.adapter.name, job["model"], self.pricing_override)
+            done = harvest.reconcile_job(
+                self.ledger, self.adapter, self.staging, job["job_id"], template, cost_of
+            )
+            self.log.info("late harvest of job %s: %s", job["job_id"], done)
+
+
+def attempt_owner(context: Context) -> str:
+    """The owner string of this task attempt for claims and leases: dag/run/task/map index/try@host:pid.
+
+    :param context: the task context
+    """
+    from airflow_batch_provider.services.submit import claim_owner
+
+    ti = context.get("ti")
+    return claim_owner(
+        str(getattr(ti, "dag_id", None) or getattr(context.get("dag"), "dag_id", "-")),
+        context["run_id"],
+        str(getattr(ti, "task_id", "-")),
+        getattr(ti, "map_index", None),
+        getattr(ti, "try_number", None),
+    )
+
+
+#: DAG-run states of a run that may still hold its workload (anything else is over).
+LIVE_RUN_STATES = frozenset({"queued", "running"})
+
+
+def dagrun_state(dag_id: str, run_id: str) -> str | None:
+    """The state of another DAG run as Airflow knows it (``None`` when it cannot be read).
+
+    :param dag_id: the DAG id
+    :param run_id: the run id
+    """
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    try:
+        return str(RuntimeTaskInstance.get_dagrun_state(dag_id, run_id))
+    except Exception as exc:  # no supervisor (tests), or the run was deleted
+        log.warning("state of DAG run %s/%s unreadable: %s", dag_id, run_id, exc)
+        return None
+
+
+def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None:
+    """Take the workload for this run, or fail fast naming the run that holds it.
+
+    One run of a workload at a time: a second run (a manual run beside the scheduled one, a
+    backfill, another DAG with the same workload name) would move the first run's items. The
+    lease is the ledger's (:meth:`Ledger.acquire_workload_lease`); taking it again in the same
+    run is a no-op. When another run holds it, Airflow is asked for that run's state: a run that is
+    no longer queued or running (failed, succeeded without publishing, marked by hand) loses the
+    lease to this one; a live run keeps it and this task fails with the ledger's message.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param context: the task context
+    """
+    from airflow_batch_provider.exceptions import WorkloadLeasedError
+
+    run_id = context["run_id"]
+    ti = context.get("ti")
+    dag_id = getattr(ti, "dag_id", None)
+    owner = attempt_owner(context)
+    try:
+        ledger.acquire_workload_lease(workload, run_id, owner, dag_id=dag_id)
+        return
+    except WorkloadLeasedError as exc:
+        holder_dag, holder_run = exc.dag_id, exc.run_id
+        state = dagrun_state(holder_dag, holder_run) if holder_dag else None
+        if state is None or state in LIVE_RUN_STATES:
+            raise
+        log.warning(
+            "workload %r was held by run %s of DAG %s, which is %s: taking it over for run %s",
+            workload,
+            holder_run,
+            holder_dag,
+            state,
+            run_id,
+        )
+    ledger.acquire_workload_lease(workload, run_id, owner, dag_id=dag_id, takeover=True)
+
+
+class BatchWorkloadLeaseOperator(BatchBaseOperator):
+    """The first task of a run: take the workload (one run of it at a time); publish gives it back.
+
+    See :func:`take_workload_lease`.
+    """
+
+    ui_color = "#e8f1fb"
+
+    def execute(self, context: Context) -> None:
+        take_workload_lease(self.ledger, self.workload, context)
+        self.log.info("run %s holds workload %r until its publish task", context["run_id"], self.workload)
+
+
+def release_workload_lease(ledger: Ledger, workload: str, run_id: str) -> None:
+    """Give the workload back at the end of a run (a no-op when this run does not hold it).
 
     :param ledger: the ledger
     :param workload: workload name
     :param run_id: the Airflow run id
-    :param provider: provider name for pricing
-    :param pricing_override: pricing override
     """
-    from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
-
-    def records() -> Iterator[ItemCostRecord]:
-        for row in ledger.iter_cost_rows(workload, run_id):
-            attempts = tuple(
-                AttemptRecord(
-                    usage=a["usage"],
-                    mode=a["mode"],
-                    discarded=a["discarded"],
-                    # A discarded success (a late or second answer for an item that already had
-                    # one) is paid twice; the same work done synchronously would be paid once.
-                    reason=(DUPLICATE if a["outcome"] == "succeeded" else a["error_code"])
-                    if a["discarded"]
-                    else None,
-                )
-                for a in row["attempts"]
-            )
-            route = row["route"] or (
-                "resubmitted" if sum(1 for a in attempts if a.mode == "batch") > 1 else "batch"
-            )
-            yield ItemCostRecord(
-                app_id=row["app_id"],
-                state=row["state"],
-                route=route,  # type: ignore[arg-type]
-                provider=provider,
-                model=row["model"],
-                attempts=attempts,
-                last_usage=row["last_usage"],
-            )
-
-    report = compute_run_cost(records(), load_prices(pricing_override))
-    out = report.to_dict()
-    out["table"] = report.render_table()
-    out["states"] = ledger.count_states(workload, run_id)
-    return out
+    ledger.release_workload_lease(workload, run_id)

@@ -11,7 +11,7 @@
 - :class:`BatchDeadlineOperator` turns the DAG's :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`
   into this run's deadline (an ISO timestamp in XCom) that sensors and later tasks read;
 - :class:`BatchDeadlineHarvestOperator` runs after each sensor: when the sensor returned at the
-  deadline, it cancels the batch and waits (bounded) for the cancelled state, so that the
+  deadline, it cancels the batch and waits (bounded) for its terminal state, so that the
   download and reconcile that follow harvest what the batch finished; otherwise it passes through;
 - :class:`BatchDeadlineBranchOperator` routes: every item done, or the deadline not reached,
   goes to publish; otherwise the DAG's policy task;
@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import cached_property
@@ -29,12 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseBranchOperator, BaseOperator
 
-from airflow_batch_provider.adapters.base import BatchRef, BatchStatus
+from airflow_batch_provider.adapters.base import BatchRef
 from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
+from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.operators.batch import BatchBaseOperator
+from airflow_batch_provider.services import harvest
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -102,19 +103,26 @@ class BatchDeadlineOperator(BaseOperator):
         }
 
 
+#: Default seconds the harvest waits for a cancelled batch's terminal state: OpenAI documents up
+#: to 10 minutes for a cancel to complete.
+HARVEST_TIMEOUT_S = 600.0
+
+
 class BatchDeadlineHarvestOperator(BatchBaseOperator):
-    """After a sensor: cancel a batch the deadline cut short and wait until it is cancelled.
+    """After a sensor: cancel a batch the deadline cut short and wait until it is terminal.
 
     A batch the sensor saw finish passes through untouched. For one cut short (``deadline:
-    true`` in the sensor's result) the operator cancels it at the provider and polls, briefly
-    and bounded, until it is terminal: the provider then writes what the batch finished, and
+    true`` in the sensor's result) the operator cancels it at the provider and polls it with the
+    run's poll policy (the sensor's intervals and error tolerance) until it is terminal, for at
+    most ``harvest_timeout``: the provider then writes what the batch finished, and
     ``batch_cancelled`` lines for the rest, which the download and reconcile tasks that follow
-    harvest. A batch that finished on its own meanwhile is simply harvested.
+    harvest. A batch that is still not terminal then is not given up: its items stay open for the
+    deadline policy, and its files are fetched later (reconcile, publish) once it has ended; any
+    answer that arrives after the fallback answered an item is kept as discarded cost.
 
     :param batch: the sensor's result for one job
-    :param harvest_timeout: seconds to wait for the cancelled state before going on without it
-        (its items then count as missing, hence open, and go to the deadline policy)
-    :param poll_interval: first interval between status reads, in seconds (doubles up to 10 s)
+    :param harvest_timeout: seconds to wait for the terminal state after the cancel (default 600)
+    :param poll: the run's poll policy (default :class:`PollPolicy`)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "batch")
@@ -124,37 +132,31 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
         self,
         *,
         batch: Mapping[str, Any],
-        harvest_timeout: float = 300.0,
-        poll_interval: float = 1.0,
+        harvest_timeout: float = HARVEST_TIMEOUT_S,
+        poll: PollPolicy | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.batch = batch
         self.harvest_timeout = harvest_timeout
-        self.poll_interval = poll_interval
+        self.poll = poll or PollPolicy()
 
     def execute(self, context: Context) -> dict[str, Any]:
         batch = dict(self.batch)
-        if not batch.get("deadline"):
+        if not batch.get("deadline") or not batch.get("batch_id"):
             return batch
-        job_id = batch["job_id"]
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
-        status = self._status(ref)
-        if status is None or not status.terminal:
-            try:
-                self.adapter.cancel(ref)
-                self.log.info("deadline: cancelled batch %s (job %s)", ref.batch_id, job_id)
-            except Exception as exc:  # the batch may have ended between the poll and the cancel
-                self.log.warning("cancel of batch %s refused: %s; reading its state", ref.batch_id, exc)
-            status = self._wait_terminal(ref)
-        if status is not None:
-            self.ledger.update_job(job_id, batch_state=status.state)
+        policy = harvest.harvest_policy(self.poll, self.harvest_timeout)
+        waited = harvest.cancel_and_wait(self.ledger, self.adapter, batch["job_id"], ref, policy)
+        status = waited.status
         if status is None or not status.terminal:
             self.log.warning(
-                "batch %s was not cancelled within %.0fs; its unfinished items count as missing and go to "
-                "the deadline policy. Raise harvest_timeout (or deadline_margin) to wait longer.",
+                "batch %s is not terminal %.0fs after the cancel (%s); its items stay open for the deadline "
+                "policy and its files are fetched once it has ended. Raise harvest_timeout (or "
+                "deadline_margin) to wait longer.",
                 ref.batch_id,
                 self.harvest_timeout,
+                waited.reason,
             )
         else:
             self.log.info(
@@ -166,23 +168,6 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
                 status.total,
             )
         return {**batch, "state": status.state if status else None, "harvested": True}
-
-    def _status(self, ref: BatchRef) -> BatchStatus | None:
-        try:
-            return self.adapter.status(ref)
-        except Exception as exc:
-            self.log.warning("status of batch %s: %s", ref.batch_id, exc)
-            return None
-
-    def _wait_terminal(self, ref: BatchRef) -> BatchStatus | None:
-        give_up = time.monotonic() + self.harvest_timeout
-        interval = self.poll_interval
-        status = self._status(ref)
-        while (status is None or not status.terminal) and time.monotonic() < give_up:
-            time.sleep(min(interval, max(0.0, give_up - time.monotonic())))
-            interval = min(interval * 2, 10.0)
-            status = self._status(ref)
-        return status
 
 
 class BatchDeadlineBranchOperator(BaseBranchOperator):

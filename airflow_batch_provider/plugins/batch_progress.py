@@ -1,9 +1,9 @@
 """Airflow UI page for LLM batch progress and cost.
 
-The plugin mounts a read-only FastAPI app at ``/llm-batch`` on the Airflow API server (see
-:mod:`airflow_batch_provider.plugins.api`) and adds two external views to the UI: an "LLM batch"
-entry in the navigation (under *Browse*), and an "LLM batch" tab on every DAG run, which shows
-the ledger runs recorded under that run id.
+The plugin mounts a FastAPI app at ``/llm-batch`` on the Airflow API server (see
+:mod:`airflow_batch_provider.plugins.api`; every route asks Airflow's auth manager) and adds two
+external views to the UI: an "LLM batch" entry in the navigation (under *Browse*), and an "LLM
+batch" tab on every DAG run, which shows the ledger runs recorded by that DAG under that run id.
 
 Every Airflow component loads plugins, so this module imports nothing heavy: the FastAPI app is
 built on its first request, in the API server only.

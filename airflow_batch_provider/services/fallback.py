@@ -45,7 +45,8 @@ from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplat
 from airflow_batch_provider.core.results import ItemResult
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
-from airflow_batch_provider.ledger.store import from_nusd, sync_job_id, to_nusd
+from airflow_batch_provider.ledger.records import sync_job_id
+from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import RowMapping

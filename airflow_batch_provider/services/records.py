@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, Protocol
 
+from airflow_batch_provider.adapters.base import BatchAdapter
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
-from airflow_batch_provider.exceptions import ItemError, RecordSourceError
+from airflow_batch_provider.exceptions import ConfigurationError, ItemError, RecordSourceError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem, UpsertStats
 
@@ -388,6 +389,22 @@ class RecordPreparer:
         return str(raw)
 
 
+def check_kind(workload: str, template: PromptTemplate, adapter: BatchAdapter | type[BatchAdapter]) -> None:
+    """Refuse a prompt whose request kind the workload's provider does not accept.
+
+    Called by prepare before any record is read, staged or paid for.
+
+    :param workload: the workload, named in the message
+    :param template: the prompt (its ``kind``)
+    :param adapter: the provider's adapter (or its class)
+    :raises ConfigurationError: the kind is not in the adapter's ``kinds``; the message names the
+        workload, the kind, the provider and the providers that accept the kind
+    """
+    refusal = adapter.kind_refusal(template.kind, workload)
+    if refusal is not None:
+        raise ConfigurationError(f"prompt {template.version!r}: {refusal}")
+
+
 def load_records(
     *,
     ledger: Ledger,
@@ -397,6 +414,7 @@ def load_records(
     records: Iterable[SourceRecord],
     write_reject: Callable[[Reject], None],
     log: Log | None = None,
+    adapter: BatchAdapter | type[BatchAdapter] | None = None,
 ) -> PrepareResult:
     """Upsert a run's good records into the ledger; record every bad one; return the counts.
 
@@ -411,7 +429,12 @@ def load_records(
     :param records: the source's records (streamed)
     :param write_reject: keeps one rejected record
     :param log: where each reject is logged (default: this module's logger)
+    :param adapter: the workload's provider adapter; when given, a prompt kind it does not accept
+        is refused (:func:`check_kind`) before any record is read
+    :raises ConfigurationError: the provider does not accept the prompt's kind
     """
+    if adapter is not None:
+        check_kind(workload, template, adapter)
     logger: Log = log or logging.getLogger(__name__)
     in_review: list[tuple[PreparedItem | None, str, str, str]] = []
 

@@ -221,7 +221,7 @@ def test_a_submit_whose_reply_was_lost_re_attaches_instead_of_paying_twice(run: 
     assert run.stats()["batches_created"] == batches
 
 
-def test_a_second_run_skips_every_unchanged_item(run: Run) -> None:
+def test_a_second_run_skips_every_unchanged_item_and_keeps_review_items_in_review(run: Run) -> None:
     before = run.ledger.count_states(WORKLOAD, run.run_id)
     batches = run.stats()["batches_created"]
     proc = run_airflow(run.env, "dags", "test", DAG_ID)
@@ -229,9 +229,11 @@ def test_a_second_run_skips_every_unchanged_item(run: Run) -> None:
     latest = run.ledger.runs(WORKLOAD, limit=1)[0]["run_id"]
     assert latest != run.run_id
     states = run.ledger.count_states(WORKLOAD, latest)
-    # Earlier successes are skipped; only the items that ended in review are sent again.
+    # Earlier successes are skipped; items in review stay there (they are not paid for again
+    # night after night) until their input changes or a person re-drives them.
     assert states["unchanged"] == before["succeeded"]
+    assert states["review"] == before["review"] > 0
     assert sum(states.values()) == 3000
-    sent_again = sum(j["lines"] for j in run.ledger.jobs_for(WORKLOAD, latest, 1))
-    assert sent_again == before["review"]
-    assert run.stats()["batches_created"] > batches
+    assert run.ledger.jobs_for(WORKLOAD, latest) == []
+    assert run.stats()["batches_created"] == batches
+    assert run.ledger.workload_lease(WORKLOAD) is None  # each run's publish gave the workload back

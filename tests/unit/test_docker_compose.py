@@ -354,3 +354,73 @@ def test_the_dockerfile_installs_the_package_with_the_constraints_file() -> None
     # the install check imports the page and the emulator
     assert "airflow_batch_provider.plugins.batch_progress" in text
     assert text.rstrip().splitlines()[-1].strip().startswith("&& python -c")
+
+
+# ------------------------------------------------------------------------------------------ fresh clone
+
+WRITTEN_PATHS = {
+    # what the running stack writes, by the variable that says where
+    "ABP_SAMPLE_DATA_DIR": lambda v: v,
+    "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": lambda v: v.removeprefix("file://"),
+}
+
+
+def test_every_folder_the_stack_writes_is_on_a_writable_mount(services: dict[str, dict[str, Any]]) -> None:
+    for name in AIRFLOW_SERVICES - {"airflow-init"}:
+        env = env_of(services[name])
+        raw = [str(v) for v in services[name].get("volumes") or []]
+        read_only = [v.split(":")[1] for v in raw if v.endswith(":ro")]
+        writable = {v.split(":")[1] for v in raw if not v.endswith(":ro")}
+        for var, path_of in WRITTEN_PATHS.items():
+            path = path_of(env[var])
+            assert path in writable, (name, var, path)
+            # and no read-only mount lies over it or under it
+            assert not [ro for ro in read_only if path.startswith(ro + "/") or ro.startswith(path + "/")]
+    assert "sample-data" in set(yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))["volumes"])
+
+
+FRESH_CLONE_CHECK = """
+import json, re, sys
+from pathlib import Path
+dags = Path(sys.argv[1])
+sys.path.insert(0, str(dags))
+import sample_data
+calls = set()
+for dag_file in sorted(dags.glob("*.py")):
+    for m in re.finditer(r'generated_records\\(\\s*"([^"]+)",\\s*"([^"]+)",\\s*n=(\\d+),\\s*seed=(\\d+)', dag_file.read_text()):
+        calls.add((m[1], m[2], int(m[3]), int(m[4])))
+counts = {dataset: sum(1 for _ in sample_data.generated_records(gen, dataset, n=n, seed=seed)) for gen, dataset, n, seed in sorted(calls)}
+print(json.dumps(counts))
+"""
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_on_a_fresh_clone_every_example_dag_writes_its_sample_data_outside_include(tmp_path: Path) -> None:
+    import sys
+
+    # the container's layout: dags/ and include/ as a fresh clone has them (no include/data)
+    opt = tmp_path / "opt-airflow"
+    shutil.copytree(REPO / "dags", opt / "dags", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "include", opt / "include", ignore=shutil.ignore_patterns("__pycache__", "data"))
+    before = snapshot(opt / "include")
+    sample_dir = opt / "sample-data"
+    env = {**os.environ, "ABP_SAMPLE_DATA_DIR": str(sample_dir), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_CLONE_CHECK, str(opt / "dags")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts and all(n > 0 for n in counts.values()), counts
+    assert sorted(p.name for p in sample_dir.iterdir()) == sorted(counts)
+    assert snapshot(opt / "include") == before

@@ -24,6 +24,7 @@ RUNTIME_EXTRAS = {
     "vertex",
     "postgres",
     "emulator",
+    "stack",
 }
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pendulum
 import pytest
 from airflow.sdk import DAG
@@ -44,3 +46,36 @@ def test_the_default_poll_policy_comes_from_the_config(monkeypatch: pytest.Monke
     monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL", "70")
     policy = default_poll_policy()
     assert (policy.initial_interval, policy.max_interval) == (7.0, 70.0)
+
+
+def test_the_run_takes_the_workload_lease_before_prepare() -> None:
+    dag = build(max_attempts=1)
+    assert dag.get_task("w.lease").downstream_task_ids == {"w.prepare"}
+    assert dag.get_task("w.lease").upstream_task_ids == set()
+
+
+def test_the_sensor_and_the_harvest_poll_with_the_same_policy_and_the_harvest_waits_ten_minutes() -> None:
+    policy = PollPolicy(initial_interval=2)
+    dag = build(max_attempts=1, poll=policy, deadline="PT1H", deadline_policy="skip")
+    wait: Any = dag.get_task("w.wait")
+    harvest: Any = dag.get_task("w.harvest")
+    assert wait.partial_kwargs["poll"] is harvest.partial_kwargs["poll"] is policy
+    assert harvest.partial_kwargs["harvest_timeout"] >= 600
+
+
+@pytest.mark.parametrize("workload", ["../..", "a/b", "", "x" * 101])
+def test_a_workload_name_that_could_leave_the_staging_root_is_refused_with_the_rule(workload: str) -> None:
+    with (
+        pytest.raises(ConfigurationError, match="is not a valid workload name"),
+        DAG("t", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")),
+    ):
+        batch_inference_group(workload=workload, records="file:///x.jsonl", prompt=PROMPT, batch_conn_id="c")
+
+
+def test_a_workload_with_a_dot_gets_a_group_id_airflow_accepts() -> None:
+    with DAG("t", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        batch_inference_group(
+            workload="team.feedback", records="file:///x.jsonl", prompt=PROMPT, batch_conn_id="c"
+        )
+    assert "team_feedback.prepare" in dag.task_ids
+    assert dag.get_task("team_feedback.prepare").workload == "team.feedback"  # type: ignore[attr-defined]

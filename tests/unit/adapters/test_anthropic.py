@@ -172,7 +172,10 @@ def test_the_output_config_json_mode_sends_the_schema_as_a_native_structured_out
 def test_an_embedding_request_is_refused_with_the_fix() -> None:
     adapter = AnthropicBatchAdapter(AdapterSettings())
     req = CanonicalRequest(app_id="e1", prompt_version="v1", model="m", kind="embedding", messages=())
-    with pytest.raises(ConfigurationError, match="no embeddings API"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"provider 'anthropic' accepts only \['chat'\]\. Providers that accept 'embedding': bedrock, gemini, openai",
+    ):
         adapter.format_line(req, "e1")
 
 

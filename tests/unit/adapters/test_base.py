@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -189,3 +189,38 @@ def test_an_unreadable_answer_is_ambiguous_whatever_the_classifier_says() -> Non
         == "batch-0"
     )
     assert provider.created == ["batch-0"]
+
+
+def test_no_adapter_reads_retry_after_or_keeps_a_retryable_table_of_its_own() -> None:
+    """One parser (core.ratelimit.parse_retry_after) and one table (core.ratelimit.is_retryable)."""
+    import re
+    from pathlib import Path
+
+    import airflow_batch_provider.adapters as package
+
+    copies = re.compile(
+        r"parsedate_to_datetime|get\(\s*[\"']retry-after|\[[\"']retry-after|RETRYABLE_(?:ERRORS|STATUS|CODES)\s*[:=]"
+        r"|_RETRYABLE_\w*\s*[:=]"
+    )
+    found = {
+        path.name: copies.findall(path.read_text(encoding="utf-8"))
+        for path in Path(package.__file__).parent.glob("*.py")
+    }
+    assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+def test_a_gemini_error_honours_an_http_date_retry_after_and_the_retry_info_detail() -> None:
+    from email.utils import format_datetime
+    from types import SimpleNamespace
+
+    from airflow_batch_provider.adapters.gemini import _retry_after
+
+    later = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=120), usegmt=True)
+    dated = SimpleNamespace(response=SimpleNamespace(headers={"Retry-After": later}), details=None)
+    assert 100 < (_retry_after(dated) or 0) <= 120
+    millis = SimpleNamespace(response=SimpleNamespace(headers={"retry-after-ms": "1500"}), details=None)
+    assert _retry_after(millis) == 1.5
+    detail = {
+        "error": {"details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.5s"}]}
+    }
+    assert _retry_after(SimpleNamespace(response=None, details=detail)) == 1.5

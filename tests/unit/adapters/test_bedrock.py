@@ -167,28 +167,25 @@ def test_a_claude_line_carries_the_anthropic_messages_body_under_model_input() -
     line = json.loads(
         offline().format_line(request(3, response_format={"type": "json_object"}, stop="END"), "item3__a1c0")
     )
-    assert line == {
-        "recordId": "item3__a1c0",
-        "modelInput": {
-            "anthropic_version": "bedrock-2023-05-31",
-            "max_tokens": 60,
-            "system": "Label the sentiment of the comment.",
-            "messages": [{"role": "user", "content": "Comment 3: the delivery was late and I am angry"}],
-            "temperature": 0,
-            "stop_sequences": ["END"],
-        },
+    assert line["recordId"] == "item3__a1c0"
+    body = line["modelInput"]
+    (block,) = body.pop("system")
+    assert block["text"].startswith(
+        "Label the sentiment of the comment.\n\nAnswer with exactly one JSON object"
+    )
+    assert block["cache_control"] == {"type": "ephemeral"}
+    assert body == {
+        "anthropic_version": "bedrock-2023-05-31",
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Comment 3: the delivery was late and I am angry"}],
+        "temperature": 0,
+        "stop_sequences": ["END"],
     }
 
 
-def test_the_shared_prefix_is_marked_for_caching_when_the_connection_asks() -> None:
-    line = json.loads(offline(cache_system_prompt=True).format_line(request(), "a__a1c0"))
-    assert line["modelInput"]["system"] == [
-        {
-            "type": "text",
-            "text": "Label the sentiment of the comment.",
-            "cache_control": {"type": "ephemeral"},
-        }
-    ]
+def test_the_shared_prefix_is_unmarked_when_the_connection_turns_prompt_caching_off() -> None:
+    line = json.loads(offline(prompt_caching=False).format_line(request(), "a__a1c0"))
+    assert line["modelInput"]["system"] == [{"type": "text", "text": "Label the sentiment of the comment."}]
 
 
 def test_a_nova_line_carries_the_messages_v1_body() -> None:
@@ -795,3 +792,9 @@ def test_a_failed_job_carries_a_normalised_error_code(env_factory: EnvFactory) -
         status = _walk(env, env.submit(MIN_RECORDS, "abp-failed-code"), [DONE_S])[-1]
         assert (status.state, status.error_code) == ("failed", "invalid_file")
         assert status.error_message == status.reason
+
+
+def test_a_responses_request_is_refused_at_formatting_naming_the_provider_that_takes_it() -> None:
+    req = CanonicalRequest("r1", "v1", CLAUDE, kind="response", messages=({"role": "user", "content": "x"},))
+    with pytest.raises(ConfigurationError, match=r"provider 'bedrock' accepts only \['chat', 'embedding'\]"):
+        offline().format_line(req, "r1__a1c0")

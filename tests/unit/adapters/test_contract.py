@@ -18,6 +18,7 @@ validation), so every batch here holds ``max(3, limits.min_requests)`` requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import re
@@ -68,7 +69,7 @@ class Profile:
     :param user_path: where the first user text sits in a line
     :param model_path: where the line names the model; ``None`` where it does not (Bedrock: the job
         names it)
-    :param reports_counts: the SDK's status object exposes request counts
+    :param reports_counts: the status carries request counts
     :param unrun_items_have_lines: a cancelled batch writes a ``cancelled`` line for every item it
         never ran (Bedrock writes none: such items are absent, hence ``missing`` and retried)
     :param fault_codes: the provider's own error code of each injected per-item fault
@@ -109,14 +110,15 @@ PROFILES: dict[str, Profile] = {
         system_path=("request", "systemInstruction", "parts", 0, "text"),
         user_path=("request", "contents", 0, "parts", 0, "text"),
         model_path=("request", "model"),
-        # google-genai's BatchJob drops the Developer API's batchStats: counts stay 0 ("unknown").
-        reports_counts=False,
+        # google-genai's BatchJob drops the Developer API's batchStats; the adapter reads them
+        # from the REST answer itself.
+        reports_counts=True,
         fault_codes={"rate_500": "INTERNAL", "rate_context_length": "INVALID_ARGUMENT"},
     ),
     "bedrock": Profile(
         model="anthropic.claude-3-5-haiku-20241022-v1:0",
         id_field="recordId",
-        system_path=("modelInput", "system"),
+        system_path=("modelInput", "system", 0, "text"),
         user_path=("modelInput", "messages", 0, "content"),
         model_path=None,
         reports_counts=True,
@@ -525,3 +527,20 @@ async def test_a_rate_limited_realtime_call_reports_retryable_with_retry_after_i
     reply = await complete_one(contract)
     assert reply.result.outcome == "failed_retryable", reply
     assert reply.retry_after is not None and reply.retry_after > 0, reply
+
+
+async def test_a_realtime_request_of_a_kind_the_provider_refuses_is_a_permanent_failure_not_an_exception(
+    contract: Contract,
+) -> None:
+    refused = sorted({"chat", "embedding", "response", "moderation"} - set(contract.adapter.kinds))
+    if not refused:
+        pytest.skip(f"{contract.name} accepts every kind")
+    (request,) = contract.requests(1)
+    odd = dataclasses.replace(request, kind=refused[0])
+    client = contract.adapter.realtime_client()
+    try:
+        reply = await client.complete(odd, contract.custom_id(odd))
+    finally:
+        await client.close()
+    assert (reply.result.outcome, reply.result.error_code) == ("failed_permanent", "unsupported")
+    assert f"accepts only {sorted(contract.adapter.kinds)}" in str(reply.result.error_message)

@@ -626,6 +626,103 @@ def test_find_pages_through_every_batch(emu: Emu) -> None:
     assert adapter.resolve_in_doubt("abp-first", datetime.now(timezone.utc), 1) == first
 
 
+# -- kinds and tools -------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_become_function_declarations_and_tool_choice_a_function_calling_config() -> None:
+    request = CanonicalRequest(
+        "t1",
+        "v1",
+        "gemini-2.5-flash",
+        messages=({"role": "user", "content": "weather in Oslo?"},),
+        params={"tools": [WEATHER], "tool_choice": {"name": "get_weather"}, "temperature": 0},
+    )
+    body = rest_request(request)
+    assert body["tools"] == [
+        {
+            "functionDeclarations": [
+                {
+                    "name": "get_weather",
+                    "description": "Weather of a city",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                }
+            ]
+        }
+    ]
+    assert body["toolConfig"] == {
+        "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}
+    }
+    assert body["generationConfig"] == {"temperature": 0}
+
+
+def test_a_function_call_answer_is_the_calls_arguments() -> None:
+    line = {
+        "key": "t1",
+        "response": {
+            "candidates": [
+                {"content": {"parts": [{"functionCall": {"name": "get_weather", "args": {"city": "Oslo"}}}]}}
+            ],
+            "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4, "thoughtsTokenCount": 6},
+        },
+    }
+    (result,) = GeminiBatchAdapter(AdapterSettings()).parse_results(io.BytesIO(json.dumps(line).encode()))
+    assert isinstance(result, ItemResult) and result.output == {"city": "Oslo"}
+    assert (result.usage.output_tokens, result.usage.reasoning_tokens) == (10, 6)
+
+
+@pytest.mark.parametrize("kind", ["response", "moderation"])
+def test_a_kind_gemini_does_not_accept_is_refused_naming_the_alternative(kind: str) -> None:
+    request = CanonicalRequest(
+        "r1", "v1", "gemini-2.5-flash", kind=kind, messages=({"role": "user", "content": "x"},)
+    )  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"provider 'gemini' accepts only \['chat', 'embedding'\].*accept '{kind}': openai",
+    ):
+        GeminiBatchAdapter(AdapterSettings()).format_line(request, "r1")
+
+
+# -- progress counts (batchStats) ------------------------------------------------------------------
+
+
+def test_progress_counts_come_from_the_rest_batch_stats_that_the_sdk_drops(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(6)], key="abp-stats")
+    assert adapter.status(ref).total == 6
+    seen = set()
+    for _ in range(40):
+        emu.advance(1)
+        status = adapter.status(ref)
+        seen.add(status.completed)
+        assert status.completed + status.failed <= status.total == 6
+        if status.terminal:
+            break
+    assert (status.state, status.total, status.completed, status.failed) == ("completed", 6, 6, 0)
+    assert len(seen) > 2, f"counts should grow while the batch runs, saw {sorted(seen)}"
+
+
+async def test_the_async_status_reads_the_same_progress_counts(emu: Emu) -> None:
+    adapter = emu.adapter()
+    ref = submit(adapter, [chat(i) for i in range(3)], key="abp-stats-async")
+    emu.advance(FINISH_S)
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert (status.state, status.total, status.completed) == ("completed", 3, 3)
+    assert status == adapter.status(ref)
+
+
 # -- Vertex AI end to end: the hook, a service-account key, the emulator's Vertex routes, GCS ------
 
 

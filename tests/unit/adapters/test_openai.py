@@ -18,7 +18,7 @@ from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
-from airflow_batch_provider.exceptions import BatchInDoubtError
+from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
 
 from .faults import FAST_CREATE, arm, batches
 
@@ -386,3 +386,171 @@ def test_an_upload_refused_once_is_sent_again_whole_from_a_one_way_stream(emulat
     ref = adapter.stage(io.BufferedReader(OneWay(data)), "one-way.jsonl", len(data))
     (upload,) = httpx.get(f"{emulator}/v1/files").json()["data"]
     assert (upload["id"], upload["bytes"]) == (ref.value, len(data))
+
+
+# -- request kinds: Responses API, moderations, tools --------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"sentiment": {"type": "string"}},
+    "required": ["sentiment"],
+    "additionalProperties": False,
+}
+RESPONSE = CanonicalRequest(
+    app_id="r1",
+    prompt_version="v1",
+    model="o4-mini",
+    kind="response",
+    system="You label sentiment.",
+    messages=({"role": "user", "content": "I love it"},),
+    params={
+        "max_tokens": 300,
+        "reasoning_effort": "low",
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "label", "schema": SCHEMA, "strict": True},
+        },
+    },
+)
+MODERATION = CanonicalRequest(
+    app_id="m1",
+    prompt_version="v1",
+    model="omni-moderation-latest",
+    kind="moderation",
+    messages=({"role": "user", "content": "I will attack you"},),
+)
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def spec_errors(schema: str, instance: Any) -> list[str]:
+    from tests.unit.emulator.conftest import SpecChecker, bundled_components
+
+    return SpecChecker(bundled_components()).errors(schema, instance)
+
+
+def test_the_adapter_accepts_every_openai_kind() -> None:
+    assert OpenAIBatchAdapter.kinds == {"chat", "embedding", "response", "moderation"}
+
+
+def test_a_response_line_targets_the_responses_endpoint_with_text_format_and_reasoning() -> None:
+    line = json.loads(adapter_for("http://x").format_line(RESPONSE, "r1__a1c0"))
+    assert line["url"] == "/v1/responses"
+    body = line["body"]
+    assert body == {
+        "model": "o4-mini",
+        "instructions": "You label sentiment.",
+        "input": [{"role": "user", "content": "I love it"}],
+        "max_output_tokens": 300,
+        "text": {"format": {"type": "json_schema", "name": "label", "schema": SCHEMA, "strict": True}},
+        "reasoning": {"effort": "low"},
+    }
+    assert spec_errors("CreateResponse", body) == []
+
+
+def test_a_response_request_naming_a_chat_only_parameter_is_refused_not_silently_dropped() -> None:
+    with pytest.raises(ConfigurationError, match=r"refuses: \['seed', 'stop'\]"):
+        adapter_for("http://x").format_line(replace(RESPONSE, params={"stop": "x", "seed": 1}), "r1__a1c0")
+
+
+def test_a_moderation_line_targets_the_moderations_endpoint() -> None:
+    line = json.loads(adapter_for("http://x").format_line(MODERATION, "m1__a1c0"))
+    assert line["url"] == "/v1/moderations"
+    assert line["body"] == {"model": "omni-moderation-latest", "input": "I will attack you"}
+    assert spec_errors("CreateModerationRequest", line["body"]) == []
+
+
+def test_tools_take_the_chat_form_and_the_responses_form() -> None:
+    adapter = adapter_for("http://x")
+    chat = replace(CHAT, params={"tools": [WEATHER], "tool_choice": {"name": "get_weather"}})
+    body = json.loads(adapter.format_line(chat, "a1__a1c0"))["body"]
+    assert body["tools"] == [{"type": "function", "function": WEATHER}]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    anthropic_form = {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "input_schema": WEATHER["parameters"],
+    }
+    response = replace(RESPONSE, params={"tools": [anthropic_form], "tool_choice": "required"})
+    body = json.loads(adapter.format_line(response, "r1__a1c0"))["body"]
+    assert body["tools"] == [{"type": "function", **WEATHER, "strict": None}]
+    assert body["tool_choice"] == "required"
+    assert spec_errors("CreateResponse", body) == []
+
+
+def test_a_response_batch_yields_the_structured_output_and_its_reasoning_tokens(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    requests = [RESPONSE, replace(RESPONSE, app_id="r2", messages=({"role": "user", "content": "awful"},))]
+    ref = adapter.submit(stage_lines(adapter, requests, "kr.jsonl"), "kr", {}, kind="response")
+    advance(emulator, 60)
+    assert adapter.status(ref).state == "completed"
+    results = sorted(adapter.iter_results(ref), key=lambda r: r.custom_id)
+    assert [r.outcome for r in results if isinstance(r, ItemResult)] == ["succeeded", "succeeded"]
+    first = results[0]
+    assert isinstance(first, ItemResult)
+    assert json.loads(first.output)["sentiment"] == "positive"
+    assert first.usage.reasoning_tokens == 16
+    assert first.usage.output_tokens > first.usage.reasoning_tokens
+
+
+def test_a_moderation_batch_yields_the_classification(emulator: str) -> None:
+    adapter = adapter_for(emulator)
+    calm = replace(MODERATION, app_id="m2", messages=({"role": "user", "content": "lovely weather"},))
+    ref = adapter.submit(stage_lines(adapter, [MODERATION, calm], "km.jsonl"), "km", {}, kind="moderation")
+    advance(emulator, 60)
+    results = {r.custom_id: r for r in adapter.iter_results(ref) if isinstance(r, ItemResult)}
+    assert results["m1__a1c0"].output["flagged"] is True
+    assert results["m1__a1c0"].output["categories"]["violence"] is True
+    assert results["m2__a1c0"].output["flagged"] is False
+
+
+async def test_response_and_moderation_requests_run_on_the_realtime_api(emulator: str) -> None:
+    client = adapter_for(emulator).realtime_client()
+    try:
+        response = await client.complete(RESPONSE, "r1__a1c0")
+        moderation = await client.complete(MODERATION, "m1__a1c0")
+    finally:
+        await client.close()
+    assert response.result.outcome == "succeeded"
+    assert json.loads(response.result.output) == {"sentiment": "positive"} or "sentiment" in json.loads(
+        response.result.output
+    )
+    assert response.result.usage.reasoning_tokens == 16
+    assert moderation.result.outcome == "succeeded" and moderation.result.output["flagged"] is True
+    record = httpx.get(f"{emulator}/_emulator/record").json()["realtime"]["openai"]
+    assert {a["custom_id"] for a in record} == {"r1__a1c0", "m1__a1c0"}
+
+
+def test_a_failed_response_and_a_tool_call_map_to_neutral_results() -> None:
+    failed = {
+        "custom_id": "r1",
+        "response": {
+            "status_code": 200,
+            "request_id": "req",
+            "body": {
+                "object": "response",
+                "status": "failed",
+                "error": {"code": "server_error", "message": "x"},
+            },
+        },
+    }
+    (res,) = adapter_for("http://x").parse_results(io.BytesIO(json.dumps(failed).encode()))
+    assert isinstance(res, ItemResult) and (res.outcome, res.error_code) == (
+        "failed_retryable",
+        "server_error",
+    )
+    call = {
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {"type": "function_call", "name": "get_weather", "arguments": '{"city": "Oslo"}', "call_id": "c"}
+        ],
+        "usage": {"input_tokens": 5, "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 3}},
+    }
+    line = {"custom_id": "r2", "response": {"status_code": 200, "request_id": "q", "body": call}}
+    (res,) = adapter_for("http://x").parse_results(io.BytesIO(json.dumps(line).encode()))
+    assert isinstance(res, ItemResult) and res.output == {"city": "Oslo"}
+    assert (res.usage.output_tokens, res.usage.reasoning_tokens) == (7, 3)

@@ -274,3 +274,30 @@ def test_decimal_text_is_exact_plain_and_without_trailing_zeros() -> None:
     assert decimal_str(Decimal("0.00000050")) == "0.0000005"
     assert decimal_str(Decimal("-0.0")) == "0"
     assert decimal_str(Decimal("3.75")) == "3.75"
+
+
+def test_reasoning_tokens_are_billed_at_the_output_price(table: PriceTable) -> None:
+    from decimal import Decimal
+
+    from airflow_batch_provider.core.pricing import cost
+    from airflow_batch_provider.core.results import Usage
+
+    price = table.price("openai", "o4-mini-2025-04-16")
+    assert price.matched == "o4-mini"
+    # 100 visible output tokens and 900 reasoning tokens: 1,000 output tokens billed
+    with_reasoning = Usage(input_tokens=1_000, output_tokens=1_000, reasoning_tokens=900)
+    assert cost(with_reasoning, price, "sync") == (1_000 * price.input + 1_000 * price.output) / Decimal(
+        1_000_000
+    )
+    assert cost(with_reasoning, price, "batch") == cost(with_reasoning, price, "sync") / 2
+
+
+def test_moderations_are_priced_and_free(table: PriceTable) -> None:
+    from decimal import Decimal
+
+    from airflow_batch_provider.core.pricing import cost
+    from airflow_batch_provider.core.results import Usage
+
+    price = table.price("openai", "omni-moderation-latest")
+    assert price.matched == "omni-moderation"
+    assert cost(Usage(input_tokens=10_000), price, "sync") == Decimal(0)

@@ -167,3 +167,31 @@ def test_retry_after_is_read_from_milliseconds_seconds_or_a_date() -> None:
     assert parse_retry_after({"retry-after": "4"}) == 4.0
     assert parse_retry_after({"retry-after": "Thu, 01 Jan 2026 00:00:10 GMT"}, now_epoch=1767225600.0) == 10.0
     assert parse_retry_after({}) is None
+
+
+def test_a_retry_after_in_the_headers_alone_pauses_every_worker() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=100), clock)
+    limiter.observe({"Retry-After": "7"})
+    assert limiter.wait_time(1, clock.now()) == 7.0
+    limiter.observe({"retry-after-ms": "9500"})
+    assert limiter.wait_time(1, clock.now()) == 9.5
+
+
+def test_retry_after_reads_any_headers_object_and_ignores_garbage() -> None:
+    import httpx
+
+    assert parse_retry_after(httpx.Headers({"Retry-After": "3"})) == 3.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({"retry-after-ms": "x", "retry-after": "2"}) == 2.0
+
+
+def test_the_one_retryable_table_knows_every_providers_words() -> None:
+    from airflow_batch_provider.core.ratelimit import RETRYABLE_ERRORS_BY_PROVIDER, is_retryable
+
+    assert set(RETRYABLE_ERRORS_BY_PROVIDER) >= {"openai", "anthropic", "gemini", "bedrock"}
+    for words in RETRYABLE_ERRORS_BY_PROVIDER.values():
+        assert all(is_retryable(None, w) for w in words)
+    assert is_retryable(529) and is_retryable(503) and not is_retryable(400)
+    assert not is_retryable(400, "invalid_request_error") and not is_retryable()

@@ -291,3 +291,76 @@ def test_load_returns_a_prompt_as_is_and_reads_a_path_as_yaml() -> None:
     loaded = PromptTemplate.load(str(path))
     assert loaded == PromptTemplate.from_yaml(path)
     assert PromptTemplate.load(loaded) is loaded
+
+
+# -- kinds and tools ---------------------------------------------------------------------------
+
+
+def test_a_prompt_of_an_unknown_kind_is_refused_naming_the_kinds() -> None:
+    from airflow_batch_provider.core.requests import REQUEST_KINDS
+
+    assert set(REQUEST_KINDS) == {"chat", "embedding", "response", "moderation"}
+    with pytest.raises(
+        ConfigurationError, match=r"kind 'completion' is not a request kind; give one of \['chat'"
+    ):
+        PromptTemplate(version="v1", model="m", user="x", kind="completion")  # type: ignore[arg-type]
+
+
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"name": "get_weather", "description": "Weather", "parameters": WEATHER_PARAMS},
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER_PARAMS},
+        },
+        {"type": "function", "name": "get_weather", "description": "Weather", "parameters": WEATHER_PARAMS},
+        {"name": "get_weather", "description": "Weather", "input_schema": WEATHER_PARAMS},
+        {
+            "function_declarations": [
+                {"name": "get_weather", "description": "Weather", "parameters": WEATHER_PARAMS}
+            ]
+        },
+    ],
+    ids=["neutral", "openai_chat", "openai_responses", "anthropic", "gemini"],
+)
+def test_a_tool_in_any_providers_form_reads_as_one_canonical_tool(form: dict[str, Any]) -> None:
+    from airflow_batch_provider.core.requests import ToolSpec, canonical_tools
+
+    assert canonical_tools([form]) == (ToolSpec("get_weather", "Weather", WEATHER_PARAMS),)
+
+
+def test_a_tool_that_is_not_a_named_function_is_refused() -> None:
+    from airflow_batch_provider.core.requests import canonical_tools
+
+    with pytest.raises(ConfigurationError, match="only function tools"):
+        canonical_tools([{"type": "web_search"}])
+    with pytest.raises(ConfigurationError, match="has no name"):
+        canonical_tools([{"parameters": {}}])
+    with pytest.raises(ConfigurationError, match="must be a list"):
+        canonical_tools({"name": "x"})
+
+
+@pytest.mark.parametrize(
+    ("choice", "canonical"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("required", "required"),
+        ("any", "required"),
+        ({"type": "any"}, "required"),
+        ({"type": "tool", "name": "f"}, "f"),
+        ({"type": "function", "function": {"name": "f"}}, "f"),
+        ({"type": "function", "name": "f"}, "f"),
+        (None, None),
+    ],
+)
+def test_a_tool_choice_in_any_providers_form_reads_as_one_canonical_choice(
+    choice: Any, canonical: str | None
+) -> None:
+    from airflow_batch_provider.core.requests import canonical_tool_choice
+
+    assert canonical_tool_choice(choice) == canonical

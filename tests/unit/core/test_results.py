@@ -49,6 +49,15 @@ from airflow_batch_provider.core.results import (
         (429, "batch_cancelled", "cancelled"),
         # a permanent code does not hide a retryable status
         (503, "invalid_request_error", "failed_retryable"),
+        # every provider's own words for "try again later", from the one table
+        (None, "timeout_error", "failed_retryable"),
+        (400, "ThrottlingException", "failed_retryable"),
+        (None, "ModelTimeoutException", "failed_retryable"),
+        (None, "UNAVAILABLE", "failed_retryable"),
+        (None, "RESOURCE_EXHAUSTED", "failed_retryable"),
+        (None, "connection_error", "failed_retryable"),
+        (400, "ValidationException", "failed_permanent"),
+        (400, "INVALID_ARGUMENT", "failed_permanent"),
     ],
 )
 def test_http_errors_are_classified_as_retryable_or_permanent(

@@ -4,8 +4,10 @@ import pytest
 
 from airflow_batch_provider.core.states import (
     FINAL_STATES,
+    IN_FLIGHT_STATES,
     ITEM_STATES,
     OPEN_STATES,
+    REDRIVABLE_STATES,
     RETRYABLE_STATES,
     USABLE_STATES,
     can_transition,
@@ -57,6 +59,8 @@ ALLOWED = [
     ("cancelled", "fallback"),
     ("cancelled", "skipped"),
     ("cancelled", "review"),
+    # a person skips an item in review
+    ("review", "skipped"),
 ]
 
 FORBIDDEN = [
@@ -174,8 +178,26 @@ def test_final_states_include_every_usable_state_and_leave_no_open_one() -> None
 
 
 def test_settled_final_states_have_no_way_out_but_a_new_input() -> None:
-    for state in ("succeeded", "unchanged", "review", "skipped"):
+    for state in ("succeeded", "unchanged", "skipped"):
         assert {t for t in ITEM_STATES if can_transition(state, t)} == {state, "pending"}
+
+
+def test_a_review_item_leaves_review_only_by_a_new_input_a_redrive_or_a_persons_skip() -> None:
+    assert {t for t in ITEM_STATES if can_transition("review", t)} == {"review", "pending", "skipped"}
+
+
+def test_a_new_runs_reopen_reaches_every_decision_of_prepare_from_any_state() -> None:
+    assert sources_of("unchanged", reopen=True) == set(ITEM_STATES)
+    assert sources_of("review", reopen=True) == set(ITEM_STATES)
+    assert sources_of("submitted", reopen=True) == sources_of("submitted")
+    assert "succeeded" not in sources_of("unchanged")
+
+
+def test_in_flight_and_redrivable_states_are_disjoint_and_never_usable() -> None:
+    assert {"staged", "submitted", "fallback"} == IN_FLIGHT_STATES
+    assert not IN_FLIGHT_STATES & REDRIVABLE_STATES
+    assert not REDRIVABLE_STATES & USABLE_STATES
+    assert all(can_transition(state, "pending") for state in REDRIVABLE_STATES)
 
 
 def test_open_states_are_work_in_flight_and_never_final_except_reported_pending() -> None:

@@ -98,3 +98,20 @@ def test_an_embedding_counts_its_text_only_and_has_no_output() -> None:
 
 def test_estimates_add_up() -> None:
     assert TokenEstimate(1, 2, 3) + TokenEstimate(10, 20, 30) == TokenEstimate(11, 22, 33)
+
+
+def test_a_moderation_request_reserves_no_output_tokens() -> None:
+    from airflow_batch_provider.core.requests import CanonicalRequest
+    from airflow_batch_provider.core.tokens import estimate_request_tokens
+
+    request = CanonicalRequest.from_dict(
+        {
+            "app_id": "m1",
+            "prompt_version": "v1",
+            "model": "omni-moderation-latest",
+            "kind": "moderation",
+            "messages": [{"role": "user", "content": "a text to check"}],
+        }
+    )
+    estimate = estimate_request_tokens(request)
+    assert estimate.max_output == 0 and estimate.input > 0

@@ -37,6 +37,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(r"^/v1/batches/[^/]+/cancel$"), "Batch"),
     ("POST", re.compile(r"^/v1/chat/completions$"), "CreateChatCompletionResponse"),
     ("POST", re.compile(r"^/v1/embeddings$"), "CreateEmbeddingResponse"),
+    ("POST", re.compile(r"^/v1/responses$"), "Response"),
+    ("POST", re.compile(r"^/v1/moderations$"), "CreateModerationResponse"),
 ]
 
 

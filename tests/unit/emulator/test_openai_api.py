@@ -375,7 +375,7 @@ def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) ->
     other = emu.client.files.create(file=("notes.txt", b"hello"), purpose="user_data")
     with pytest.raises(openai.BadRequestError) as bad_endpoint:
         emu.client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/moderations", completion_window="24h"
+            input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h"
         )
     assert bad_endpoint.value.body["param"] == "endpoint"
     with pytest.raises(openai.BadRequestError):
@@ -792,3 +792,123 @@ def test_the_bundled_schemas_equal_those_of_the_full_description_when_one_is_giv
         if name.startswith("BatchRequest"):
             continue  # written here from the Batch guide: the description has no component for them
         assert schema == full["schemas"][name], f"{name} differs: rerun scripts/extract_openai_schemas.py"
+
+
+# -- Responses API and moderations -----------------------------------------------------------
+
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {"sentiment": {"type": "string"}},
+    "required": ["sentiment"],
+    "additionalProperties": False,
+}
+
+
+def response_line(i: int, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {
+            "model": "o4-mini",
+            "instructions": "Label the sentiment.",
+            "input": [{"role": "user", "content": f"review {i}: I love it"}],
+            "text": {
+                "format": {"type": "json_schema", "name": "label", "schema": LABEL_SCHEMA, "strict": True}
+            },
+            **body,
+        },
+    }
+
+
+def test_a_responses_batch_answers_response_objects_with_reasoning_usage(
+    emu: Emulator, spec: SpecChecker
+) -> None:
+    lines = [
+        response_line(0),
+        response_line(1, reasoning={"effort": "high"}),
+        response_line(2, reasoning={"effort": "minimal"}),
+    ]
+    for line in lines:
+        spec.validate("CreateResponse", line["body"])
+    batch = finish(emu, emu.create_batch(lines, endpoint="/v1/responses").id)
+    assert batch.status == "completed"
+    bodies = {line["custom_id"]: line["response"]["body"] for line in emu.lines(batch.output_file_id)}
+    for body in bodies.values():
+        spec.validate("Response", body)
+        (message,) = [item for item in body["output"] if item["type"] == "message"]
+        assert json.loads(message["content"][0]["text"])["sentiment"] == "positive"
+    reasoning = {cid: b["usage"]["output_tokens_details"]["reasoning_tokens"] for cid, b in bodies.items()}
+    assert reasoning == {"r0": 64, "r1": 256, "r2": 0}
+    assert all(
+        b["usage"]["output_tokens"] > b["usage"]["output_tokens_details"]["reasoning_tokens"]
+        for b in bodies.values()
+    )
+    assert batch.usage is not None and batch.usage.output_tokens_details.reasoning_tokens == 320
+
+
+def test_the_same_responses_batch_answers_the_same_twice(emulator_factory: EmulatorFactory) -> None:
+    answers = []
+    for _ in range(2):
+        with emulator_factory() as emu:
+            batch = finish(
+                emu, emu.create_batch([response_line(0), response_line(1)], endpoint="/v1/responses").id
+            )
+            answers.append(
+                sorted(
+                    json.dumps(line["response"]["body"]["output"]) for line in emu.lines(batch.output_file_id)
+                )
+            )
+    assert answers[0] == answers[1]
+
+
+def test_a_responses_line_with_chat_parameters_fails_on_its_own(emu: Emulator) -> None:
+    bad = response_line(1, messages=[{"role": "user", "content": "x"}])
+    batch = finish(emu, emu.create_batch([response_line(0), bad], endpoint="/v1/responses").id)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 1)
+    (error,) = emu.lines(batch.error_file_id)
+    assert error["custom_id"] == "r1" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["code"] == "unknown_parameter"
+
+
+def test_a_realtime_response_is_a_valid_response_object(emu: Emulator) -> None:
+    body = response_line(0)["body"]
+    answer = emu.client.responses.create(**body)
+    assert answer.status == "completed"
+    assert json.loads(answer.output_text)["sentiment"] == "positive"
+    assert answer.usage is not None and answer.usage.output_tokens_details.reasoning_tokens == 64
+    assert emu.checked.count("Response") == 1
+
+
+def test_a_realtime_response_without_input_is_refused_with_an_error_response(emu: Emulator) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        emu.client.responses.create(model="o4-mini", input=[])
+    assert caught.value.status_code == 400
+
+
+def test_moderations_flag_by_word_deterministically_in_batch_and_in_real_time(
+    emu: Emulator, spec: SpecChecker
+) -> None:
+    texts = {"m0": "I will attack you", "m1": "what lovely weather", "m2": "you idiot"}
+    lines = [
+        {
+            "custom_id": cid,
+            "method": "POST",
+            "url": "/v1/moderations",
+            "body": {"model": "omni-moderation-latest", "input": text},
+        }
+        for cid, text in texts.items()
+    ]
+    batch = finish(emu, emu.create_batch(lines, endpoint="/v1/moderations").id)
+    out = {line["custom_id"]: line["response"]["body"] for line in emu.lines(batch.output_file_id)}
+    for body in out.values():
+        spec.validate("CreateModerationResponse", body)
+    flagged = {cid: body["results"][0]["flagged"] for cid, body in out.items()}
+    assert flagged == {"m0": True, "m1": False, "m2": True}
+    assert out["m0"]["results"][0]["categories"]["violence"] is True
+    assert out["m2"]["results"][0]["categories"]["harassment"] is True
+    live = emu.client.moderations.create(model="omni-moderation-latest", input="I will attack you")
+    assert (
+        live.results[0].model_dump(by_alias=True)["category_scores"]
+        == out["m0"]["results"][0]["category_scores"]
+    )

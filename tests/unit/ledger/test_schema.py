@@ -1,15 +1,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import BigInteger, inspect, select, update
+from sqlalchemy import BigInteger, create_engine, inspect, select, update
 
 from airflow_batch_provider.exceptions import LedgerError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
+from tests.unit.ledger import schema_v1
 
-TABLES = {"abp_meta", "abp_items", "abp_jobs", "abp_attempts", "abp_runs", "abp_results"}
+TABLES = {
+    "abp_meta",
+    "abp_items",
+    "abp_jobs",
+    "abp_attempts",
+    "abp_runs",
+    "abp_results",
+    "abp_leases",
+    "abp_audit",
+}
 
 
 @pytest.fixture
@@ -95,3 +106,81 @@ def test_the_lookup_indexes_exist_in_the_database(ledger: Ledger) -> None:
         "ix_abp_attempts_item",
         "ix_abp_attempts_run",
     } <= found
+
+
+def test_a_ledger_written_by_schema_version_1_is_upgraded_in_place_and_keeps_its_rows(
+    ledger_url: str,
+) -> None:
+    engine = create_engine(ledger_url)
+    then = datetime(2025, 12, 31, 23, 0, tzinfo=timezone.utc)
+    schema_v1.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(schema_v1.meta.insert().values(key="schema_version", value="1"))
+        conn.execute(
+            schema_v1.runs.insert().values(
+                workload="wl", run_id="r1", provider="openai", model="m", started_at=then
+            )
+        )
+        conn.execute(
+            schema_v1.jobs.insert().values(
+                job_id="wl:r1:r1:c00000",
+                workload="wl",
+                run_id="r1",
+                round=1,
+                chunk_index=0,
+                provider="openai",
+                model="m",
+                kind="chat",
+                idempotency_key="k1",
+                state="staged",
+                staged_path="/s/c0.jsonl",
+                input_sha256="0" * 64,
+                lines=1,
+                size_bytes=10,
+                result_lines=0,
+                malformed_lines=0,
+                duplicate_lines=0,
+                unknown_lines=0,
+                missing=0,
+                created_at=then,
+            )
+        )
+    engine.dispose()
+
+    upgraded = Ledger.from_url(ledger_url)
+    try:
+        assert upgraded.schema_version == s.SCHEMA_VERSION == 2
+        assert set(inspect(upgraded.engine).get_table_names()) >= TABLES
+        for table, names in s.ADDED_COLUMNS.items():
+            assert set(names) <= {c["name"] for c in inspect(upgraded.engine).get_columns(table)}
+        [run] = upgraded.runs("wl")
+        assert (run["run_id"], run["started_at"], run["dag_id"]) == ("r1", then, None)
+        job = upgraded.get_job("wl:r1:r1:c00000")
+        assert (job.state, job.claim_count, job.claim_owner, job.created_at) == ("staged", 0, None, then)
+        assert upgraded.claim_job(job.job_id, "t1", 60).claim_count == 1
+        Ledger.from_url(ledger_url).engine.dispose()  # opening again finds nothing to add
+    finally:
+        upgraded.engine.dispose()
+
+
+def test_every_timestamp_column_reads_back_timezone_aware_utc() -> None:
+    stamps = [c for t in s.metadata.tables.values() for c in t.columns if "DateTime" in repr(c.type)]
+    assert stamps
+    assert all(isinstance(c.type, s.UTCDateTime) for c in stamps)
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc),
+        datetime(2026, 7, 1, 8, 0, tzinfo=timezone(timedelta(hours=-4))),
+        datetime(2026, 7, 1, 12, 0),  # naive: taken as UTC, as earlier versions wrote it
+    ],
+)
+def test_a_timestamp_in_any_zone_is_stored_as_its_utc_instant(ledger: Ledger, written: datetime) -> None:
+    ledger.start_run("wl", "r1", "openai", "m")
+    with ledger.engine.begin() as conn:
+        conn.execute(update(s.runs).values(started_at=written))
+    [run] = ledger.runs("wl")
+    assert run["started_at"] == datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc)
+    assert run["started_at"].tzinfo is timezone.utc

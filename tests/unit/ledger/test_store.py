@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import ast
 import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import FrozenInstanceError
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +21,26 @@ from sqlalchemy import select
 from airflow_batch_provider.core.custom_ids import item_key, make_custom_id
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, Usage
-from airflow_batch_provider.exceptions import InvalidTransitionError, LedgerError
-from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.exceptions import (
+    InvalidTransitionError,
+    JobClaimedError,
+    JobNotClaimableError,
+    LedgerError,
+    WorkloadLeasedError,
+)
+from airflow_batch_provider.ledger import Ledger, store
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import PreparedItem, UpsertStats, from_nusd, to_nusd
+from airflow_batch_provider.ledger.records import ItemRow, JobRow, job_id_for
+from airflow_batch_provider.ledger.store import (
+    Moved,
+    PreparedItem,
+    UpsertStats,
+    _transition,
+    from_nusd,
+    to_nusd,
+    utcnow,
+)
+from tests.unit.ledger import race_worker
 
 WL = "feedback"
 SOME_USAGE = Usage(100, 10)
@@ -834,3 +860,574 @@ def test_nano_dollars_convert_exactly_both_ways() -> None:
     assert to_nusd(Decimal("0.0000000015")) == 2
     assert to_nusd(Decimal("12.345678901")) == 12_345_678_901
     assert from_nusd(12_345_678_901) == Decimal("12.345678901")
+
+
+# ---------------------------------------------------------------------------------------------- typed rows
+
+
+def test_get_job_and_get_jobs_return_frozen_typed_rows_with_aware_utc_times(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    job0, _ = stage(ledger, "r1", ["a"], chunk=0)
+    job1, _ = stage(ledger, "r1", ["b"], round_=2, chunk=1)
+    row = ledger.get_job(job0)
+    assert isinstance(row, JobRow)
+    assert (row.job_id, row.state, row.lines, row.claim_count, row.in_doubt) == (job0, "staged", 1, 0, False)
+    assert row.created_at.tzinfo is not None and row.created_at.utcoffset() == timedelta(0)
+    with pytest.raises(FrozenInstanceError):
+        row.state = "submitted"  # type: ignore[misc]
+    assert [j.job_id for j in ledger.get_jobs(WL, "r1")] == [job0, job1]
+    assert [j.job_id for j in ledger.get_jobs(WL, "r1", round_=2)] == [job1]
+    with pytest.raises(LedgerError, match="not in the ledger"):
+        ledger.get_job("nope")
+
+
+def test_a_job_id_for_a_run_id_too_long_for_the_column_is_recorded_on_both_databases(ledger: Ledger) -> None:
+    run_id = "manual__" + "x" * 240
+    job_id = job_id_for(WL, run_id, 1, 0)
+    assert len(job_id) <= 250
+    ledger.upsert_items(WL, run_id, [prep("a")])
+    placements = [(item_key("a"), "v1", make_custom_id(item_key("a"), 1, 0), 1)]
+    ledger.record_job(
+        {
+            "job_id": job_id,
+            "workload": WL,
+            "run_id": run_id,
+            "round": 1,
+            "chunk_index": 0,
+            "provider": "openai",
+            "model": "gpt-4o-mini",
+            "idempotency_key": "k-long",
+            "staged_path": "/s/long.jsonl",
+            "input_sha256": "0" * 64,
+            "lines": 1,
+            "size_bytes": 10,
+        },
+        placements,
+    )
+    assert ledger.get_job(job_id).run_id == run_id
+    assert item(ledger, "a")["job_id"] == job_id
+
+
+# ---------------------------------------------------------------------------------------------- claims
+
+
+def staged_job(ledger: Ledger, app_ids: Sequence[str] = ("a",), run_id: str = "r1", chunk: int = 0) -> str:
+    ledger.upsert_items(WL, run_id, [prep(a) for a in app_ids])
+    return stage(ledger, run_id, list(app_ids), chunk=chunk)[0]
+
+
+def test_the_first_claim_wins_and_counts_one(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    claim = ledger.claim_job(job_id, "attempt-1", 60)
+    assert (claim.job_id, claim.owner, claim.claim_count) == (job_id, "attempt-1", 1)
+    assert claim.expires_at > utcnow()
+    row = ledger.get_job(job_id)
+    assert (row.claim_owner, row.claim_count, row.claim_expires_at) == ("attempt-1", 1, claim.expires_at)
+
+
+def test_a_second_owner_is_refused_with_the_holder_and_its_expiry(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    claim = ledger.claim_job(job_id, "zombie", 60)
+    with pytest.raises(JobClaimedError) as caught:
+        ledger.claim_job(job_id, "retry", 60)
+    assert caught.value.holder == "zombie"
+    assert caught.value.expires_at == claim.expires_at.isoformat()
+    assert "'zombie'" in str(caught.value) and claim.expires_at.isoformat() in str(caught.value)
+    assert ledger.get_job(job_id).claim_count == 1
+
+
+def test_the_same_owner_claims_again_and_the_count_says_it_may_have_sent_before(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    ledger.claim_job(job_id, "attempt-1", 60)
+    assert ledger.claim_job(job_id, "attempt-1", 60).claim_count == 2
+
+
+def test_an_expired_claim_is_taken_over_by_another_owner(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    ledger.claim_job(job_id, "dead-attempt", -1)  # already expired
+    taken = ledger.claim_job(job_id, "retry", 60)
+    assert (taken.owner, taken.claim_count) == ("retry", 2)
+
+
+def test_a_released_claim_may_be_taken_by_another_owner_and_a_stranger_cannot_release_it(
+    ledger: Ledger,
+) -> None:
+    job_id = staged_job(ledger)
+    ledger.claim_job(job_id, "attempt-1", 60)
+    assert not ledger.release_job_claim(job_id, "stranger")
+    assert ledger.get_job(job_id).claim_owner == "attempt-1"
+    assert ledger.release_job_claim(job_id, "attempt-1")
+    assert ledger.claim_job(job_id, "attempt-2", 60).claim_count == 2
+
+
+def test_a_job_with_a_batch_id_can_never_be_claimed_for_create(ledger: Ledger) -> None:
+    job_id = staged_job(ledger)
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    with pytest.raises(JobNotClaimableError, match="batch_1"):
+        ledger.claim_job(job_id, "attempt-1", 60)
+    assert ledger.get_job(job_id).claim_count == 0
+
+
+def test_claiming_an_unknown_job_says_so(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match="'nope' is not in the ledger"):
+        ledger.claim_job("nope", "attempt-1", 60)
+
+
+def race_in_threads(url: str, names: Sequence[str], attempt: Any) -> list[tuple[bool, bool]]:
+    """Two threads, each with its own ledger, call ``attempt(ledger, name, who)`` together per name."""
+    ledgers = [Ledger.from_url(url), Ledger.from_url(url)]
+    barrier = threading.Barrier(2)
+
+    def run_all(who: int) -> list[bool]:
+        won = []
+        for name in names:
+            barrier.wait()
+            try:
+                attempt(ledgers[who], name, who)
+                won.append(True)
+            except (JobClaimedError, WorkloadLeasedError):
+                won.append(False)
+        return won
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(run_all, [0, 1])
+    finally:
+        for opened in ledgers:
+            opened.engine.dispose()
+    return list(zip(first, second, strict=True))
+
+
+def test_two_threads_racing_for_one_claim_never_both_win(ledger: Ledger, ledger_url: str) -> None:
+    job_ids = [staged_job(ledger, [f"i{n}"], chunk=n) for n in range(50)]
+    outcomes = race_in_threads(
+        ledger_url, job_ids, lambda led, job_id, who: led.claim_job(job_id, f"o{who}", 600)
+    )
+    assert all(a != b for a, b in outcomes)
+    assert all(ledger.get_job(j).claim_count == 1 for j in job_ids)
+
+
+def race_in_processes(target: Any, url: str, names: list[str], who: list[str]) -> dict[str, list[str]]:
+    """Run ``target`` in one spawned process per ``who``; return, per name, who won it."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(who))
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(url, names, w, barrier, results)) for w in who]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in range(len(names) * len(who))]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    winners: dict[str, list[str]] = {n: [] for n in names}
+    for w, name, won in got:
+        if won:
+            winners[name].append(w)
+    return winners
+
+
+def test_two_processes_racing_for_the_same_claims_never_both_win(ledger: Ledger, ledger_url: str) -> None:
+    job_ids = [staged_job(ledger, [f"i{n}"], chunk=n) for n in range(20)]
+    winners = race_in_processes(race_worker.claim_each, ledger_url, job_ids, ["p1", "p2"])
+    assert all(len(w) == 1 for w in winners.values()), winners
+    assert {ledger.get_job(j).claim_owner for j in job_ids} <= {"p1", "p2"}
+
+
+# ---------------------------------------------------------------------------------------------- in doubt
+
+
+def test_a_job_in_doubt_cannot_be_claimed_and_is_listed(ledger: Ledger) -> None:
+    job_id = staged_job(ledger, ["a", "b"])
+    ledger.claim_job(job_id, "attempt-1", 60)
+    ledger.mark_job_in_doubt(job_id, "create timed out; provider cannot be listed")
+    with pytest.raises(JobNotClaimableError, match="create timed out"):
+        ledger.claim_job(job_id, "attempt-1", 60)
+    [doubt] = ledger.jobs_in_doubt()
+    assert (doubt.job_id, doubt.state, doubt.in_doubt, doubt.claim_owner) == (job_id, "in_doubt", True, None)
+    assert doubt.in_doubt_reason == "create timed out; provider cannot be listed"
+    assert doubt.in_doubt_at is not None and doubt.in_doubt_at.tzinfo is not None
+    assert ledger.jobs_in_doubt("other-workload") == []
+    assert ledger.count_states(WL, "r1") == {"staged": 2}
+
+
+def test_resolving_a_job_in_doubt_with_its_batch_attaches_it_and_audits_the_decision(ledger: Ledger) -> None:
+    job_id = staged_job(ledger, ["a", "b"])
+    ledger.mark_job_in_doubt(job_id, "lost reply")
+    created = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    job = ledger.resolve_job(job_id, "batch_found", "alice", "seen in the console", submitted_at=created)
+    assert (job.state, job.batch_id, job.submitted_at) == ("submitted", "batch_found", created)
+    assert ledger.count_states(WL, "r1") == {"submitted": 2}
+    assert ledger.jobs_in_doubt() == []
+    [entry] = ledger.audit_log(WL)
+    assert (entry.actor, entry.action, entry.item_count, entry.reason) == (
+        "alice",
+        "resolve_job",
+        2,
+        "seen in the console",
+    )
+    assert json.loads(entry.target)["batch_id"] == "batch_found"
+    with pytest.raises(JobNotClaimableError):
+        ledger.claim_job(job_id, "attempt-2", 60)
+
+
+def test_a_job_proven_absent_goes_back_to_staged_and_may_be_claimed_again(ledger: Ledger) -> None:
+    job_id = staged_job(ledger, ["a"])
+    ledger.claim_job(job_id, "attempt-1", 60)
+    ledger.mark_job_in_doubt(job_id, "lost reply")
+    job = ledger.resolve_job(job_id, None, "provider-list", "no batch with this key after the intent")
+    assert (job.state, job.batch_id, job.claim_owner) == ("staged", None, None)
+    assert ledger.claim_job(job_id, "attempt-2", 60).claim_count == 2
+    assert ledger.count_states(WL, "r1") == {"staged": 1}
+    assert ledger.audit_log(WL)[0].action == "resolve_job"
+
+
+def test_a_job_that_is_not_in_doubt_cannot_be_resolved_or_put_in_doubt_after_its_batch(
+    ledger: Ledger,
+) -> None:
+    job_id = staged_job(ledger)
+    with pytest.raises(LedgerError, match="not in doubt"):
+        ledger.resolve_job(job_id, "batch_x", "alice", "guess")
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    with pytest.raises(LedgerError, match="has batch 'batch_1' already"):
+        ledger.mark_job_in_doubt(job_id, "late worry")
+    assert ledger.get_job(job_id).state == "submitted"
+
+
+# ---------------------------------------------------------------------------------------------- workload lease
+
+
+def test_one_run_holds_a_workload_and_another_is_told_who_since_when_and_what_to_do(ledger: Ledger) -> None:
+    ledger.start_run(WL, "scheduled__1", "openai", "gpt-4o-mini")
+    lease = ledger.acquire_workload_lease(WL, "scheduled__1", "prepare-try1", dag_id="nightly")
+    assert (lease.run_id, lease.dag_id, lease.owner) == ("scheduled__1", "nightly", "prepare-try1")
+    assert ledger.runs(WL)[0]["dag_id"] == "nightly"
+    with pytest.raises(WorkloadLeasedError) as caught:
+        ledger.acquire_workload_lease(WL, "manual__2", "prepare-try1", dag_id="nightly")
+    message = str(caught.value)
+    assert "'feedback'" in message and "'nightly'" in message and "'scheduled__1'" in message
+    assert lease.acquired_at.isoformat() in message
+    assert "max_active_runs=1" in message and "airflow-batch lease release" in message
+    assert (caught.value.run_id, caught.value.dag_id) == ("scheduled__1", "nightly")
+
+
+def test_the_holding_run_acquires_again_keeping_its_since(ledger: Ledger) -> None:
+    first = ledger.acquire_workload_lease(WL, "r1", "prepare-try1")
+    again = ledger.acquire_workload_lease(WL, "r1", "prepare-try2", dag_id="nightly")
+    assert (again.owner, again.dag_id, again.acquired_at) == ("prepare-try2", "nightly", first.acquired_at)
+    assert ledger.workload_lease(WL) == again
+
+
+def test_a_takeover_moves_the_lease_is_audited_and_leaves_in_flight_items_with_their_run(
+    ledger: Ledger,
+) -> None:
+    ledger.acquire_workload_lease(WL, "r1", "t1")
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    submit(ledger, "r1", ["a"])
+    taken = ledger.acquire_workload_lease(WL, "r2", "t2", takeover=True)
+    assert (taken.run_id, taken.taken_over_from) == ("r2", "r1")
+    assert ledger.audit_log(WL)[0].action == "takeover_lease"
+    assert ledger.upsert_items(WL, "r2", [prep("a")]) == UpsertStats(in_flight_elsewhere=1)
+    assert item(ledger, "a")["run_id"] == "r1"
+    with pytest.raises(WorkloadLeasedError):
+        ledger.acquire_workload_lease(WL, "r1", "t1-retry")
+
+
+def test_a_released_lease_lets_another_run_in_and_only_its_holder_releases_it(ledger: Ledger) -> None:
+    ledger.acquire_workload_lease(WL, "r1", "t1")
+    assert not ledger.release_workload_lease(WL, "r2")
+    assert ledger.release_workload_lease(WL, "r1", actor="bob", reason="run r1 was killed")
+    assert ledger.audit_log(WL)[0].action == "release_lease"
+    assert ledger.workload_lease(WL) is None
+    assert ledger.acquire_workload_lease(WL, "r2", "t2").run_id == "r2"
+
+
+def test_leases_of_two_workloads_are_independent(ledger: Ledger) -> None:
+    ledger.acquire_workload_lease("a", "r1", "t1")
+    assert ledger.acquire_workload_lease("b", "r2", "t2").run_id == "r2"
+
+
+def test_two_runs_racing_for_a_workload_never_both_win(ledger: Ledger, ledger_url: str) -> None:
+    workloads = [f"wl{n}" for n in range(20)]
+    winners = race_in_processes(race_worker.lease_each, ledger_url, workloads, ["run-a", "run-b"])
+    assert all(len(w) == 1 for w in winners.values()), winners
+    for wl in workloads:
+        lease = ledger.workload_lease(wl)
+        assert lease is not None and [lease.run_id] == winners[wl]
+
+
+def test_two_threads_racing_for_a_workload_never_both_win(ledger_url: str) -> None:
+    workloads = [f"wl{n}" for n in range(50)]
+    outcomes = race_in_threads(
+        ledger_url, workloads, lambda led, wl, who: led.acquire_workload_lease(wl, f"run-{who}", f"t{who}")
+    )
+    assert all(a != b for a, b in outcomes)
+
+
+# ---------------------------------------------------------------------------------------------- guarded transition
+
+
+def test_the_guard_in_sql_refuses_a_move_the_caller_did_not_check(ledger: Ledger) -> None:
+    first_run_all_succeeded(ledger, ["a", "b"])
+    ledger.upsert_items(WL, "r1", [prep("c")])
+    rows = [
+        {"b_workload": WL, "b_key": item_key(a), "b_version": "v1", "state": "staged", "job_id": "j"}
+        for a in ("a", "b", "c")
+    ]
+    with ledger.engine.begin() as conn:
+        moved = _transition(conn, utcnow(), rows=rows)
+    assert moved == Moved(moved=1, refused=2)
+    assert [item(ledger, a)["state"] for a in "abc"] == ["succeeded", "succeeded", "staged"]
+    assert item(ledger, "a")["job_id"] != "j"
+
+
+def test_a_stale_read_loses_the_compare_and_set(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    ledger.reject_items(WL, "r1", [(prep("a"), "a", "too_long", "over the limit")])  # a concurrent writer
+    row = {
+        "b_workload": WL,
+        "b_key": item_key("a"),
+        "b_version": "v1",
+        "b_from": "pending",
+        "state": "staged",
+    }
+    with ledger.engine.begin() as conn:
+        assert _transition(conn, utcnow(), rows=[row]) == Moved(moved=0, refused=1)
+    assert item(ledger, "a")["state"] == "review"
+
+
+def test_a_set_transition_counts_what_it_left_where_it_was(ledger: Ledger) -> None:
+    first_run_all_succeeded(ledger, ["a"])
+    ledger.upsert_items(WL, "r1", [prep("b")])
+    with ledger.engine.begin() as conn:
+        moved = _transition(conn, utcnow(), target="skipped", where=s.items.c.workload == WL)
+    assert moved == Moved(moved=1, refused=1)
+
+
+def test_nothing_but_the_guarded_transition_writes_an_item_state() -> None:
+    """Every ``UPDATE abp_items`` in the store is inside ``_transition``, and inserts start pending or review."""
+    source = Path(store.__file__).read_text()
+    tree = ast.parse(source)
+    writers = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "update"
+                and ast.unparse(node.func.value) == "s.items"
+            ):
+                writers.add(fn.name)
+    assert writers == {"_transition"}
+    assert "_bulk_update(conn, s.items" not in source
+
+
+# ---------------------------------------------------------------------------------------------- sticky review
+
+
+def in_review_after_run_one(ledger: Ledger, app_ids: Sequence[str] = ("a",)) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in app_ids])
+    job, cids = submit(ledger, "r1", list(app_ids))
+    ledger.apply_results(job, [fail(cids[a], "failed_permanent") for a in app_ids], cost_of)
+    ledger.retry_candidates(WL, "r1", max_attempts=3)
+
+
+def test_an_item_in_review_stays_there_next_night_and_is_not_paid_for_again(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger)
+    before = item(ledger, "a")
+    assert (before["state"], before["attempts"]) == ("review", 1)
+
+    stats = ledger.upsert_items(WL, "r2", [prep("a")])
+
+    after = item(ledger, "a")
+    assert (after["state"], after["attempts"], after["error_code"]) == ("review", 1, "500")
+    assert stats == UpsertStats(in_review=1)
+    assert ledger.count_states(WL, "r2") == {"review": 1}
+
+
+def test_a_permanent_failure_left_by_a_dead_run_goes_to_review_not_back_to_pending(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    job, cids = submit(ledger, "r1", ["a"])
+    ledger.apply_results(job, [fail(cids["a"], "failed_permanent")], cost_of)
+    assert ledger.upsert_items(WL, "r2", [prep("a")]) == UpsertStats(in_review=1)
+    assert (item(ledger, "a")["state"], item(ledger, "a")["attempts"]) == ("review", 1)
+
+
+def test_a_review_item_whose_input_changed_is_sent_again(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger)
+    assert ledger.upsert_items(WL, "r2", [prep("a", text="fixed input")]) == UpsertStats(changed=1)
+    row = item(ledger, "a")
+    assert (row["state"], row["attempts"], row["error_code"]) == ("pending", 0, None)
+
+
+def test_a_review_item_under_a_new_prompt_version_is_a_new_item(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger)
+    assert ledger.upsert_items(WL, "r2", [prep("a", version="v2")]) == UpsertStats(new=1)
+    assert item(ledger, "a")["state"] == "review"
+
+
+def test_items_another_run_has_sent_stay_with_it_and_unsent_staged_ones_are_taken(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in ("sent", "claimed", "doubt", "unsent")])
+    submit(ledger, "r1", ["sent"], chunk=0)
+    claimed, _ = stage(ledger, "r1", ["claimed"], chunk=1)
+    ledger.claim_job(claimed, "t", 60)
+    doubt, _ = stage(ledger, "r1", ["doubt"], chunk=2)
+    ledger.mark_job_in_doubt(doubt, "lost reply")
+    stage(ledger, "r1", ["unsent"], chunk=3)
+
+    stats = ledger.upsert_items(
+        WL, "r2", [prep(a, text="new") for a in ("sent", "claimed", "doubt", "unsent")]
+    )
+
+    assert stats == UpsertStats(changed=1, in_flight_elsewhere=3)
+    assert {
+        a: (item(ledger, a)["state"], item(ledger, a)["run_id"]) for a in ("sent", "claimed", "doubt")
+    } == {
+        "sent": ("submitted", "r1"),
+        "claimed": ("staged", "r1"),
+        "doubt": ("staged", "r1"),
+    }
+    assert (item(ledger, "unsent")["state"], item(ledger, "unsent")["run_id"]) == ("pending", "r2")
+
+
+# ---------------------------------------------------------------------------------------------- re-drive and review
+
+
+def test_review_items_lists_the_open_queue_by_error_code_in_pages(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger, ["a", "b", "c"])
+    ledger.reject_items(WL, "r1", [(prep("d"), "d", "context_length_exceeded", "too long")])
+    assert [r.app_id for r in ledger.review_items(WL)] == sorted(
+        ["a", "b", "c", "d"], key=lambda a: item_key(a)
+    )
+    [d] = ledger.review_items(WL, error_code="context_length_exceeded")
+    assert isinstance(d, ItemRow) and (d.app_id, d.error_message) == ("d", "too long")
+    page1 = ledger.review_items(WL, limit=2)
+    page2 = ledger.review_items(WL, limit=2, offset=2)
+    assert len(page1) == len(page2) == 2 and not {r.item_key for r in page1} & {r.item_key for r in page2}
+
+
+def test_a_redrive_sends_review_items_back_to_pending_and_the_next_run_sends_them(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger, ["a", "b"])
+    assert ledger.redrive(WL, app_ids=["a"], actor="alice", reason="prompt fixed") == 1
+    row = item(ledger, "a")
+    assert (row["state"], row["attempts"], row["error_code"], row["job_id"]) == ("pending", 0, None, None)
+    assert item(ledger, "b")["state"] == "review"
+    assert ledger.upsert_items(WL, "r2", [prep("a"), prep("b")]) == UpsertStats(changed=1, in_review=1)
+    [entry] = ledger.audit_log(WL)
+    assert (entry.actor, entry.action, entry.item_count, entry.reason) == (
+        "alice",
+        "redrive",
+        1,
+        "prompt fixed",
+    )
+    assert json.loads(entry.target)["app_ids"] == ["a"]
+
+
+def test_a_redrive_by_error_code_or_of_the_whole_queue_moves_only_review_items(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger, ["a", "b"])
+    ledger.reject_items(WL, "r1", [(prep("c"), "c", "too_long", "over")])
+    ledger.upsert_items(WL, "r1", [prep("ok")])
+    submit(ledger, "r1", ["ok"], chunk=1)
+    assert ledger.redrive(WL, error_code="too_long", actor="a", reason="limit raised") == 1
+    assert item(ledger, "c")["state"] == "pending"
+    assert ledger.redrive(WL, actor="a", reason="all of them") == 2
+    assert item(ledger, "ok")["state"] == "submitted"
+    assert ledger.redrive(WL, app_ids=["ok"], actor="a", reason="in flight") == 0
+    assert item(ledger, "ok")["state"] == "submitted"
+
+
+def test_resolved_and_skipped_review_items_leave_the_queue_and_stay_out_of_the_next_run(
+    ledger: Ledger,
+) -> None:
+    in_review_after_run_one(ledger, ["a", "b", "c"])
+    assert ledger.resolve_review(WL, app_ids=["a"], actor="alice", note="answered by hand") == 1
+    assert ledger.skip_review(WL, item_keys=[item_key("b")], actor="alice", reason="not needed") == 1
+    assert [r.app_id for r in ledger.review_items(WL)] == ["c"]
+    assert (item(ledger, "a")["state"], item(ledger, "a")["review_action"]) == ("review", "resolved")
+    assert (item(ledger, "b")["state"], item(ledger, "b")["review_note"]) == ("skipped", "not needed")
+    assert ledger.upsert_items(WL, "r2", [prep(a) for a in "abc"]) == UpsertStats(in_review=3)
+    assert ledger.count_states(WL, "r2") == {"review": 2, "skipped": 1}
+    assert [e.action for e in ledger.audit_log(WL)] == ["skip_review", "resolve_review"]
+    assert ledger.redrive(WL, app_ids=["a", "b"], actor="alice", reason="try again") == 2
+    assert ledger.upsert_items(WL, "r3", [prep(a) for a in "abc"]) == UpsertStats(changed=2, in_review=1)
+
+
+def test_a_review_action_needs_an_actor_and_a_reason(ledger: Ledger) -> None:
+    in_review_after_run_one(ledger)
+    with pytest.raises(LedgerError, match="actor and a reason"):
+        ledger.redrive(WL, actor="", reason="x")
+    with pytest.raises(LedgerError, match="actor and a reason"):
+        ledger.resolve_review(WL, actor="alice", note="")
+    assert item(ledger, "a")["state"] == "review"
+    assert ledger.audit_log(WL) == []
+
+
+# ---------------------------------------------------------------------------------------------- time zones
+
+
+TZ_SCRIPT = """
+import sys
+from datetime import datetime, timezone
+from airflow_batch_provider.ledger import Ledger
+ledger = Ledger.from_url(sys.argv[1])
+written = datetime(2026, 3, 8, 12, 30, 15, 123456, tzinfo=timezone.utc)
+ledger.update_job(sys.argv[2], submitted_at=written)
+read = ledger.get_job(sys.argv[2]).submitted_at
+raw = ledger.job(sys.argv[2])["submitted_at"]
+assert read == written and read.timestamp() == written.timestamp(), (read, written)
+assert read.utcoffset().total_seconds() == 0 and raw.timestamp() == written.timestamp(), raw
+print("ok", read.isoformat())
+"""
+
+
+def test_a_timestamp_reads_back_as_written_under_a_local_time_zone(ledger: Ledger, ledger_url: str) -> None:
+    job_id = staged_job(ledger)
+    env = {**os.environ, "TZ": "America/New_York", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run(
+        [sys.executable, "-c", TZ_SCRIPT, ledger_url, job_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok 2026-03-08T12:30:15.123456+00:00"
+
+
+def test_a_second_batch_for_one_job_is_refused_by_name_and_a_repeat_keeps_the_first_time(
+    ledger: Ledger,
+) -> None:
+    job_id = staged_job(ledger)
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    first = ledger.get_job(job_id).submitted_at
+    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    assert ledger.get_job(job_id).submitted_at == first
+    with pytest.raises(LedgerError, match="has batch 'batch_1' already, and batch 'batch_2' was created"):
+        ledger.mark_submitted(job_id, "batch_2", "file-2")
+    assert ledger.get_job(job_id).batch_id == "batch_1"
+
+
+def test_a_reject_in_a_new_run_leaves_an_item_another_run_has_sent_alone(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    submit(ledger, "r1", ["a"], chunk=0)
+    job_b, cids = submit(ledger, "r1", ["b"], chunk=1)
+    ledger.apply_results(job_b, [ok(cids["b"])], cost_of)
+    rejected = [(prep(a), a, "too_long", "over the limit") for a in ("a", "b")]
+    assert ledger.reject_items(WL, "r2", rejected) == 1
+    assert (item(ledger, "a")["state"], item(ledger, "a")["run_id"]) == ("submitted", "r1")
+    assert (item(ledger, "b")["state"], item(ledger, "b")["error_code"]) == ("review", "too_long")
+
+
+def test_a_compare_and_set_from_a_state_that_cannot_reach_the_target_is_refused(ledger: Ledger) -> None:
+    first_run_all_succeeded(ledger, ["a"])
+    row = {
+        "b_workload": WL,
+        "b_key": item_key("a"),
+        "b_version": "v1",
+        "b_from": "succeeded",
+        "state": "staged",
+    }
+    with ledger.engine.begin() as conn:
+        assert _transition(conn, utcnow(), rows=[row]) == Moved(moved=0, refused=1)
+    assert item(ledger, "a")["state"] == "succeeded"

@@ -6,15 +6,32 @@ import json
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import pytest
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.testing import run_emulator
+from airflow_batch_provider.exceptions import WorkloadLeasedError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
-from airflow_batch_provider.operators.batch import BatchResubmitOperator
+from airflow_batch_provider.operators import batch as batch_module
+from airflow_batch_provider.operators.batch import (
+    BatchDownloadOperator,
+    BatchPrepareOperator,
+    BatchPublishOperator,
+    BatchReconcileOperator,
+    BatchResubmitOperator,
+    BatchSubmitOperator,
+    take_workload_lease,
+)
+from airflow_batch_provider.sensors.batch import BatchStatusSensor
 
 PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", system="Label it.")
 RUN = "manual__2026-11-29T00:00:00+00:00"
@@ -163,3 +180,182 @@ def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
     with pytest.raises(ConfigurationError, match="below bedrock's minimum of 100 requests per batch job"):
         prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
     assert ledger.count_states("p", RUN) == {}
+
+
+# ---------------------------------------------------------------------------- the run, task by task
+
+
+class Flow:
+    """The batch operators run one after the other in-process against the emulator, as a DAG would."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.url = url
+        self.common = {"workload": "flow", "batch_conn_id": "flow_emu"}
+        self.tmp_path = tmp_path
+        self.xcom: dict[tuple[str, str], Any] = {}
+
+    def context(self, task_id: str, map_index: int = -1) -> Any:
+        def xcom_push(key: str, value: Any) -> None:
+            self.xcom[(task_id, key)] = value
+
+        ti = SimpleNamespace(
+            dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1, xcom_push=xcom_push
+        )
+        return {"run_id": RUN, "ti": ti}
+
+    def fault(self, **faults: Any) -> None:
+        httpx.put(f"{self.url}/_emulator/config", json={"faults": faults}).raise_for_status()
+
+    def prepare(self, n: int, **kw: Any) -> list[dict[str, Any]]:
+        records = [{"id": f"r{k}", "text": f"text {k}"} for k in range(n)]
+        op = BatchPrepareOperator(
+            task_id="prepare", records=lambda ctx: records, prompt=PROMPT, **self.common, **kw
+        )
+        return op.execute(self.context("prepare"))  # type: ignore[no-any-return]
+
+    def round(self, manifests: list[dict[str, Any]], suffix: str = "") -> list[dict[str, Any]]:
+        out = []
+        for i, manifest in enumerate(manifests):
+            submitted = BatchSubmitOperator(
+                task_id=f"submit{suffix}", job=manifest, prompt=PROMPT, **self.common
+            )
+            sub = submitted.execute(self.context(f"submit{suffix}", i))
+            wait = BatchStatusSensor(
+                task_id=f"wait{suffix}", batch=sub, batch_conn_id="flow_emu", poll=FAST, deferrable=False
+            )
+            waited = wait.execute(self.context(f"wait{suffix}", i))
+            got = BatchDownloadOperator(task_id=f"download{suffix}", batch=waited, **self.common).execute(
+                self.context(f"download{suffix}", i)
+            )
+            out.append(
+                BatchReconcileOperator(
+                    task_id=f"reconcile{suffix}", batch=got, prompt=PROMPT, **self.common
+                ).execute(self.context(f"reconcile{suffix}", i))
+            )
+        return out
+
+    def resubmit(self, round_number: int, **kw: Any) -> list[dict[str, Any]]:
+        op = BatchResubmitOperator(
+            task_id=f"resubmit_{round_number}", round_number=round_number, max_attempts=3, **self.common, **kw
+        )
+        return op.execute(self.context(op.task_id))  # type: ignore[no-any-return]
+
+    def publish(self) -> dict[str, Any]:
+        op = BatchPublishOperator(task_id="publish", max_attempts=3, prompt=PROMPT, **self.common)
+        return op.execute(self.context("publish"))
+
+
+FAST = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05)
+
+
+@pytest.fixture
+def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__LEDGER_URL", f"sqlite:///{tmp_path / 'flow.sqlite'}")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path / 'staging'}")
+    with run_emulator(EmulatorConfig(time_scale=0.02)) as url:
+        conn = {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "k"}
+        monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+        yield Flow(url, tmp_path)
+
+
+def test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it(
+    flow: Flow,
+) -> None:
+    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    assert len(manifests) == 2
+    flow.fault(fail_validation=1)  # the first batch created fails validation at the provider
+    first = flow.round(manifests)
+    assert [r["complete"] for r in first] == [True, True]
+    assert flow.resubmit(2) == []  # a permanent cause: nothing to send again
+    out = flow.publish()
+    assert out["items_by_state"] == {"succeeded": 3, "review": 3}
+    assert out["failed_batches"] == 1
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    codes = {
+        r["error_code"] for r in ledger.iter_items("flow", RUN, states=["review"], columns=["error_code"])
+    }
+    assert codes == {"invalid_file"}
+    report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
+    (failed,) = report["failed_batches"]
+    assert failed["lines"] == 3 and failed["error"].startswith("invalid_file: ")
+    assert "failed batches: 1" in report["table"]
+
+
+def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size_chunks(flow: Flow) -> None:
+    (manifest,) = flow.prepare(8)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    rows = list(ledger.iter_items("flow", RUN, columns=["state", "error_code"]))
+    assert {(r["state"], r["error_code"]) for r in rows} == {("failed_retryable", "token_limit_exceeded")}
+    second = flow.resubmit(2)
+    assert [m["lines"] for m in second] == [4, 4]
+    flow.round(second, "_2")
+    out = flow.publish()
+    assert out["items_by_state"] == {"succeeded": 8}
+    assert out["failed_batches"] == 1
+
+
+# ---------------------------------------------------------------------------- the workload lease
+
+
+def lease_context(run_id: str) -> Any:
+    return {
+        "run_id": run_id,
+        "ti": SimpleNamespace(dag_id="nightly", task_id="w.lease", map_index=-1, try_number=1),
+    }
+
+
+@pytest.mark.parametrize("holder_state", ["running", "queued", None])
+def test_a_second_run_fails_fast_naming_the_run_that_holds_the_workload(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, holder_state: str | None
+) -> None:
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda dag_id, run_id: holder_state)
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    with pytest.raises(WorkloadLeasedError, match="held by DAG 'nightly', run 'scheduled__1'"):
+        take_workload_lease(ledger, "w", lease_context("manual__2"))
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))  # the holder again: no-op
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "scheduled__1"
+
+
+def test_a_run_takes_over_the_workload_from_a_run_that_is_no_longer_running(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda d, r: asked.append((d, r)) or "failed")
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    take_workload_lease(ledger, "w", lease_context("manual__2"))
+    assert asked == [("nightly", "scheduled__1")]
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "manual__2"
+
+
+def test_publish_gives_the_workload_back(flow: Flow) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    take_workload_lease(ledger, "flow", flow.context("lease"))
+    flow.round(flow.prepare(2))
+    flow.publish()
+    assert ledger.workload_lease("flow") is None
+
+
+def test_publish_settles_an_item_whose_real_time_answer_was_lost_in_a_crash(flow: Flow) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    take_workload_lease(ledger, "flow", flow.context("lease"))
+    flow.prepare(3)
+    (row, *_) = list(ledger.iter_items("flow", RUN, columns=["prompt_version"]))
+    # a fallback task was killed after the provider answered and before the answer was recorded
+    assert ledger.begin_sync_attempt("flow", RUN, row["item_key"], row["prompt_version"], ["staged"])
+    assert ledger.count_states("flow", RUN)["fallback"] == 1
+    out = flow.publish()
+    states = ledger.count_states("flow", RUN)
+    assert "fallback" not in states, "fallback is not a final state: publish must settle it"
+    assert sum(states.values()) == 3
+    assert out["items_by_state"] == states
+
+
+def test_prepare_records_the_dag_of_the_run_so_the_ui_can_check_who_may_see_it(flow: Flow) -> None:
+    flow.prepare(2)
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    (run,) = ledger.runs("flow")
+    assert run["dag_id"] == "flow_dag"

@@ -15,6 +15,7 @@ import pytest
 from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.deadline import DeadlineSpec
+from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
 from airflow_batch_provider.emulator.testing import run_emulator
@@ -177,7 +178,12 @@ def test_the_harvest_cancels_a_batch_cut_short_and_waits_for_its_partial_results
         "deadline": True,
     }
     op = _inject(
-        BatchDeadlineHarvestOperator(task_id="harvest", workload=WORKLOAD, batch=batch, poll_interval=0.2),
+        BatchDeadlineHarvestOperator(
+            task_id="harvest",
+            workload=WORKLOAD,
+            batch=batch,
+            poll=PollPolicy(initial_interval=0.2, factor=1.0, max_interval=0.2),
+        ),
         ledger=ledger,
         adapter=adapter,
     )

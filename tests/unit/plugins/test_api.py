@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
@@ -25,12 +25,14 @@ from airflow_batch_provider.core.states import ITEM_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.batch import build_report
+from airflow_batch_provider.plugins.access import Access, StaticAccess
 from airflow_batch_provider.plugins.api import (
     STATE_COLORS,
     STATE_ORDER,
     bar_segments,
     create_app,
     money,
+    open_for_actions,
     open_readonly,
     readonly_url,
     share,
@@ -39,6 +41,7 @@ from airflow_batch_provider.plugins.api import (
 MODEL = "gpt-4o-mini"
 WL = "feedback"
 RUN = "scheduled__2026-11-29T02:00:00+00:00"
+DAG = "nightly_feedback"
 HOSTILE_WL = '<script>alert("wl")</script>'
 HOSTILE_APP = '"><img src=x onerror=alert(1)>'
 USAGE = Usage(input_tokens=500, output_tokens=20)
@@ -102,11 +105,17 @@ class Seeded:
     report: dict[str, Any]
 
 
-def seed_finished_run(ledger: Ledger, workload: str = WL, hostile_app: bool = False) -> dict[str, Any]:
+def seed_finished_run(
+    ledger: Ledger,
+    workload: str = WL,
+    hostile_app: bool = False,
+    dag_id: str | None = DAG,
+    permanent_message: str = "<bad request>",
+) -> dict[str, Any]:
     """Ten items: 7 succeed in round 1, 1 fails retryably and succeeds in round 2, 1 fails for good,
     1 is missing from every result file; then the run is published like the publish task does."""
     ids = [f"c{i:02d}" for i in range(9)] + [HOSTILE_APP if hostile_app else "c09"]
-    ledger.start_run(workload, RUN, "openai", MODEL)
+    ledger.start_run(workload, RUN, "openai", MODEL, dag_id=dag_id)
     ledger.upsert_items(workload, RUN, [prep(a) for a in ids])
     job1, cids = stage_and_submit(ledger, workload, RUN, ids, 1, "batch_round1_abc")
     results = [ItemResult(cids[a], "succeeded", output={"label": "ok"}, usage=USAGE) for a in ids[:7]]
@@ -115,7 +124,7 @@ def seed_finished_run(ledger: Ledger, workload: str = WL, hostile_app: bool = Fa
     )
     results.append(
         ItemResult(
-            cids[ids[9]], "failed_permanent", usage=Usage(), error_code="400", error_message="<bad request>"
+            cids[ids[9]], "failed_permanent", usage=Usage(), error_code="400", error_message=permanent_message
         )
     )
     ledger.apply_results(job1, results, cost_of)
@@ -156,7 +165,7 @@ def seeded(ledger_url: str) -> Iterator[Seeded]:
 
 
 def client_for(url: str) -> TestClient:
-    return TestClient(create_app(lambda _conn_id: open_readonly(url), authenticate=False))
+    return TestClient(create_app(lambda: url, authenticate=False))
 
 
 @pytest.fixture
@@ -253,7 +262,7 @@ def test_the_run_page_and_the_dag_run_tab_show_the_same_run(seeded: Seeded) -> N
     client = client_for(seeded.url)
     run_page = client.get("/run", params={"workload": WL, "run_id": RUN})
     # the Airflow UI fills {RUN_ID} with encodeURIComponent: '+' arrives as %2B
-    tab = client.get(f"/dag-run?dag_id=nightly&run_id={quote(RUN, safe='')}")
+    tab = client.get(f"/dag-run?dag_id={DAG}&run_id={quote(RUN, safe='')}")
 
     for resp in (run_page, tab):
         assert resp.status_code == 200
@@ -273,7 +282,7 @@ def test_hostile_workload_and_app_ids_are_escaped(sqlite_url: str) -> None:
     pages = [
         client.get("/").text,
         client.get("/run", params={"workload": HOSTILE_WL, "run_id": RUN}).text,
-        client.get("/dag-run", params={"run_id": RUN}).text,
+        client.get("/dag-run", params={"dag_id": DAG, "run_id": RUN}).text,
         client.get("/", params={"workload": HOSTILE_WL}).text,
     ]
     for page in pages:
@@ -294,7 +303,11 @@ def test_the_page_loads_nothing_external_and_runs_no_script(seeded: Seeded) -> N
     page = resp.text
 
     assert "<script" not in page.lower()
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
+    assert not re.search(r"""src=["']?(https?:)?//""", page)
+    # the only external addresses are links (not loads) to the provider's console, opened apart
+    external = re.findall(r"""<a href="(https?:)?//[^"]*"([^>]*)>""", page)
+    assert external
+    assert all('rel="noopener noreferrer"' in attrs for _scheme, attrs in external)
     csp = resp.headers["content-security-policy"]
     assert "default-src 'none'" in csp
     assert "script-src" not in csp
@@ -304,7 +317,7 @@ def test_the_page_loads_nothing_external_and_runs_no_script(seeded: Seeded) -> N
 
 def test_links_keep_the_mount_prefix(seeded: Seeded) -> None:
     parent = FastAPI()
-    parent.mount("/llm-batch", create_app(lambda _c: open_readonly(seeded.url), authenticate=False))
+    parent.mount("/llm-batch", create_app(lambda: seeded.url, authenticate=False))
     client = TestClient(parent)
 
     page = client.get("/llm-batch/").text
@@ -320,7 +333,7 @@ def test_links_keep_the_mount_prefix(seeded: Seeded) -> None:
 def test_an_unfinished_run_refreshes_and_shows_what_it_paid_so_far(sqlite_url: str) -> None:
     writer = Ledger.from_url(sqlite_url)
     ids = [f"c{i}" for i in range(6)]
-    writer.start_run(WL, RUN, "openai", MODEL)
+    writer.start_run(WL, RUN, "openai", MODEL, dag_id=DAG)
     writer.upsert_items(WL, RUN, [prep(a) for a in ids])
     job, cids = stage_and_submit(writer, WL, RUN, ids[:4], 1, "batch_live")
     writer.apply_results(job, [ItemResult(cids["c0"], "succeeded", output="x", usage=USAGE)], cost_of)
@@ -373,23 +386,34 @@ def test_the_read_only_engine_refuses_writes(seeded: Seeded) -> None:
 def test_a_ledger_that_cannot_be_opened_is_reported_without_its_url() -> None:
     secret = "postgresql://admin:hunter2@db.internal:5432/ledger"
 
-    def broken(_conn_id: str | None) -> Ledger:
+    def broken() -> str:
         raise RuntimeError(f"could not connect to {secret}")
 
     client = TestClient(create_app(broken, authenticate=False))
-    page = client.get("/", params={"conn_id": "ledger_prod"})
+    page = client.get("/")
     api = client.get("/api/runs")
 
     assert page.status_code == api.status_code == 503
     for text_ in (page.text, api.text):
         assert "hunter2" not in text_ and "db.internal" not in text_
-    assert "ledger_prod" in page.text
     assert "RuntimeError" in api.json()["detail"]
 
 
-def test_a_connection_id_that_is_not_an_id_is_refused(seeded: Seeded) -> None:
-    resp = client_for(seeded.url).get("/api/runs", params={"conn_id": "x; DROP TABLE"})
-    assert resp.status_code == 400
+def test_no_request_can_make_the_server_open_another_database(seeded: Seeded, tmp_path: Path) -> None:
+    opened: list[str] = []
+
+    def configured() -> str:
+        opened.append(seeded.url)
+        return seeded.url
+
+    client = TestClient(create_app(configured, authenticate=False))
+    other = f"sqlite:///{tmp_path / 'elsewhere.sqlite'}"
+    for params in ({"conn_id": "ledger_prod"}, {"conn_id": other}, {"ledger_url": other}):
+        resp = client.get("/api/runs", params=params)
+        assert resp.status_code == 200
+        assert [r["run_id"] for r in resp.json()["runs"]] == [RUN]
+    assert set(opened) == {seeded.url}
+    assert not (tmp_path / "elsewhere.sqlite").exists()
 
 
 def test_readonly_urls_per_backend() -> None:
@@ -429,3 +453,481 @@ def test_money_keeps_fractions_of_a_cent_readable() -> None:
     assert money(None) == "n/a"
     assert share(2999, 3000) == "99.9%"
     assert share(3000, 3000) == "100%"
+
+
+# ------------------------------------------------------------------------------------------ permissions
+#
+# Three workloads: ``feedback`` run by DAG nightly_feedback, ``tickets`` by DAG nightly_tickets on
+# the same schedule (so the same run id), and ``legacy`` recorded without a DAG. The users are
+# fixed lists of DAGs (the auth manager's answers); the Airflow login and auth manager themselves
+# are exercised through the real API server in ``test_batch_progress.py``.
+
+TICKETS, TICKETS_DAG, LEGACY = "tickets", "nightly_tickets", "legacy"
+USERS: dict[str, StaticAccess] = {
+    "admin": StaticAccess("admin", read=None, edit=None),
+    "feedback_viewer": StaticAccess("feedback_viewer", read=frozenset({DAG})),
+    "feedback_editor": StaticAccess("feedback_editor", read=frozenset({DAG}), edit=frozenset({DAG})),
+    "nobody": StaticAccess("nobody", read=frozenset(), edit=frozenset()),
+}
+
+
+@dataclass(frozen=True)
+class EditNoTrigger:
+    """May edit the feedback DAG but not trigger its runs (an auth manager can answer so)."""
+
+    actor: str = "no_trigger"
+
+    def allowed(self, method: str, dag_id: str | None) -> bool:
+        return dag_id == DAG and method in ("GET", "PUT")
+
+
+SECRET = b"test-form-secret"
+
+
+def user_from_header(request: Request) -> Access:
+    name = request.headers["x-user"]
+    return EditNoTrigger() if name == "no_trigger" else USERS[name]
+
+
+@dataclass(frozen=True)
+class Shared:
+    url: str
+    triggered: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def trigger(self, dag_id: str, actor: str, note: str) -> str:
+        """Stands in for Airflow's trigger_dag (the stack test triggers for real)."""
+        if dag_id == "broken":
+            raise ConnectionError("metadata database unreachable")
+        self.triggered.append((dag_id, actor, note))
+        return f"manual__{len(self.triggered)}"
+
+    def client(self, user: str) -> TestClient:
+        app = create_app(
+            lambda: self.url,
+            access_for=user_from_header,
+            authenticate=False,
+            form_secret=SECRET,
+            trigger=self.trigger,
+        )
+        return TestClient(app, headers={"x-user": user})
+
+
+@pytest.fixture
+def shared(sqlite_url: str) -> Iterator[Shared]:
+    writer = Ledger.from_url(sqlite_url)
+    try:
+        seed_finished_run(writer)
+        seed_finished_run(writer, workload=TICKETS, dag_id=TICKETS_DAG, permanent_message="=HYPERLINK(1)")
+        seed_finished_run(writer, workload=LEGACY, dag_id=None)
+    finally:
+        writer.engine.dispose()
+    yield Shared(sqlite_url)
+    open_for_actions.cache_clear()
+
+
+def run_ids(client: TestClient) -> set[tuple[str, str]]:
+    return {(r["workload"], r["dag_id"]) for r in client.get("/api/runs").json()["runs"]}
+
+
+def test_lists_show_only_the_runs_of_the_dags_a_user_may_read(ledger_url: str) -> None:
+    writer = Ledger.from_url(ledger_url)
+    seed_finished_run(writer)
+    seed_finished_run(writer, workload=TICKETS, dag_id=TICKETS_DAG)
+    seed_finished_run(writer, workload=LEGACY, dag_id=None)
+    writer.engine.dispose()
+    shared = Shared(ledger_url)
+    try:
+        assert run_ids(shared.client("admin")) == {(WL, DAG), (TICKETS, TICKETS_DAG), (LEGACY, None)}
+        assert run_ids(shared.client("feedback_viewer")) == {(WL, DAG)}
+        assert run_ids(shared.client("nobody")) == set()
+        page = shared.client("feedback_viewer").get("/").text
+        assert WL in page
+        assert TICKETS not in page and LEGACY not in page
+        assert "No run recorded" in shared.client("nobody").get("/").text
+    finally:
+        open_readonly(ledger_url).engine.dispose()
+        open_readonly.cache_clear()
+
+
+READ_ROUTES: list[tuple[str, str, dict[str, str]]] = [
+    ("run page", "/run", {"workload": TICKETS, "run_id": RUN}),
+    ("run JSON", f"/api/runs/{TICKETS}/{quote(RUN, safe='')}", {}),
+    ("DAG run tab", "/dag-run", {"dag_id": TICKETS_DAG, "run_id": RUN}),
+    ("review page", "/review", {"workload": TICKETS}),
+    ("review JSON", "/api/review", {"workload": TICKETS}),
+    ("review CSV", "/review/export", {"workload": TICKETS, "format": "csv"}),
+    ("review JSONL", "/review/export", {"workload": TICKETS, "format": "jsonl"}),
+]
+
+
+@pytest.mark.parametrize(("_name", "path", "params"), READ_ROUTES, ids=[r[0] for r in READ_ROUTES])
+def test_every_route_refuses_a_workload_of_a_dag_the_user_may_not_read(
+    shared: Shared, _name: str, path: str, params: dict[str, str]
+) -> None:
+    allowed = shared.client("admin").get(path, params=params)
+    refused = shared.client("feedback_viewer").get(path, params=params)
+
+    assert allowed.status_code == 200, allowed.text[:300]
+    assert refused.status_code == 403
+    for secret_bit in ("HYPERLINK", "batch_round1_abc", "c09"):
+        assert secret_bit not in refused.text
+    # the same route for the workload of a DAG the user may read
+    mine = {k: v.replace(TICKETS_DAG, DAG).replace(TICKETS, WL) for k, v in params.items()}
+    assert shared.client("feedback_viewer").get(path.replace(TICKETS, WL), params=mine).status_code == 200
+
+
+def test_a_run_recorded_without_a_dag_is_shown_only_to_a_user_allowed_on_every_dag(shared: Shared) -> None:
+    for path, params in (
+        ("/run", {"workload": LEGACY, "run_id": RUN}),
+        ("/review", {"workload": LEGACY}),
+        (f"/api/runs/{LEGACY}/{quote(RUN, safe='')}", {}),
+    ):
+        assert shared.client("admin").get(path, params=params).status_code == 200
+        assert shared.client("feedback_editor").get(path, params=params).status_code == 403
+
+
+def test_the_dag_run_tab_matches_the_dag_and_the_run_id(shared: Shared) -> None:
+    client = shared.client("admin")
+
+    feedback = client.get("/dag-run", params={"dag_id": DAG, "run_id": RUN}).text
+    tickets = client.get("/dag-run", params={"dag_id": TICKETS_DAG, "run_id": RUN}).text
+
+    # both DAGs ran under the same scheduled run id; each tab shows its own workload only
+    assert f"{WL}</a>" in feedback and f"{TICKETS}</a>" not in feedback
+    assert f"{TICKETS}</a>" in tickets and f"{WL}</a>" not in tickets
+    assert client.get("/dag-run", params={"run_id": RUN}).status_code == 422
+
+
+def test_a_user_refused_a_dag_run_tab_learns_nothing_about_it(shared: Shared) -> None:
+    resp = shared.client("feedback_viewer").get("/dag-run", params={"dag_id": TICKETS_DAG, "run_id": "nope"})
+    assert resp.status_code == 403
+    assert "Forbidden" in resp.text
+
+
+# ------------------------------------------------------------------------------------------ review queue
+
+
+def review_form(client: TestClient, workload: str) -> dict[str, str]:
+    page = client.get("/review", params={"workload": workload}).text
+    token = re.search(r'name="token" value="([0-9a-f]+)"', page)
+    assert token, "the review page shows no action form"
+    return {"workload": workload, "token": token.group(1)}
+
+
+def item_state(url: str, workload: str, app_id: str) -> tuple[str, int]:
+    reader = Ledger.from_url(url)
+    try:
+        with reader.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT state, attempts FROM abp_items WHERE workload = :w AND item_key = :k"),
+                {"w": workload, "k": item_key(app_id)},
+            ).one()
+        return str(row.state), int(row.attempts)
+    finally:
+        reader.engine.dispose()
+
+
+def test_the_review_page_lists_each_item_with_its_error_attempts_and_cost(shared: Shared) -> None:
+    client = shared.client("feedback_viewer")
+    body = client.get("/api/review", params={"workload": WL}).json()
+
+    assert body["by_error_code"] == {"400": 1, "missing": 1}
+    assert body["total"] == 2
+    rows = {r["app_id"]: r for r in body["items"]}
+    assert (rows["c09"]["error_code"], rows["c09"]["error_message"], rows["c09"]["attempts"]) == (
+        "400",
+        "<bad request>",
+        1,
+    )
+    assert rows["c08"]["error_code"] == "missing"
+    assert Decimal(rows["c09"]["cost_so_far"]) == 0
+    filtered = client.get("/api/review", params={"workload": WL, "error_code": "missing"}).json()
+    assert [r["app_id"] for r in filtered["items"]] == ["c08"]
+    page = client.get("/review", params={"workload": WL, "error_code": "400"}).text
+    assert "c09" in page and "c08" not in page
+    assert "&lt;bad request&gt;" in page
+    # a viewer sees the queue but gets no form
+    assert 'name="token"' not in page
+    assert "needs edit permission" in page
+
+
+def test_exports_carry_the_whole_queue_and_no_cell_runs_as_a_formula(shared: Shared) -> None:
+    client = shared.client("admin")
+
+    csv_text = client.get("/review/export", params={"workload": TICKETS, "format": "csv"}).text
+    jsonl = client.get("/review/export", params={"workload": TICKETS, "format": "jsonl"}).text
+
+    lines = csv_text.strip().splitlines()
+    assert lines[0].startswith("app_id,item_key,prompt_version,error_code,error_message")
+    assert len(lines) == 3
+    assert "'=HYPERLINK(1)" in csv_text
+    assert ",=HYPERLINK" not in csv_text
+    records = [json.loads(line) for line in jsonl.strip().splitlines()]
+    assert {r["app_id"] for r in records} == {"c08", "c09"}
+    assert {r["error_message"] for r in records if r["app_id"] == "c09"} == {"=HYPERLINK(1)"}
+    only = client.get("/review/export", params={"workload": TICKETS, "format": "jsonl", "error_code": "400"})
+    assert [json.loads(x)["app_id"] for x in only.text.strip().splitlines()] == ["c09"]
+
+
+def test_a_viewer_cannot_act_on_the_queue_even_with_a_valid_form(shared: Shared) -> None:
+    form = review_form(shared.client("feedback_editor"), WL)
+    viewer = shared.client("feedback_viewer")
+
+    resp = viewer.post(
+        "/review/action",
+        data={**form, "action": "skip", "reason": "not mine", "item_key": item_key("c09")},
+        follow_redirects=False,
+    )
+
+    # the token is the editor's; with the viewer's own token the edit check refuses it
+    assert resp.status_code == 403
+    from airflow_batch_provider.plugins.api import form_token
+
+    resp = viewer.post(
+        "/review/action",
+        data={
+            "workload": WL,
+            "token": form_token(SECRET, "feedback_viewer", WL),
+            "action": "skip",
+            "reason": "not mine",
+            "item_key": item_key("c09"),
+        },
+        follow_redirects=False,
+    )
+    assert resp.status_code == 403
+    assert item_state(shared.url, WL, "c09") == ("review", 1)
+
+
+def test_an_editor_of_one_dag_cannot_act_on_another_dags_workload(shared: Shared) -> None:
+    from airflow_batch_provider.plugins.api import form_token
+
+    resp = shared.client("feedback_editor").post(
+        "/review/action",
+        data={
+            "workload": TICKETS,
+            "token": form_token(SECRET, "feedback_editor", TICKETS),
+            "action": "redrive",
+            "reason": "x",
+            "item_key": item_key("c09"),
+        },
+        follow_redirects=False,
+    )
+    assert resp.status_code == 403
+    assert item_state(shared.url, TICKETS, "c09") == ("review", 1)
+
+
+def test_a_form_without_the_users_token_is_refused(shared: Shared) -> None:
+    editor = shared.client("feedback_editor")
+    for token in ("", "0" * 64, review_form(shared.client("admin"), WL)["token"]):
+        resp = editor.post(
+            "/review/action",
+            data={
+                "workload": WL,
+                "token": token,
+                "action": "redrive",
+                "reason": "x",
+                "item_key": item_key("c09"),
+            },
+            follow_redirects=False,
+        )
+        assert resp.status_code == 403
+    assert item_state(shared.url, WL, "c09") == ("review", 1)
+
+
+def test_redrive_resolve_and_skip_move_the_items_and_are_audited(shared: Shared) -> None:
+    editor = shared.client("feedback_editor")
+    form = review_form(editor, WL)
+
+    redriven = editor.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "prompt fixed in v2", "item_key": item_key("c09")},
+        follow_redirects=False,
+    )
+    assert redriven.status_code == 303
+    assert "done=redrive" in redriven.headers["location"] and "moved=1" in redriven.headers["location"]
+    assert item_state(shared.url, WL, "c09") == ("pending", 0)
+
+    skipped = editor.post(
+        "/review/action",
+        data={**form, "action": "skip", "reason": "source row deleted", "every_with_error_code": "missing"},
+        follow_redirects=False,
+    )
+    assert skipped.status_code == 303
+    assert item_state(shared.url, WL, "c08")[0] == "skipped"
+    assert editor.get("/api/review", params={"workload": WL}).json()["total"] == 0
+
+    page = editor.get(redriven.headers["location"].removeprefix("http://testserver")).text
+    assert "Re-driven: 1 item(s)" in page
+    trail = page.split("Audit trail", 1)[1]
+    assert "feedback_editor" in trail
+    assert "prompt fixed in v2" in trail and "source row deleted" in trail
+    # the other workloads' queues are untouched
+    assert item_state(shared.url, TICKETS, "c09") == ("review", 1)
+
+
+def test_resolving_needs_a_reason_and_takes_the_item_out_of_the_queue(shared: Shared) -> None:
+    editor = shared.client("feedback_editor")
+    form = review_form(editor, WL)
+
+    missing_reason = editor.post(
+        "/review/action", data={**form, "action": "resolve", "reason": "  ", "item_key": item_key("c09")}
+    )
+    assert missing_reason.status_code == 400
+    nothing_selected = editor.post("/review/action", data={**form, "action": "resolve", "reason": "x"})
+    assert nothing_selected.status_code == 400
+    resolved = editor.post(
+        "/review/action",
+        data={
+            **form,
+            "action": "resolve",
+            "reason": "answered by hand in ticket 42",
+            "item_key": item_key("c09"),
+        },
+        follow_redirects=False,
+    )
+    assert resolved.status_code == 303
+    queue = editor.get("/api/review", params={"workload": WL}).json()
+    assert [r["app_id"] for r in queue["items"]] == ["c08"]
+    assert item_state(shared.url, WL, "c09")[0] == "review"
+
+
+def test_batches_in_doubt_are_shown_apart_with_what_is_known(shared: Shared) -> None:
+    writer = Ledger.from_url(shared.url)
+    job_id, _ = stage_and_submit_unsent(writer, TICKETS, "manual__in_doubt", ["d1", "d2"])
+    writer.mark_job_in_doubt(
+        job_id, "create call timed out after the upload; look-up by key found nothing yet"
+    )
+    writer.engine.dispose()
+
+    body = shared.client("admin").get("/api/review", params={"workload": TICKETS}).json()
+    assert [(j["job_id"], j["lines"]) for j in body["in_doubt"]] == [(job_id, 2)]
+    assert "timed out" in body["in_doubt"][0]["reason"]
+    page = shared.client("admin").get("/review", params={"workload": TICKETS}).text
+    assert "Batches in doubt (1)" in page and job_id in page
+    assert shared.client("admin").get("/api/review", params={"workload": WL}).json()["in_doubt"] == []
+
+
+def stage_and_submit_unsent(
+    ledger: Ledger, workload: str, run_id: str, app_ids: list[str]
+) -> tuple[str, dict[str, str]]:
+    """A staged job of a new run whose create call never confirmed (no batch id)."""
+    ledger.start_run(workload, run_id, "openai", MODEL, dag_id=TICKETS_DAG)
+    ledger.upsert_items(workload, run_id, [prep(a) for a in app_ids])
+    job_id = f"{workload}:{run_id}:r1:c00000"
+    cids = {a: make_custom_id(item_key(a), 1, 0) for a in app_ids}
+    ledger.record_job(
+        {
+            "job_id": job_id,
+            "workload": workload,
+            "run_id": run_id,
+            "round": 1,
+            "chunk_index": 0,
+            "provider": "openai",
+            "model": MODEL,
+            "idempotency_key": f"key-{job_id}",
+            "staged_path": f"/secret-bucket/{job_id}.jsonl",
+            "input_sha256": "0" * 64,
+            "lines": len(app_ids),
+            "size_bytes": 100,
+        },
+        [(item_key(a), "v1", cids[a], 1) for a in app_ids],
+    )
+    return job_id, cids
+
+
+def test_each_batch_links_to_its_console_page_at_the_provider(seeded: Seeded) -> None:
+    body = client_for(seeded.url).get(f"/api/runs/{WL}/{quote(RUN, safe='')}").json()
+    assert [j["console_url"] for j in body["jobs"]] == [
+        "https://platform.openai.com/batches/batch_round1_abc",
+        "https://platform.openai.com/batches/batch_round2_def",
+    ]
+    page = client_for(seeded.url).get("/run", params={"workload": WL, "run_id": RUN}).text
+    assert 'href="https://platform.openai.com/batches/batch_round1_abc" rel="noopener noreferrer"' in page
+
+
+def test_a_redrive_can_go_to_a_run_triggered_now_by_the_user(shared: Shared) -> None:
+    editor = shared.client("feedback_editor")
+    form = review_form(editor, WL)
+    assert "trigger a run of nightly_feedback now" in editor.get("/review", params={"workload": WL}).text
+
+    resp = editor.post(
+        "/review/action",
+        data={
+            **form,
+            "action": "redrive",
+            "reason": "fixed",
+            "item_key": item_key("c09"),
+            "trigger_now": "1",
+        },
+        follow_redirects=False,
+    )
+
+    assert resp.status_code == 303
+    assert shared.triggered == [(DAG, "feedback_editor", "re-drive of 1 review item(s): fixed")]
+    assert item_state(shared.url, WL, "c09") == ("pending", 0)
+    page = editor.get(resp.headers["location"].removeprefix("http://testserver")).text
+    assert 'Triggered run <span class="mono">manual__1</span> of nightly_feedback' in page
+
+
+def test_a_user_who_may_not_trigger_gets_nothing_moved(shared: Shared) -> None:
+    user = shared.client("no_trigger")
+    form = review_form(user, WL)
+    assert "trigger a run of" not in user.get("/review", params={"workload": WL}).text
+
+    resp = user.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+        follow_redirects=False,
+    )
+
+    assert resp.status_code == 403
+    assert shared.triggered == []
+    assert item_state(shared.url, WL, "c09") == ("review", 1)
+    # without the trigger the same user may re-drive
+    plain = user.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09")},
+        follow_redirects=False,
+    )
+    assert plain.status_code == 303
+    assert item_state(shared.url, WL, "c09") == ("pending", 0)
+
+
+def test_a_workload_without_one_recorded_dag_cannot_trigger_and_moves_nothing(shared: Shared) -> None:
+    admin = shared.client("admin")
+    form = review_form(admin, LEGACY)
+
+    resp = admin.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+
+    assert resp.status_code == 409
+    assert "trigger the run you want yourself" in resp.text
+    assert "trigger a run of" not in admin.get("/review", params={"workload": LEGACY}).text
+    assert shared.triggered == []
+    assert item_state(shared.url, LEGACY, "c09") == ("review", 1)
+    only_redrive = admin.post(
+        "/review/action",
+        data={**form, "action": "skip", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+    assert only_redrive.status_code == 409
+
+
+def test_a_failed_trigger_keeps_the_redrive_and_says_so(sqlite_url: str) -> None:
+    writer = Ledger.from_url(sqlite_url)
+    seed_finished_run(writer, workload="fragile", dag_id="broken")
+    writer.engine.dispose()
+    shared = Shared(sqlite_url)
+    admin = shared.client("admin")
+    form = review_form(admin, "fragile")
+
+    resp = admin.post(
+        "/review/action",
+        data={**form, "action": "redrive", "reason": "x", "item_key": item_key("c09"), "trigger_now": "1"},
+    )
+
+    assert resp.status_code == 200
+    assert "could not be triggered (ConnectionError)" in resp.text
+    assert item_state(sqlite_url, "fragile", "c09") == ("pending", 0)
+    open_for_actions.cache_clear()

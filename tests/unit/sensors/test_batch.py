@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -19,9 +20,11 @@ from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
-from airflow_batch_provider.exceptions import BatchFailedError, PollError
+from airflow_batch_provider.exceptions import PollError
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
+from airflow_batch_provider.services import submit
 from airflow_batch_provider.triggers.batch import BatchStatusTrigger
+from tests.unit.services.workload import RUN, WORKLOAD, World, world
 
 REQUEST = CanonicalRequest("a1", "v1", "gpt-4o-mini", messages=({"role": "user", "content": "great"},))
 FAST = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05)
@@ -61,10 +64,14 @@ def test_polling_in_the_worker_returns_the_terminal_state_and_counts(emulator: s
     assert result["counts"] == {"total": 1, "completed": 1, "failed": 0}
 
 
-def test_a_batch_that_failed_validation_fails_the_task_with_the_providers_reason(emulator: str) -> None:
+def test_a_batch_that_failed_at_the_provider_ends_the_wait_with_its_cause_instead_of_failing_the_task(
+    emulator: str,
+) -> None:
     httpx.put(f"{emulator}/_emulator/config", json={"faults": {"fail_validation": 1}}).raise_for_status()
-    with pytest.raises(BatchFailedError, match=r"failed at the provider before running: .*emulated"):
-        sensor(submitted(emulator, "k2"), deferrable=False).execute({})  # type: ignore[arg-type]
+    result = sensor(submitted(emulator, "k2"), deferrable=False).execute({})  # type: ignore[arg-type]
+    assert result["state"] == "failed"
+    assert result["deadline"] is False
+    assert result["error_code"]
 
 
 def test_the_deadline_ends_the_wait_without_failing(emulator: str) -> None:
@@ -104,3 +111,57 @@ def test_a_finished_trigger_event_resumes_with_the_batch_state(emulator: str) ->
     }
     result = sensor(batch).execute_complete({}, event)  # type: ignore[arg-type]
     assert (result["state"], result["counts"]["completed"]) == ("expired", 2)
+
+
+# ---------------------------------------------------------------------------- jobs in doubt
+
+
+def in_doubt_sensor(
+    w: World, job_id: str, script: str, **kw: Any
+) -> tuple[BatchStatusSensor, dict[str, Any]]:
+    w.arm(script)
+    sub = submit.submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+    assert sub.in_doubt
+    op = BatchStatusSensor(
+        task_id="wait", batch=sub.to_xcom(w.adapter.name, "k"), poll=FAST, deferrable=False, **kw
+    )
+    op.__dict__.update(ledger=w.ledger, adapter=w.adapter, staging=w.staging)  # the real ones, no connection
+    return op, sub.to_xcom(w.adapter.name, "k")
+
+
+CONTEXT: Any = {"run_id": RUN, "ti": SimpleNamespace(dag_id="d", task_id="wait", map_index=0, try_number=1)}
+
+
+def test_a_job_still_in_doubt_at_the_deadline_sends_its_items_to_review_and_is_never_created_again(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        (manifest,) = w.stage(3)
+        op, _ = in_doubt_sensor(
+            w, manifest["job_id"], "create:500_after", deadline="2026-01-01T00:00:00+00:00"
+        )
+        result = op.execute(CONTEXT)
+        assert (result["in_doubt"], result["deadline"], result["batch_id"]) == (True, True, None)
+        rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state", "error_code"]))
+        assert {(r["state"], r["error_code"]) for r in rows} == {("review", "in_doubt")}
+        assert w.batches_created() == 1
+
+
+def test_the_wait_attaches_to_the_batch_of_a_job_in_doubt_once_the_provider_shows_it(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic") as w:
+        (manifest,) = w.stage(3)
+        op, xcom = in_doubt_sensor(w, manifest["job_id"], "create:500_after")
+        result = op.execute(CONTEXT)
+        job = w.ledger.get_job(manifest["job_id"])
+        assert (result["state"], result["batch_id"]) == ("completed", job.batch_id)
+        assert result["submitted_at"] == xcom["submitted_at"]  # the timeout still counts from the intent
+        assert w.batches_created() == 1
+
+
+def test_the_wait_creates_a_job_in_doubt_that_the_provider_proves_absent(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic") as w:
+        (manifest,) = w.stage(3)
+        op, _ = in_doubt_sensor(w, manifest["job_id"], "create:500")
+        result = op.execute(CONTEXT)
+        assert result["state"] == "completed" and result["batch_id"]
+        assert w.batches_created() == 1

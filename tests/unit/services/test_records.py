@@ -279,3 +279,54 @@ def test_the_counts_travel_as_a_small_json_dict_and_a_log_line() -> None:
     assert result.describe().startswith("3 records read: 2 items, 1 rejected {'invalid_json': 1}")
     with pytest.raises(AssertionError, match="do not add up"):
         PrepareResult(read=3, items=1, rejected=1)
+
+
+def test_a_kind_the_provider_does_not_accept_is_refused_before_any_record_is_read(ledger: Ledger) -> None:
+    from airflow_batch_provider.adapters.anthropic import AnthropicBatchAdapter
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    read: list[int] = []
+
+    def produce() -> Iterator[dict[str, Any]]:
+        read.append(1)
+        yield {"id": "1", "channel": "web", "comment": "great"}
+
+    template = PromptTemplate(version="v1", model="claude-haiku-4-5", user="{{ comment }}", kind="response")
+    with pytest.raises(ConfigurationError) as caught:
+        load_records(
+            ledger=ledger,
+            workload="reviews",
+            run_id=RUN,
+            template=template,
+            records=read_values(produce),
+            write_reject=lambda r: None,
+            adapter=AnthropicBatchAdapter,
+        )
+    message = str(caught.value)
+    for words in (
+        "workload 'reviews'",
+        "'response' requests",
+        "provider 'anthropic'",
+        "['chat']",
+        "accept 'response': openai",
+    ):
+        assert words in message
+    assert read == [] and states(ledger) == {}
+
+
+def test_a_kind_the_provider_accepts_is_loaded(ledger: Ledger) -> None:
+    from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+
+    template = PromptTemplate(
+        version="v1", model="omni-moderation-latest", user="{{ comment }}", kind="moderation"
+    )
+    result = load_records(
+        ledger=ledger,
+        workload="w",
+        run_id=RUN,
+        template=template,
+        records=read_values(lambda: [{"id": "1", "comment": "great"}]),
+        write_reject=lambda r: None,
+        adapter=OpenAIBatchAdapter,
+    )
+    assert result.items == 1

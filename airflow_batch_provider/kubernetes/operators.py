@@ -1,0 +1,502 @@
+"""The pod task of the self-hosted lane: one ``vllm run-batch`` pod per job, exactly once.
+
+:class:`VllmBatchPodOperator` is the cncf-kubernetes provider's ``KubernetesPodOperator`` with the
+job's ledger row around it. It takes the place of submit and wait for a ``vllm_kubernetes``
+connection; download, reconcile, resubmit and publish stay as they are.
+
+- **Stage**: the job's chunk is copied into the exchange volume (:meth:`VllmKubernetesAdapter.stage`)
+  and the job is marked submitted with ``batch_id = pod:<key>`` before any pod exists.
+- **One pod per job**: the pod carries the label ``batch-job=<idempotency key>``. A retried or
+  cleared task re-attaches to the running pod of its job (KPO's label search, which includes
+  that label); a pod that finished while no worker watched is read and deleted, not run again;
+  a job whose pod outcome the ledger already holds does not start a pod at all.
+- **Failure is an outcome**: a pod Pending past its scheduling or startup timeout, evicted,
+  OOM-killed, stuck in ``ImagePullBackOff`` or exiting non-zero ends its job ``failed`` with a
+  reason; the task succeeds, download takes whatever lines the pod wrote (vLLM flushes each line
+  in input order), and reconcile marks the rest ``missing``, so only they go to the next round.
+- **GPU cost**: GPU-seconds from the container's start and finish times x GPUs x the connection's
+  $/GPU-hour, recorded per job in the ledger (``abp_infra_costs``).
+- **Killed or lost**: a killed task deletes its pod and ends its job ``killed``; a job whose pod
+  vanished without a recorded outcome but left output ends ``pod_lost``. No second pod is started
+  for either (it would truncate the output the first one left).
+- **Hygiene**: logs stream into the task log; the pod is deleted on success, failure and kill
+  (KPO's ``on_finish_action``/``on_kill_action``); the hub token comes from a Kubernetes Secret.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_name, output_name
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.hooks.ledger import LedgerHook
+from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
+from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.staging import Staging
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from kubernetes.client import models as k8s
+
+JOB_LABEL = "batch-job"
+XCOM_RETURN_KEY = "return_value"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def gpu_cost_nusd(gpu_seconds: int, gpu_count: int, usd_per_gpu_hour: float) -> int:
+    """Nano-dollars of ``gpu_seconds`` of pod time on ``gpu_count`` GPUs (rounded up).
+
+    :param gpu_seconds: wall seconds the pod's container ran
+    :param gpu_count: GPUs the pod held
+    :param usd_per_gpu_hour: the hourly rate of one GPU
+    """
+    micros = round(Decimal(str(usd_per_gpu_hour)) * 1_000_000)
+    return math.ceil(Decimal(gpu_seconds * gpu_count * micros * 1000) / 3600)
+
+
+def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
+    """A short reason code for a job whose pod did not succeed.
+
+    :param pod: the pod as last seen (``None`` if never seen)
+    :param error: the operator's error text
+    """
+    text = (error or "").lower()
+    if text.startswith(("killed", "pod_lost")):
+        return text.split(":", 1)[0]
+    status = pod.status if pod is not None else None
+    if status is not None and (status.reason or "").lower() == "evicted":
+        return "evicted"
+    for cs in (status.container_statuses or []) if status is not None else []:
+        term = cs.state.terminated if cs.state else None
+        wait = cs.state.waiting if cs.state else None
+        if term is not None and term.reason == "OOMKilled":
+            return "oom_killed"
+        if wait is not None and wait.reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
+            return "image_pull_failed"
+        if term is not None and term.exit_code not in (None, 0):
+            return f"exit_{term.exit_code}"
+    if status is not None and status.phase in ("Pending", "Unknown"):
+        unscheduled = any(c.type == "PodScheduled" and c.status != "True" for c in status.conditions or [])
+        return "unschedulable_timeout" if unscheduled else "startup_timeout"
+    if "imagepullbackoff" in text or "errimagepull" in text:
+        return "image_pull_failed"
+    if "too long to be scheduled" in text:
+        return "unschedulable_timeout"
+    if "too long to start" in text:
+        return "startup_timeout"
+    return "pod_failed"
+
+
+def _times(pod: k8s.V1Pod | None) -> tuple[datetime | None, datetime | None]:
+    if pod is None or pod.status is None:
+        return None, None
+    for cs in pod.status.container_statuses or []:
+        state = cs.state
+        if state is None:
+            continue
+        if state.terminated is not None and state.terminated.started_at is not None:
+            return state.terminated.started_at, state.terminated.finished_at or datetime.now(UTC)
+        if state.running is not None and state.running.started_at is not None:
+            return state.running.started_at, datetime.now(UTC)
+    return None, None
+
+
+class VllmBatchPodOperator(KubernetesPodOperator):
+    """Run one job's chunk through ``vllm run-batch`` in a pod; see the module docstring.
+
+    :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param workload: the workload's name
+    :param batch_conn_id: the ``vllm_kubernetes`` connection
+    :param ledger_conn_id: the ledger connection (``None``: embedded SQLite)
+    :param staging_root: staging URL of the workload (where prepare wrote the chunk)
+    :param staging_conn_id: object store connection of ``staging_root``
+    :param kwargs: passed to ``KubernetesPodOperator`` (``deferrable``, ``poll_interval`` ...)
+    """
+
+    template_fields: Sequence[str] = (
+        *KubernetesPodOperator.template_fields,
+        "job",
+        "workload",
+        "staging_root",
+    )
+    ui_color = "#d6f5e3"
+
+    def __init__(
+        self,
+        *,
+        job: Mapping[str, Any],
+        workload: str,
+        batch_conn_id: str,
+        ledger_conn_id: str | None = None,
+        staging_root: str | None = None,
+        staging_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("image", "vllm")  # the connection's image is set at run time
+        kwargs.setdefault("name", "vllm-batch")
+        kwargs.setdefault("kubernetes_conn_id", None)
+        kwargs.setdefault("on_finish_action", "delete_pod")
+        kwargs.setdefault("on_kill_action", "delete_pod")
+        kwargs.setdefault("log_events_on_failure", True)
+        super().__init__(**kwargs)
+        self.job = job
+        self.workload = workload
+        self.batch_conn_id = batch_conn_id
+        self.ledger_conn_id = ledger_conn_id
+        self.staging_root = staging_root
+        self.staging_conn_id = staging_conn_id
+        self._final_pod: k8s.V1Pod | None = None
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        """The ledger."""
+        return LedgerHook(self.ledger_conn_id).get_conn()
+
+    @cached_property
+    def vllm_hook(self) -> VllmKubernetesHook:
+        """The ``vllm_kubernetes`` connection."""
+        return VllmKubernetesHook(self.batch_conn_id)
+
+    @cached_property
+    def pod_settings(self) -> VllmPodSettings:
+        """The pod settings from the connection."""
+        return self.vllm_hook.pod_settings()
+
+    @cached_property
+    def vllm_adapter(self) -> VllmKubernetesAdapter:
+        """The lane's adapter (staging, output file names)."""
+        adapter = self.vllm_hook.get_adapter()
+        if not isinstance(adapter, VllmKubernetesAdapter):
+            raise ConfigurationError(
+                f"connection {self.batch_conn_id!r} is not of type vllm_kubernetes; the pod task needs one."
+            )
+        return adapter
+
+    # -- configuration from the connection ------------------------------------------------------
+
+    def configure(self, job: Mapping[str, Any]) -> None:
+        """Set the pod's fields from the connection and the job (before KPO builds the pod).
+
+        :param job: the ledger job row
+        """
+        from kubernetes.client import models as k8s
+
+        s = self.pod_settings
+        label = job_label(job["idempotency_key"])
+        mount = s.exchange_mount_path.rstrip("/")
+        self.namespace = s.namespace
+        self.image = s.image
+        self.cmds = s.run_batch_args(
+            job["model"], f"{mount}/{input_name(label)}", f"{mount}/{output_name(label)}"
+        )
+        self.arguments = []
+        self.labels = {**self.labels, JOB_LABEL: label}
+        if s.kube_config_path:
+            self.config_file = s.kube_config_path
+        if s.kubernetes_conn_id:
+            self.kubernetes_conn_id = s.kubernetes_conn_id
+        self.startup_timeout_seconds = s.startup_timeout_s
+        self.schedule_timeout_seconds = s.schedule_timeout_s
+        self.node_selector = dict(s.node_selector)
+        self.tolerations = [k8s.V1Toleration(**_snake(t)) for t in s.tolerations]
+        self.service_account_name = s.service_account or ""
+        limits = {"cpu": s.cpu, "memory": s.memory}
+        if s.gpu_count:
+            limits[s.gpu_resource] = str(s.gpu_count)
+        self.container_resources = k8s.V1ResourceRequirements(
+            limits=limits, requests={"cpu": s.cpu, "memory": s.memory}
+        )
+        exchange = (
+            k8s.V1Volume(
+                name="exchange",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(s.exchange_pvc),
+            )
+            if s.exchange_pvc
+            else k8s.V1Volume(
+                name="exchange",
+                host_path=k8s.V1HostPathVolumeSource(path=str(self.vllm_adapter_folder()), type="Directory"),
+            )
+        )
+        volumes = [
+            exchange,
+            k8s.V1Volume(
+                name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=s.shm_size)
+            ),
+        ]
+        mounts = [
+            k8s.V1VolumeMount(name="exchange", mount_path=mount),
+            k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        ]
+        if s.model_cache_pvc:
+            volumes.append(
+                k8s.V1Volume(
+                    name="model-cache",
+                    persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(s.model_cache_pvc),
+                )
+            )
+            mounts.append(k8s.V1VolumeMount(name="model-cache", mount_path="/root/.cache/huggingface"))
+        self.volumes = volumes
+        self.volume_mounts = mounts
+        env = [k8s.V1EnvVar(name="VLLM_NO_USAGE_STATS", value="1")]
+        if s.hub_token_secret:
+            env.append(
+                k8s.V1EnvVar(
+                    name="HF_TOKEN",
+                    value_from=k8s.V1EnvVarSource(
+                        secret_key_ref=k8s.V1SecretKeySelector(name=s.hub_token_secret, key=s.hub_token_key)
+                    ),
+                )
+            )
+        self.env_vars = env
+        self.pod_request_obj = None
+
+    def vllm_adapter_folder(self) -> Any:
+        """The exchange folder as workers see it."""
+        from airflow_batch_provider.adapters.vllm import exchange_folder
+
+        return exchange_folder(self.vllm_adapter.settings.extra)
+
+    # -- execution ------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        return self.push(context, self.run_job(context))
+
+    def trigger_reentry(self, context: Context, event: dict[str, Any]) -> Any:
+        return self.push(context, self.reenter(context, event))
+
+    def push(self, context: Context, result: dict[str, Any]) -> dict[str, Any]:
+        """Push the result as the task's XCom return value, which download expands over.
+
+        KPO's own ``do_xcom_push`` means a sidecar reading a file from the pod; it stays off, so the
+        task runner would not push what this operator returns. KPO pushes its own failure-path
+        results the same way (``_push_xcom_with_fan_out``).
+
+        :param context: the task context
+        :param result: the task's result
+        """
+        context["ti"].xcom_push(XCOM_RETURN_KEY, result)
+        return result
+
+    def run_job(self, context: Context) -> dict[str, Any]:
+        """Stage the job and run its pod once (or read the outcome it already had).
+
+        :param context: the task context
+        """
+        job = self.ledger.job(self.job["job_id"])
+        done = self.recorded_outcome(job)
+        if done is not None:
+            self.log.info(
+                "job %s: its pod already ran (%s); not starting another", job["job_id"], done["state"]
+            )
+            return done
+        self.configure(job)
+        pods = self.job_pods(job)
+        if not pods and job["batch_id"] and self.wrote_output(job):
+            # Its pod ran and is gone (deleted while the task was deferred or dead): a new pod would
+            # truncate the lines it wrote; keep them, and let the next round take the rest.
+            return self.settle(job, None, "pod_lost: the job's pod is gone and left its output")
+        finished = self.finished_pod(pods)
+        if finished is not None:
+            self.log.info(
+                "job %s: pod %s finished while no task watched it", job["job_id"], finished.metadata.name
+            )
+            phase = finished.status.phase if finished.status else None
+            error = None if phase == "Succeeded" else f"pod {finished.metadata.name} ended {phase}"
+            self.process_pod_deletion(finished, reraise=False)
+            return self.settle(job, finished, error)
+        if not job["batch_id"]:
+            self.stage(job)
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            return self.settle(job, self._final_pod, _messages(exc))
+        return self.settle(job, self._final_pod, None)
+
+    def reenter(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Finish after the trigger fired: logs, cleanup, outcome.
+
+        :param context: the task context
+        :param event: the trigger's event
+        """
+        job = self.ledger.job(self.job["job_id"])
+        self.configure(job)  # a fresh operator instance: the Kubernetes client settings again
+        try:
+            super().trigger_reentry(context, event)
+        except AirflowException as exc:
+            return self.settle(job, self._final_pod, _messages(exc))
+        return self.settle(job, self._final_pod, None)
+
+    def on_kill(self) -> None:
+        """Delete the pod (KPO), then end the job ``killed`` with the GPU time it used.
+
+        A cleared task then downloads the lines the pod wrote and sends only the rest to the
+        next round, instead of starting a second pod for the job.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        last: k8s.V1Pod | None = None
+        if self.pod is not None:
+            try:
+                last = self.pod_manager.read_pod(self.pod)
+            except ApiException:
+                last = None
+        super().on_kill()
+        job = self.ledger.job(self.job["job_id"])
+        if job["batch_id"] and job["batch_state"] is None:
+            self.settle(job, last, "killed: the task was killed and its pod deleted")
+
+    def cleanup(
+        self,
+        pod: k8s.V1Pod,
+        remote_pod: k8s.V1Pod,
+        xcom_result: dict[Any, Any] | None = None,
+        context: Context | None = None,
+    ) -> None:
+        """Keep the pod's last state (start/finish times, reason) before KPO deletes it."""
+        self._final_pod = remote_pod
+        super().cleanup(pod, remote_pod, xcom_result, context)
+
+    def stage(self, job: Mapping[str, Any]) -> None:
+        """Copy the job's chunk into the exchange volume and mark the job submitted.
+
+        :param job: the ledger job row
+        """
+        staging = Staging(self.staging_root, self.staging_conn_id)
+        path = staging.at(job["staged_path"])
+        staging.verify(path, job["input_sha256"])
+        key = job["idempotency_key"]
+        with path.open("rb") as fh:
+            ref = self.vllm_adapter.stage(fh, input_name(key), int(job["size_bytes"]))
+        self.ledger.mark_submitted(job["job_id"], f"pod:{key}", ref.value)
+        self.log.info("job %s: %d lines staged at %s", job["job_id"], job["lines"], ref.value)
+
+    def job_pods(self, job: Mapping[str, Any]) -> list[k8s.V1Pod]:
+        """Every pod that exists for this job (by its label).
+
+        :param job: the ledger job row
+        """
+        selector = f"{JOB_LABEL}={job_label(job['idempotency_key'])}"
+        return list(self.client.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def wrote_output(self, job: Mapping[str, Any]) -> bool:
+        """Whether a pod of this job already wrote output lines into the exchange volume.
+
+        :param job: the ledger job row
+        """
+        path = self.vllm_adapter_folder() / output_name(job["idempotency_key"])
+        return bool(path.exists() and path.stat().st_size > 0)
+
+    @staticmethod
+    def finished_pod(pods: list[k8s.V1Pod]) -> k8s.V1Pod | None:
+        """The terminal pod of a job, if all its pods are terminal (it finished while no worker watched).
+
+        :param pods: the job's pods
+        """
+        terminal = [
+            p
+            for p in pods
+            if (p.status and p.status.phase in TERMINAL_PHASES)
+            or (p.status and (p.status.reason or "").lower() == "evicted")
+        ]
+        return terminal[0] if terminal and len(terminal) == len(pods) else None
+
+    def recorded_outcome(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The task's result if the ledger already holds the outcome of this job's pod.
+
+        :param job: the ledger job row
+        """
+        if job["batch_state"] not in ("completed", "failed"):
+            return None
+        costs = {r["job_id"]: r for r in self.ledger.infra_costs(job["workload"], job["run_id"])}
+        row = costs.get(job["job_id"], {})
+        return self.result(job, job["batch_state"], job["error"], row.get("pod_name"), row)
+
+    def settle(self, job: Mapping[str, Any], pod: k8s.V1Pod | None, error: str | None) -> dict[str, Any]:
+        """Record the pod's outcome and GPU cost; return the task's result (download reads it).
+
+        :param job: the ledger job row
+        :param pod: the pod as last seen
+        :param error: why it failed (``None``: it succeeded)
+        """
+        s = self.pod_settings
+        state = "completed" if error is None else "failed"
+        reason = None if error is None else failure_reason(pod, error)
+        started, finished = _times(pod)
+        seconds = max(0, math.ceil((finished - started).total_seconds())) if started and finished else 0
+        row = {
+            "job_id": job["job_id"],
+            "workload": job["workload"],
+            "run_id": job["run_id"],
+            "pod_name": pod.metadata.name if pod is not None and pod.metadata else None,
+            "gpu_type": s.gpu_type,
+            "gpu_count": s.gpu_count,
+            "started_at": started,
+            "finished_at": finished,
+            "gpu_seconds": seconds,
+            "usd_per_gpu_hour_micros": round(Decimal(str(s.usd_per_gpu_hour)) * 1_000_000),
+            "cost_nusd": gpu_cost_nusd(seconds, s.gpu_count, s.usd_per_gpu_hour),
+            "outcome": state,
+            "reason": reason,
+        }
+        self.ledger.record_infra_cost(row)
+        message = None if error is None else f"{reason}: {error[:2000]}"
+        self.ledger.update_job(job["job_id"], batch_state=state, error=message, finished_at=utcnow())
+        if error is None:
+            self.log.info("job %s: pod succeeded; %d GPU-seconds", job["job_id"], seconds * s.gpu_count)
+        else:
+            self.log.warning(
+                "job %s: pod failed (%s); the lines it wrote are kept and the rest go to the next round: %s",
+                job["job_id"],
+                reason,
+                error[:500],
+            )
+        return self.result(job, state, message, row["pod_name"], row)
+
+    @staticmethod
+    def result(
+        job: Mapping[str, Any], state: str, reason: str | None, pod_name: str | None, cost: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The XCom result, shaped like the sensor's (download and reconcile read ``job_id``).
+
+        :param job: the ledger job row
+        :param state: ``completed`` or ``failed``
+        :param reason: why it failed
+        :param pod_name: the pod that ran it
+        :param cost: the infra cost row
+        """
+        return {
+            "job_id": job["job_id"],
+            "provider": VllmKubernetesAdapter.name,
+            "batch_id": f"pod:{job['idempotency_key']}",
+            "idempotency_key": job["idempotency_key"],
+            "state": state,
+            "reason": reason,
+            "pod": pod_name,
+            "gpu_seconds": int(cost.get("gpu_seconds") or 0) * int(cost.get("gpu_count") or 0),
+            "infra_cost_usd": float(Decimal(int(cost.get("cost_nusd") or 0)) / Decimal(10**9)),
+        }
+
+
+def _messages(exc: BaseException) -> str:
+    """The exception's message, the first line of each exception it was raised during before it."""
+    parts = [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
+    seen: BaseException | None = exc.__context__
+    while seen is not None and len(parts) < 5:
+        parts.append(f"{type(seen).__name__}: {str(seen).splitlines()[0] if str(seen) else ''}")
+        seen = seen.__context__
+    return " <- ".join(parts)
+
+
+def _snake(toleration: Mapping[str, Any]) -> dict[str, Any]:
+    names = {"tolerationSeconds": "toleration_seconds"}
+    return {names.get(k, k): v for k, v in toleration.items()}

@@ -1,0 +1,144 @@
+"""The run's report: cost by route from the ledger, the failed and in-doubt batches, what was discarded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
+from typing import Any
+
+from airflow_batch_provider.core.results import Usage
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.submit import IN_DOUBT
+from airflow_batch_provider.settings import load_prices
+
+
+def batch_pricer(
+    provider: str, model: str, override: str | Mapping[str, Any] | None
+) -> Callable[[Usage], Decimal]:
+    """Return a function pricing one batch line's usage for ``model``.
+
+    :param provider: adapter name
+    :param model: model name
+    :param override: pricing override (file path or dict)
+    """
+    from airflow_batch_provider.core.pricing import cost
+
+    price = load_prices(override).price(provider, model)
+    return lambda usage: cost(usage, price, "batch")
+
+
+def job_outcomes(ledger: Ledger, workload: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The run's jobs that did not simply complete: failed batches, in-doubt jobs, partial harvests.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    """
+    failed: list[dict[str, Any]] = []
+    doubt: list[dict[str, Any]] = []
+    incomplete: list[dict[str, Any]] = []
+    for job in ledger.jobs_for(workload, run_id):
+        entry = {
+            "job_id": job["job_id"],
+            "round": job["round"],
+            "batch_id": job["batch_id"],
+            "lines": job["lines"],
+            "error": job["error"],
+        }
+        if job["batch_state"] == "failed":
+            failed.append(entry)
+        if job["state"] == IN_DOUBT:
+            doubt.append(entry)
+        if job["batch_id"] and job["state"] not in ("downloaded", "reconciled") and job["state"] != "sync":
+            incomplete.append({**entry, "state": job["state"], "batch_state": job["batch_state"]})
+    return {"failed_batches": failed, "in_doubt_jobs": doubt, "incomplete_jobs": incomplete}
+
+
+def build_report(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    provider: str,
+    pricing_override: str | Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Compute the run's cost report from the ledger (JSON-safe dict, with a ``table`` text).
+
+    Besides the cost (see :func:`~airflow_batch_provider.core.cost.compute_run_cost`), it lists
+    the batches that ended ``failed``, the jobs still in doubt (nothing was created again for
+    them; their items are in review), the jobs whose result files never came complete, and how
+    many real-time requests may have been paid twice (sent, answer lost in a crash, sent again).
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    :param provider: provider name for pricing
+    :param pricing_override: pricing override
+    """
+    from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
+    from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
+
+    paid_twice = 0
+
+    def records() -> Iterator[ItemCostRecord]:
+        nonlocal paid_twice
+        for row in ledger.iter_cost_rows(workload, run_id):
+            paid_twice += sum(
+                1 for a in row["attempts"] if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE
+            )
+            attempts = tuple(
+                AttemptRecord(
+                    usage=a["usage"],
+                    mode=a["mode"],
+                    discarded=a["discarded"],
+                    # A discarded success (a late or second answer for an item that already had
+                    # one) is paid twice; the same work done synchronously would be paid once.
+                    reason=(DUPLICATE if a["outcome"] == "succeeded" else a["error_code"])
+                    if a["discarded"]
+                    else None,
+                )
+                for a in row["attempts"]
+            )
+            route = row["route"] or (
+                "resubmitted" if sum(1 for a in attempts if a.mode == "batch") > 1 else "batch"
+            )
+            yield ItemCostRecord(
+                app_id=row["app_id"],
+                state=row["state"],
+                route=route,  # type: ignore[arg-type]
+                provider=provider,
+                model=row["model"],
+                attempts=attempts,
+                last_usage=row["last_usage"],
+            )
+
+    from airflow_batch_provider.kubernetes.report import infrastructure_cost, self_hosted_section
+
+    prices = load_prices(pricing_override)
+    infra = infrastructure_cost(ledger, workload, run_id)
+    report = compute_run_cost(records(), prices, infrastructure_cost=infra)
+    out = report.to_dict()
+    jobs = job_outcomes(ledger, workload, run_id)
+    table = report.render_table()
+    # Self-hosted (vLLM) jobs: GPU time per job, beside the same tokens at provider batch prices.
+    hosted = self_hosted_section(ledger, workload, run_id, report.usage, report.items, prices)
+    if hosted is not None:
+        out["self_hosted"] = hosted
+        table += "\n" + hosted["table"]
+    for title, key in (
+        ("failed batches", "failed_batches"),
+        ("jobs in doubt (never created again; items in review)", "in_doubt_jobs"),
+        ("jobs whose result files never came complete", "incomplete_jobs"),
+    ):
+        if jobs[key]:
+            lines = [f"  {j['job_id']} batch {j['batch_id']}: {j['error'] or '-'}" for j in jobs[key]]
+            table += f"\n{title}: {len(jobs[key])}\n" + "\n".join(lines)
+    if paid_twice:
+        table += (
+            f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
+            "provider was called; the item was sent again)"
+        )
+    out.update(jobs)
+    out["possibly_paid_twice"] = paid_twice
+    out["table"] = table
+    out["states"] = ledger.count_states(workload, run_id)
+    return out

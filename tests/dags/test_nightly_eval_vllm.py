@@ -1,0 +1,160 @@
+"""`airflow dags test nightly_eval_vllm` end to end on the stand-ins: the real KubernetesPodOperator
+(deferrable, through the triggerer path of ``dags test``) against the loopback Kubernetes API,
+whose pods run the stand-in ``vllm run-batch`` over the emulator's model.
+
+Round 1 has two chunks (two pods). The first pod's vLLM answers some lines with a 500 and a null
+body (retryable) and one with a bare-string routing error (permanent); the second pod crashes
+after five lines. Reconcile keeps every finished line; round 2 runs exactly the retryable and
+missing items, in new pods; publish reports the pods' GPU time beside provider batch prices, and
+``score`` grades the answers. The API server saw one pod per job, and every pod was deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batch_provider.ledger import Ledger
+from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.kube_api import PodFault, run_kube_api
+
+pytest.importorskip("airflow.providers.cncf.kubernetes")
+pytestmark = pytest.mark.airflow_e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+DAG_ID = WORKLOAD = "nightly_eval_vllm"
+EVAL_ITEMS = 40
+CHUNK = 20
+CRASH_AFTER = 5
+NULL_EVERY = 7  # lines 7 and 14 of chunk 0: a 500 with a null body (retryable)
+STRING_EVERY = 9  # line 9 (and 18) of chunk 0: a routing error as a bare string (permanent)
+RATE = 4.0
+
+
+@pytest.fixture(scope="module")
+def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("eval-vllm")
+    exchange = tmp / "exchange"
+    exchange.mkdir()
+    pod_env = {
+        **os.environ,
+        "PATH": f"{ROOT / 'tests' / 'support' / 'fake_vllm' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_VLLM_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "FAKE_VLLM_REQUIRE_ENV": "HF_TOKEN",
+    }
+    with run_kube_api(tmp / "kube", pod_env) as api:
+        api.add_secret("hf-token", {"token": "hf_test"})
+        kubeconfig = tmp / "kubeconfig.json"
+        kubeconfig.write_text(json.dumps(api.kubeconfig()))
+        round_1 = {"task_id": f"{WORKLOAD}.run"}
+        api.add_fault(
+            PodFault(
+                "env",
+                match={**round_1, "map_index": "0"},
+                env={
+                    "FAKE_VLLM_NULL_BODY_EVERY": str(NULL_EVERY),
+                    "FAKE_VLLM_STRING_ERROR_EVERY": str(STRING_EVERY),
+                },
+            )
+        )
+        api.add_fault(
+            PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"})
+        )
+        conn = {
+            "conn_type": "vllm_kubernetes",
+            "extra": {
+                "namespace": "llm",
+                "gpu_count": 1,
+                "gpu_type": "L4",
+                "usd_per_gpu_hour": RATE,
+                "hub_token_secret": "hf-token",
+                "exchange_path": str(exchange),
+                "kube_config_path": str(kubeconfig),
+                "startup_timeout_s": 60,
+                "schedule_timeout_s": 60,
+            },
+        }
+        env = batch_env(airflow_home, tmp, {"vllm_kubernetes_default": conn})
+        env["AIRFLOW_VAR_NIGHTLY_EVAL_VLLM_CHUNK"] = str(CHUNK)
+        proc = run_airflow(env, "dags", "test", DAG_ID, timeout=300)
+        created = list(api.created)
+        live = api.live_pods()
+    assert proc.returncode == 0, tail(proc)
+    staging = next((tmp / "staging" / WORKLOAD).iterdir())
+    return {
+        "proc": proc,
+        "ledger": Ledger.from_url(f"sqlite:///{tmp / 'ledger.sqlite'}"),
+        "created": created,
+        "live": live,
+        "report": json.loads((staging / "report.json").read_text()),
+        "results": [json.loads(x) for x in (staging / "results.jsonl").read_text().splitlines()],
+        "score": json.loads((staging / "eval_score.json").read_text()),
+    }
+
+
+def test_every_eval_prompt_ends_answered_except_the_permanent_routing_error(finished: dict[str, Any]) -> None:
+    states: dict[str, int] = {}
+    for row in finished["results"]:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    assert sum(states.values()) == EVAL_ITEMS
+    # line 9 and 18 of chunk 0 got a bare-string 400: permanent, so to review; the rest succeeded
+    assert states == {"succeeded": EVAL_ITEMS - 2, "review": 2}, states
+    review = [r for r in finished["results"] if r["state"] == "review"]
+    assert all("not a supported endpoint" in (r["error_message"] or "") for r in review)
+
+
+def test_round_two_runs_exactly_the_lines_lost_in_the_crash_and_the_retryable_errors(
+    finished: dict[str, Any],
+) -> None:
+    ledger: Ledger = finished["ledger"]
+    jobs = [ledger.job(j) for j in _job_ids(ledger)]
+    by_round: dict[int, int] = {}
+    for job in jobs:
+        by_round[job["round"]] = by_round.get(job["round"], 0) + job["lines"]
+    lost_in_crash = CHUNK - CRASH_AFTER
+    null_bodies = 2  # lines 7 and 14 of chunk 0
+    assert by_round == {1: EVAL_ITEMS, 2: lost_in_crash + null_bodies}, by_round
+    crashed = [j for j in jobs if j["round"] == 1 and j["batch_state"] == "failed"]
+    assert len(crashed) == 1 and crashed[0]["error"].startswith("exit_1")
+    assert crashed[0]["missing"] == lost_in_crash
+
+
+def test_the_api_server_saw_one_pod_per_job_and_every_pod_was_deleted(finished: dict[str, Any]) -> None:
+    labels = [m["metadata"]["labels"]["batch-job"] for m in finished["created"]]
+    assert len(labels) == len(set(labels)) == len(_job_ids(finished["ledger"]))
+    assert finished["live"] == []
+
+
+def test_the_report_shows_gpu_time_beside_provider_batch_prices(finished: dict[str, Any]) -> None:
+    report = finished["report"]
+    hosted = report["self_hosted"]
+    assert len(hosted["jobs"]) == len(_job_ids(finished["ledger"]))
+    assert {j["outcome"] for j in hosted["jobs"]} == {"completed", "failed"}
+    assert report["infrastructure_cost"] == hosted["infrastructure_usd"]
+    assert {q["provider"] for q in hosted["provider_batch_equivalent"]} >= {"openai", "anthropic", "gemini"}
+    assert all(q["usd"] > 0 for q in hosted["provider_batch_equivalent"])
+    assert "self-hosted GPU time" in finished["proc"].stdout + finished["proc"].stderr
+
+
+def test_the_answers_are_scored_after_publish(finished: dict[str, Any]) -> None:
+    score = finished["score"]
+    assert score["items"] == EVAL_ITEMS and score["answered"] == EVAL_ITEMS - 2
+    # the stand-in model misses two of the hand-written expectations, and two items have no answer
+    assert score["exact_match"] == pytest.approx((EVAL_ITEMS - 4) / EVAL_ITEMS)
+
+
+def _job_ids(ledger: Ledger) -> list[str]:
+    from sqlalchemy import select
+
+    from airflow_batch_provider.ledger import schema
+
+    with ledger.engine.connect() as conn:
+        return list(
+            conn.execute(select(schema.jobs.c.job_id).where(schema.jobs.c.workload == WORKLOAD)).scalars()
+        )

@@ -1,0 +1,23 @@
+"""A stand-in ``vllm`` executable for tests: ``vllm run-batch`` over the emulator's model.
+
+It honours ``vllm run-batch -i IN -o OUT --model M`` (other engine flags are accepted and
+ignored) and vLLM 0.33's batch formats: OpenAI batch lines in; out, one line per input line, in
+input order, flushed as each finishes::
+
+    {"id": "vllm-<hex>", "custom_id": ..., "response": {"status_code": 200,
+     "request_id": "vllm-batch-<hex>", "body": {<chat.completion>}}, "error": null}
+
+Errors take vLLM's two shapes: a handler error has ``status_code`` 4xx/5xx, ``body: null`` and
+``error: {"error": {"message", "type", "param", "code"}}``; a routing error (unsupported url,
+``stream: true``) has ``status_code`` 400, ``body: null`` and ``error`` a bare string. Like vLLM, a
+line that is not a valid request fails the whole file before anything is written (exit 1), and
+the exit code is 0 once every line was handled, even if every line is an error.
+
+Knobs (environment):
+
+- ``FAKE_VLLM_CRASH_AFTER=N``: exit 1 ("engine dead") after writing N lines;
+- ``FAKE_VLLM_STRING_ERROR_EVERY=K``: every K-th line gets a routing error (bare string);
+- ``FAKE_VLLM_NULL_BODY_EVERY=K``: every K-th line gets a 500 with a null body and an error object;
+- ``FAKE_VLLM_DELAY_S=X``: sleep X seconds before each line (a slow engine);
+- ``FAKE_VLLM_REQUIRE_ENV=NAME``: exit 1 at start unless env NAME is set (e.g. the hub token).
+"""

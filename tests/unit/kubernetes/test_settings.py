@@ -1,0 +1,50 @@
+"""The vllm_kubernetes connection's extras."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
+
+
+def test_extras_are_read_with_their_types_and_defaults_long_enough_for_gpu_autoscaling() -> None:
+    s = VllmPodSettings.from_extra(
+        {"gpu_count": "4", "usd_per_gpu_hour": "3.2", "tolerations": [{"key": "gpu"}], "max_model_len": 8192}
+    )
+    assert (s.gpu_count, s.usd_per_gpu_hour, s.max_model_len) == (4, 3.2, 8192)
+    assert s.tolerations == ({"key": "gpu"},)
+    assert s.schedule_timeout_s >= 900 and s.startup_timeout_s >= 900
+
+
+def test_a_misspelt_extra_is_refused_by_name_not_ignored() -> None:
+    with pytest.raises(ConfigurationError, match="gpu_cout"):
+        VllmPodSettings.from_extra({"gpu_cout": 2})
+    with pytest.raises(ConfigurationError, match="gpu_count"):
+        VllmPodSettings.from_extra({"gpu_count": "two"})
+    with pytest.raises(ConfigurationError, match="negative"):
+        VllmPodSettings.from_extra({"usd_per_gpu_hour": -1})
+
+
+def test_the_command_line_carries_tensor_parallel_memory_and_length_but_no_secret() -> None:
+    s = VllmPodSettings.from_extra({"gpu_count": 2, "max_model_len": 4096, "hub_token_secret": "hf"})
+    args = s.run_batch_args("m", "/exchange/k.jsonl", "/exchange/k.output.jsonl")
+    assert args[:8] == [
+        "vllm",
+        "run-batch",
+        "-i",
+        "/exchange/k.jsonl",
+        "-o",
+        "/exchange/k.output.jsonl",
+        "--model",
+        "m",
+    ]
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--max-model-len") + 1] == "4096"
+    assert "hf" not in args
+
+
+def test_a_job_label_must_be_a_valid_kubernetes_label_value() -> None:
+    assert job_label("abp-0123") == "abp-0123"
+    with pytest.raises(ConfigurationError, match="label value"):
+        job_label("x" * 64)

@@ -1,0 +1,185 @@
+"""Submit exactly once: claims, re-attach, find by key, in-doubt jobs (against the emulator)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_batch_provider.exceptions import JobClaimedError
+from airflow_batch_provider.services import report, submit
+from airflow_batch_provider.services.submit import epoch, submit_job
+from tests.unit.services.workload import RUN, WORKLOAD, World, world
+
+
+def created(w: World) -> int:
+    return int(w.stats()["batches_created"])
+
+
+def one_job(w: World) -> str:
+    (manifest,) = w.stage(3)
+    return str(manifest["job_id"])
+
+
+def test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        first = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try1")
+        again = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert (first.how, again.how) == ("created", "recorded")
+        assert first.batch_id == again.batch_id
+        assert created(w) == 1
+
+
+def test_a_lost_create_reply_is_found_by_its_key_and_not_created_again(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        job = w.ledger.job(job_id)
+        # the provider acted, the reply was lost: the ledger never heard of this batch
+        with w.staging.at(job["staged_path"]).open("rb") as fh:
+            ref = w.adapter.submit(
+                w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
+            )
+        got = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert (got.how, got.batch_id) == ("found", ref.batch_id)
+        assert created(w) == 1
+        # the poll timeout counts from the intent, not from the re-attach
+        assert got.submitted_at == epoch(job["created_at"])
+        assert w.ledger.job(job_id)["batch_id"] == ref.batch_id
+
+
+def test_a_zombie_and_its_retry_never_both_create_the_retry_attaches_to_the_zombies_batch(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, "zombie-try1", 600)
+        calls: list[float] = []
+
+        def zombie_finishes(_: float) -> None:
+            # while the retry waits, the zombie's create returns and it records its batch
+            calls.append(_)
+            job = w.ledger.job(job_id)
+            with w.staging.at(job["staged_path"]).open("rb") as fh:
+                ref = w.adapter.submit(
+                    w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
+                )
+            w.ledger.mark_submitted(job_id, ref.batch_id, "file")
+
+        got = submit_job(
+            ledger=w.ledger,
+            adapter=w.adapter,
+            staging=w.staging,
+            job_id=job_id,
+            owner="retry-try2",
+            sleep=zombie_finishes,
+        )
+        assert got.how == "recorded" and len(calls) == 1
+        assert created(w) == 1
+
+
+def test_a_claim_held_by_a_live_attempt_is_refused_with_the_holder_named(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, "zombie-try1", 600)
+        with pytest.raises(JobClaimedError, match="zombie-try1"):
+            w.ledger.claim_job(job_id, "retry-try2", 600)
+
+
+def test_the_claim_owner_names_the_task_attempt_and_the_process() -> None:
+    owner = submit.claim_owner("dag", "run", "g.submit", 3, 2)
+    assert owner.startswith("dag/run/g.submit/3/2@") and ":" in owner
+
+
+# ---------------------------------------------------------------------------- in doubt (Anthropic)
+
+
+def test_an_ambiguous_create_leaves_the_job_in_doubt_and_no_later_attempt_creates_it_again(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")  # the provider acts, the reply is lost; Anthropic cannot be asked
+        first = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try1")
+        assert first.in_doubt and first.batch_id is None
+        assert w.ledger.get_job(job_id).in_doubt
+        again = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        assert again.in_doubt
+        assert w.batches_created() == 1
+        # still running: the batch list cannot tell, nothing changes
+        assert submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "try2") == ("unknown", None)
+        w.advance(3600)
+        how, batch_id = submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "try2")
+        assert how == "found" and batch_id
+        job = w.ledger.get_job(job_id)
+        assert (job.state, job.batch_id) == ("submitted", batch_id)
+        assert w.ledger.count_states(WORKLOAD, RUN) == {"submitted": 3}
+        assert w.batches_created() == 1
+
+
+def test_a_job_in_doubt_that_is_proven_absent_is_created_once_in_the_same_task(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic") as w:
+        job_id = one_job(w)
+        w.arm("create:500")  # refused before acting, but a 500 cannot say so
+        assert submit_job(
+            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1"
+        ).in_doubt
+        assert w.batches_created() == 0
+        assert submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "t1") == ("absent", None)
+        made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert made.how == "created" and made.batch_id
+        assert w.batches_created() == 1
+
+
+def test_items_of_a_job_still_in_doubt_go_to_review_with_the_code_in_doubt(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")
+        submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert submit.settle_in_doubt(w.ledger, job_id, "the deadline came") == 3
+        rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state", "error_code", "error_message"]))
+        assert {(r["state"], r["error_code"]) for r in rows} == {("review", "in_doubt")}
+        assert "the deadline came" in rows[0]["error_message"]
+        assert [
+            j["job_id"]
+            for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
+        ] == [job_id]
+
+
+def test_the_claim_outlasts_the_create_steps_at_their_worst(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        policy = w.adapter.create_policy()
+        timeout = float(w.adapter.settings.extra.get("timeout", submit.SDK_TIMEOUT_S))
+        one_call = policy.max_attempts * (timeout + policy.max_retry_after)
+        assert submit.claim_lease_s(w.adapter) >= max(3 * one_call, submit.CLAIM_LEASE_S)
+
+
+def test_a_claim_left_by_a_killed_process_of_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    gone = (
+        submit.claim_owner("d", "r", "t.submit", 0, 1).rpartition(":")[0] + ":" + dead.stdout.decode().strip()
+    )
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, gone, 3600)  # killed after the claim, e.g. at submit.after_claim
+        slept: list[float] = []
+        got = submit_job(
+            ledger=w.ledger,
+            adapter=w.adapter,
+            staging=w.staging,
+            job_id=job_id,
+            owner="t2",
+            sleep=slept.append,
+        )
+        assert got.how == "created" and slept == []
+        assert created(w) == 1
+
+
+def test_a_claim_of_a_live_process_or_another_host_is_never_taken_early() -> None:
+    assert not submit.holder_is_dead(submit.claim_owner("d", "r", "t", 0, 1))  # this very process
+    assert not submit.holder_is_dead("d/r/t/0/1@another-host:1")
+    assert not submit.holder_is_dead("zombie-try1")

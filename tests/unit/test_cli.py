@@ -1,0 +1,159 @@
+"""``airflow-batch``, run as a real subprocess against real SQLite and PostgreSQL ledgers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.ledger import Ledger
+from tests.unit.ledger.test_store import WL, prep, stage, submit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_batch_provider.cli", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    opened = Ledger.from_url(ledger_url)
+    try:
+        yield opened
+    finally:
+        opened.engine.dispose()
+
+
+def two_in_review(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    job, cids = submit(ledger, "r1", ["a", "b"])
+    ledger.apply_results(
+        job,
+        [
+            ItemResult(cids["a"], "failed_permanent", usage=Usage(), error_code="context_length_exceeded"),
+            ItemResult(cids["b"], "failed_permanent", usage=Usage(), error_code="content_filter"),
+        ],
+        lambda _usage: Decimal(0),
+    )
+    ledger.retry_candidates(WL, "r1", max_attempts=3)
+
+
+def test_review_list_then_redrive_by_app_id_moves_the_item_and_records_who(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    two_in_review(ledger)
+    listed = cli("--ledger-url", ledger_url, "review", "list", "--workload", WL, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(r["app_id"] for r in json.loads(listed.stdout)) == ["a", "b"]
+
+    done = cli(
+        "--ledger-url", ledger_url, "review", "redrive", "--workload", WL, "--app-id", "a",
+        "--actor", "alice", "--reason", "context raised",
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert "re-drove 1 item(s)" in done.stdout
+    assert [r.app_id for r in ledger.review_items(WL)] == ["b"]
+    [entry] = ledger.audit_log(WL)
+    assert (entry.actor, entry.action, entry.reason) == ("alice", "redrive", "context raised")
+
+
+def test_review_resolve_and_skip_by_error_code_and_key_empty_the_queue(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    two_in_review(ledger)
+    resolved = cli(
+        "--ledger-url", ledger_url, "review", "resolve", "--workload", WL,
+        "--error-code", "content_filter", "--note", "answered by hand",
+    )  # fmt: skip
+    skipped = cli(
+        "--ledger-url", ledger_url, "review", "skip", "--workload", WL,
+        "--item-key", item_key("a"), "--reason", "not needed",
+    )  # fmt: skip
+    assert (resolved.returncode, skipped.returncode) == (0, 0), resolved.stderr + skipped.stderr
+    assert ledger.review_items(WL) == []
+    assert cli("--ledger-url", ledger_url, "review", "list", "--workload", WL).stdout == "(none)\n"
+
+
+def test_jobs_in_doubt_are_listed_and_resolved_from_the_shell(ledger: Ledger, ledger_url: str) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    found, _ = stage(ledger, "r1", ["a"], chunk=0)
+    absent, _ = stage(ledger, "r1", ["b"], chunk=1)
+    for job_id in (found, absent):
+        ledger.mark_job_in_doubt(job_id, "lost create reply")
+    listed = cli("--ledger-url", ledger_url, "jobs", "in-doubt", "--json")
+    assert sorted(j["job_id"] for j in json.loads(listed.stdout)) == sorted([found, absent])
+
+    one = cli(
+        "--ledger-url", ledger_url, "jobs", "resolve", found, "--batch-id", "batch_9", "--note", "console"
+    )
+    two = cli("--ledger-url", ledger_url, "jobs", "resolve", absent, "--absent", "--note", "listed: none")
+
+    assert "is now 'submitted' (batch batch_9)" in one.stdout, one.stderr
+    assert "is now 'staged'" in two.stdout, two.stderr
+    assert ledger.jobs_in_doubt() == []
+    again = cli("--ledger-url", ledger_url, "jobs", "resolve", found, "--absent", "--note", "oops")
+    assert again.returncode == 2
+    assert "not in doubt" in again.stderr
+
+
+def test_lease_release_frees_only_the_named_run(ledger: Ledger, ledger_url: str) -> None:
+    ledger.acquire_workload_lease(WL, "dead-run", "t1", dag_id="nightly")
+    shown = cli("--ledger-url", ledger_url, "lease", "show", "--workload", WL)
+    assert "dead-run" in shown.stdout and "nightly" in shown.stdout
+    wrong = cli(
+        "--ledger-url", ledger_url, "lease", "release", "--workload", WL, "--run-id", "other", "--reason", "x"
+    )
+    assert wrong.returncode == 1 and "'dead-run' holds it" in wrong.stdout
+    done = cli(
+        "--ledger-url", ledger_url, "lease", "release", "--workload", WL, "--run-id", "dead-run",
+        "--actor", "bob", "--reason", "worker was lost",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert ledger.workload_lease(WL) is None
+    assert ledger.audit_log(WL)[0].actor == "bob"
+
+
+def test_without_a_url_the_ledger_comes_from_airflows_config(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'configured.sqlite'}"
+    Ledger.from_url(url).acquire_workload_lease(WL, "r1", "t1")
+    env = {"AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": url}
+    shown = cli("lease", "show", "--workload", WL, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "r1" in shown.stdout
+
+
+def test_without_a_url_the_configured_ledger_connection_is_used(tmp_path: Path) -> None:
+    path = tmp_path / "by-connection.sqlite"
+    Ledger.from_url(f"sqlite:///{path}").acquire_workload_lease(WL, "r-conn", "t1")
+    env = {
+        "AIRFLOW_HOME": str(tmp_path / "home"),
+        "AIRFLOW__BATCH_PROVIDER__LEDGER_CONN_ID": "my_ledger",
+        "AIRFLOW_CONN_MY_LEDGER": json.dumps({"conn_type": "sqlite", "host": str(path)}),
+    }
+    shown = cli("lease", "show", "--workload", WL, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "r-conn" in shown.stdout
+
+
+def test_the_console_script_is_declared() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '[project.scripts]\nairflow-batch = "airflow_batch_provider.cli:main"\n' in pyproject
