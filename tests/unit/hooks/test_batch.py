@@ -133,3 +133,20 @@ def test_the_test_button_says_no_to_a_closed_port(
     )
     assert not ok
     assert "Connect" in message and "failed" in message, message  # the transport error, by name
+
+
+def test_the_vllm_test_button_checks_the_exchange_folder_the_pods_share(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok, message = _test(
+        monkeypatch,
+        "t_vllm",
+        conn_type="vllm_kubernetes",
+        extra={"exchange_path": str(tmp_path), "gpu_count": 2},
+    )
+    assert ok and f"exchange folder {tmp_path} is writable" in message, message
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+    ok, message = _test(
+        monkeypatch, "t_vllm", conn_type="vllm_kubernetes", extra={"exchange_path": str(tmp_path / "missing")}
+    )
+    assert not ok and "FileNotFoundError" in message, message
