@@ -28,6 +28,233 @@ def _option(
     return option
 
 
+def _field(
+    label: str,
+    description: str,
+    type_: str = "string",
+    *,
+    default: Any = None,
+    enum: list[str] | None = None,
+    secret: bool = False,
+) -> dict[str, Any]:
+    """A ``conn-fields`` entry: a named form field stored under its name in the connection's extra."""
+    schema: dict[str, Any] = {"type": [type_, "null"]}
+    if default is not None:
+        schema["default"] = default
+    if enum is not None:
+        schema["enum"] = [*enum, None]
+    if secret:
+        schema["format"] = "password"  # masked in the UI and in logs
+    return {"label": label, "schema": schema, "description": description}
+
+
+_TIMEOUT = _field("Timeout (seconds)", "Read timeout of each API call.", "number")
+_MAX_RETRIES = _field(
+    "Retries of reads",
+    "SDK retries of status, list and download calls (creates are never retried blindly).",
+    "integer",
+)
+_API_HOST = {"host": "API base URL (optional)", "password": "API key"}
+
+
+def _connection(
+    conn_type: str,
+    hook: str,
+    hook_name: str,
+    *,
+    hidden: list[str],
+    relabeling: dict[str, str],
+    placeholders: dict[str, str],
+    fields: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "hook-class-name": f"airflow_batch_provider.hooks.{hook}",
+        "hook-name": hook_name,
+        "connection-type": conn_type,
+        "conn-fields": fields,
+        "ui-field-behaviour": {
+            "hidden-fields": hidden,
+            "relabeling": relabeling,
+            "placeholders": placeholders,
+        },
+    }
+
+
+def _connection_types() -> list[dict[str, Any]]:
+    """The connection forms: named fields instead of free JSON (the extra stays for the rest)."""
+    return [
+        _connection(
+            "openai_batch",
+            "batch.OpenAIBatchHook",
+            "OpenAI Batch",
+            hidden=["schema", "login", "port"],
+            relabeling=_API_HOST,
+            placeholders={"host": "https://api.openai.com/v1", "password": "sk-..."},
+            fields={
+                "api_type": _field(
+                    "API type",
+                    "openai (also any OpenAI-compatible server) or azure.",
+                    default="openai",
+                    enum=["openai", "azure"],
+                ),
+                "organization": _field("Organization", "OpenAI organization id (org-...), optional."),
+                "project": _field("Project", "OpenAI project id (proj_...), optional."),
+                "api_version": _field("Azure API version", "Azure OpenAI only, e.g. 2024-10-21."),
+                "timeout": _TIMEOUT,
+                "max_retries": _MAX_RETRIES,
+            },
+        ),
+        _connection(
+            "anthropic_batch",
+            "anthropic.AnthropicBatchHook",
+            "Anthropic Batch",
+            hidden=["schema", "login", "port"],
+            relabeling=_API_HOST,
+            placeholders={"host": "https://api.anthropic.com", "password": "sk-ant-..."},
+            fields={
+                "default_max_tokens": _field(
+                    "Default max tokens", "max_tokens of a request that sets none.", "integer", default=1024
+                ),
+                "prompt_caching": _field(
+                    "Prompt caching", "Mark the system prompt as cacheable.", "boolean", default=True
+                ),
+                "json_output": _field(
+                    "JSON output mode",
+                    "instruct (schema in the system prompt) or output_config (native structured output).",
+                    default="instruct",
+                    enum=["instruct", "output_config"],
+                ),
+                "timeout": _TIMEOUT,
+                "max_retries": _MAX_RETRIES,
+            },
+        ),
+        _connection(
+            "gemini_batch",
+            "gemini.GeminiBatchHook",
+            "Gemini Batch",
+            hidden=["schema", "login", "port"],
+            relabeling={"host": "API base URL (optional)", "password": "API key (Developer API)"},
+            placeholders={"host": "https://generativelanguage.googleapis.com", "password": "AIza..."},
+            fields={
+                "vertexai": _field(
+                    "Vertex AI",
+                    "Use Vertex AI batch prediction instead of the Gemini Developer API.",
+                    "boolean",
+                    default=False,
+                ),
+                "project": _field("Vertex project", "Google Cloud project id (Vertex AI)."),
+                "location": _field("Vertex location", "Vertex AI region, e.g. us-central1."),
+                "gcs_prefix": _field(
+                    "GCS prefix", "gs://bucket/folder for Vertex batch input and output (Vertex AI)."
+                ),
+                "gcp_conn_id": _field(
+                    "Google Cloud connection",
+                    "A google_cloud_platform connection whose credentials reach Vertex AI and GCS "
+                    "(key file, key JSON or Application Default Credentials); empty: ADC.",
+                ),
+                "api_version": _field("API version", "Developer API version (default v1beta)."),
+                "inline_max_bytes": _field(
+                    "Inline up to (bytes)",
+                    "Chat chunks up to this size are sent inline (Developer API).",
+                    "integer",
+                    default=0,
+                ),
+                "timeout": _TIMEOUT,
+                "max_retries": _MAX_RETRIES,
+            },
+        ),
+        _connection(
+            "bedrock_batch",
+            "bedrock.BedrockBatchHook",
+            "Amazon Bedrock Batch",
+            hidden=["schema", "login", "password", "port"],
+            relabeling={"host": "Bedrock endpoint URL (optional)"},
+            placeholders={"host": "https://bedrock.us-east-1.amazonaws.com"},
+            fields={
+                "aws_conn_id": _field(
+                    "AWS connection",
+                    "The aws connection whose credentials are used (keys, profile, assume-role, web "
+                    "identity: everything the Amazon provider supports).",
+                    default="aws_default",
+                ),
+                "region_name": _field("Region", "AWS region of Bedrock, e.g. us-east-1."),
+                "role_arn": _field(
+                    "Batch job role ARN",
+                    "The service role Bedrock assumes to read the input and write the output "
+                    "(arn:aws:iam::<account>:role/<name>).",
+                ),
+                "s3_uri": _field("S3 input prefix", "s3://bucket/prefix where chunks are staged."),
+                "output_s3_uri": _field(
+                    "S3 output prefix",
+                    "s3://bucket/prefix where Bedrock writes results (default <input>/output).",
+                ),
+                "model_id": _field("Model id", "Default model id when the job does not name one."),
+                "timeout_hours": _field(
+                    "Job timeout (hours)", "Bedrock job timeout, 24 to 168.", "integer", default=24
+                ),
+                "min_records": _field(
+                    "Minimum records per job",
+                    "Your account's quota (AWS default 100).",
+                    "integer",
+                    default=100,
+                ),
+                "s3_endpoint_url": _field(
+                    "S3 endpoint URL", "S3 endpoint override (tests, S3-compatible stores)."
+                ),
+                "bedrock_runtime_endpoint_url": _field(
+                    "Bedrock runtime endpoint URL", "InvokeModel endpoint override (real-time fallback)."
+                ),
+            },
+        ),
+        _connection(
+            "vllm_kubernetes",
+            "vllm_kubernetes.VllmKubernetesHook",
+            "vLLM on Kubernetes",
+            hidden=["host", "schema", "login", "password", "port"],
+            relabeling={},
+            placeholders={},
+            fields={
+                "namespace": _field("Namespace", "Kubernetes namespace of the vLLM pods.", default="default"),
+                "image": _field("vLLM image", "The vLLM image (the command is vllm run-batch)."),
+                "gpu_count": _field(
+                    "GPUs per pod",
+                    "nvidia.com/gpu limit; also the tensor-parallel default.",
+                    "integer",
+                    default=1,
+                ),
+                "gpu_type": _field(
+                    "GPU type",
+                    "GPU model name for the planner and the report (H100, L4 ...).",
+                    default="H100",
+                ),
+                "usd_per_gpu_hour": _field(
+                    "USD per GPU-hour",
+                    "What one GPU-hour costs you, for the cost report.",
+                    "number",
+                    default=0.0,
+                ),
+                "exchange_path": _field(
+                    "Exchange folder", "The folder workers and pods share, as the workers see it (required)."
+                ),
+                "exchange_pvc": _field("Exchange PVC", "The ReadWriteMany PVC behind it (else a hostPath)."),
+                "model_cache_pvc": _field(
+                    "Model cache PVC", "Mounted at the model hub cache so weights download once."
+                ),
+                "hub_token_secret": _field(
+                    "Hub token Secret", "Kubernetes Secret holding the model hub token (HF_TOKEN)."
+                ),
+                "service_account": _field("Service account", "The pods' service account."),
+                "kubernetes_conn_id": _field(
+                    "Kubernetes connection", "A kubernetes connection for the API (else in-cluster)."
+                ),
+                "kube_config_path": _field(
+                    "Kubeconfig path", "A kubeconfig file for the API (instead of a connection)."
+                ),
+            },
+        ),
+    ]
+
+
 def get_provider_info() -> dict[str, Any]:
     """Return the provider's metadata."""
     return {
@@ -72,28 +299,10 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
-        "connection-types": [
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.batch.OpenAIBatchHook",
-                "connection-type": "openai_batch",
-            },
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.anthropic.AnthropicBatchHook",
-                "connection-type": "anthropic_batch",
-            },
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.bedrock.BedrockBatchHook",
-                "connection-type": "bedrock_batch",
-            },
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.gemini.GeminiBatchHook",
-                "connection-type": "gemini_batch",
-            },
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.vllm_kubernetes.VllmKubernetesHook",
-                "connection-type": "vllm_kubernetes",
-            },
-        ],
+        "connection-types": _connection_types(),
+        # gs:// for ObjectStoragePath through gcsfs when the Google provider (which serves it
+        # itself) is not installed; the module's ``schemes`` is empty otherwise
+        "filesystems": ["airflow_batch_provider.hooks.google"],
         "plugins": [
             {
                 "name": "llm_batch",

@@ -85,11 +85,16 @@ class AdapterSettings:
     :param api_key: secret key or token (``None`` where the SDK finds its own credentials)
     :param base_url: API base URL override (emulator, Azure, compatible servers)
     :param extra: connection extras (organization, project, api_version, region, bucket ...)
+    :param credentials: cloud credentials the hook resolved from another connection (Bedrock: an
+        object with ``get_session(region_name, deferrable)``, e.g. the Amazon provider's
+        ``AwsBaseHook``; Vertex AI: ``google.auth`` credentials); ``None``: keys from this
+        connection or the SDK's default chain
     """
 
     api_key: str | None = field(default=None, repr=False)
     base_url: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    credentials: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

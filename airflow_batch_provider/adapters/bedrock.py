@@ -39,8 +39,10 @@ the synchronous path (:meth:`realtime_client`, used by the deadline fallback) in
 Retry rounds with fewer retryable items than the minimum hit the same refusal; route them to the
 synchronous fallback.
 
-Connection: ``login``/``password`` (or extras ``aws_access_key_id``/``aws_secret_access_key``)
-are the AWS keys, else boto3's default credential chain; ``host`` (or extra
+Connection: credentials come from the Amazon provider's ``AwsBaseHook`` of the connection's
+``aws_conn_id`` (the hook passes it as :attr:`AdapterSettings.credentials`); adapters built
+without Airflow read ``aws_access_key_id``/``aws_secret_access_key`` extras (or the api key as
+the secret), else boto3's default credential chain; ``host`` (or extra
 ``bedrock_endpoint_url``) overrides the Bedrock endpoint (the emulator); extras ``region_name``,
 ``role_arn`` (the service role Bedrock assumes; required to submit), ``s3_uri`` (input staging
 prefix, or ``input_bucket`` + ``input_prefix``; required to stage), ``output_s3_uri`` (default
@@ -200,6 +202,59 @@ def _session_kwargs(settings: AdapterSettings) -> dict[str, Any]:
     return kwargs
 
 
+def boto_client(settings: AdapterSettings, service: str, endpoint_url: str | None, config: Any) -> Any:
+    """Return a blocking boto3 client; credentials from the hook's ``AwsBaseHook`` when there is one.
+
+    :param settings: the connection settings (``credentials``: an object with ``get_session``)
+    :param service: ``bedrock``, ``bedrock-runtime`` or ``s3``
+    :param endpoint_url: endpoint override, or ``None``
+    :param config: a botocore ``Config``
+    """
+    source = settings.credentials
+    if source is not None:
+        session = source.get_session(region_name=settings.extra.get("region_name") or None)
+        return session.client(service, endpoint_url=endpoint_url, config=config)
+    import boto3
+
+    return boto3.session.Session().client(
+        service, endpoint_url=endpoint_url, config=config, **_session_kwargs(settings)
+    )
+
+
+async def aio_client(
+    stack: contextlib.AsyncExitStack,
+    settings: AdapterSettings,
+    service: str,
+    endpoint_url: str | None,
+    config: Any,
+) -> Any:
+    """Return an aiobotocore client entered on ``stack``; credentials as in :func:`boto_client`.
+
+    The hook's session is built in a thread: assume-role fetches credentials from STS, blocking.
+
+    :param stack: owns the client's lifetime
+    :param settings: the connection settings
+    :param service: ``bedrock`` or ``bedrock-runtime``
+    :param endpoint_url: endpoint override, or ``None``
+    :param config: an aiobotocore ``AioConfig``
+    """
+    import asyncio
+
+    source = settings.credentials
+    region = settings.extra.get("region_name") or None
+    if source is not None:
+        session = await asyncio.to_thread(source.get_session, region_name=region, deferrable=True)
+        kwargs: dict[str, Any] = {"region_name": region} if region else {}
+    else:
+        from aiobotocore.session import get_session
+
+        session = get_session()
+        kwargs = _session_kwargs(settings)
+    return await stack.enter_async_context(
+        session.create_client(service, endpoint_url=endpoint_url, config=config, **kwargs)
+    )
+
+
 def _bedrock_endpoint(settings: AdapterSettings) -> str | None:
     value = settings.extra.get("bedrock_endpoint_url") or settings.base_url
     return str(value) if value else None
@@ -326,16 +381,13 @@ class _AsyncBedrockStatus(AsyncStatusClient):
     async def _get(self) -> Any:
         if self._client is None:
             from aiobotocore.config import AioConfig
-            from aiobotocore.session import get_session
 
-            kwargs = _session_kwargs(self._settings)
-            self._client = await self._stack.enter_async_context(
-                get_session().create_client(
-                    "bedrock",
-                    endpoint_url=_bedrock_endpoint(self._settings),
-                    config=AioConfig(retries={"max_attempts": 1, "mode": "standard"}),
-                    **kwargs,
-                )
+            self._client = await aio_client(
+                self._stack,
+                self._settings,
+                "bedrock",
+                _bedrock_endpoint(self._settings),
+                AioConfig(retries={"max_attempts": 1, "mode": "standard"}),
             )
         return self._client
 
@@ -359,19 +411,17 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
     async def _get(self) -> Any:
         if self._client is None:
             from aiobotocore.config import AioConfig
-            from aiobotocore.session import get_session
 
             settings = self._adapter.settings
-            self._client = await self._stack.enter_async_context(
-                get_session().create_client(
-                    "bedrock-runtime",
-                    endpoint_url=_runtime_endpoint(settings),
-                    config=AioConfig(
-                        retries={"max_attempts": 1, "mode": "standard"},
-                        read_timeout=float(settings.extra.get("timeout", 120.0)),
-                    ),
-                    **_session_kwargs(settings),
-                )
+            self._client = await aio_client(
+                self._stack,
+                settings,
+                "bedrock-runtime",
+                _runtime_endpoint(settings),
+                AioConfig(
+                    retries={"max_attempts": 1, "mode": "standard"},
+                    read_timeout=float(settings.extra.get("timeout", 120.0)),
+                ),
             )
         return self._client
 
@@ -453,13 +503,8 @@ class BedrockBatchAdapter(BatchAdapter):
     def _create_bedrock(self) -> Any:
         """The ``bedrock`` client for creates: botocore's retries off (see :func:`create_once`)."""
         if self._creator is None:
-            import boto3
-
-            self._creator = boto3.session.Session().client(
-                "bedrock",
-                endpoint_url=_bedrock_endpoint(self.settings),
-                config=self._config(attempts=1),
-                **_session_kwargs(self.settings),
+            self._creator = boto_client(
+                self.settings, "bedrock", _bedrock_endpoint(self.settings), self._config(attempts=1)
             )
         return self._creator
 
@@ -467,13 +512,8 @@ class BedrockBatchAdapter(BatchAdapter):
     def bedrock(self) -> Any:
         """The blocking ``bedrock`` control-plane client, built on first use."""
         if self._bedrock is None:
-            import boto3
-
-            self._bedrock = boto3.session.Session().client(
-                "bedrock",
-                endpoint_url=_bedrock_endpoint(self.settings),
-                config=self._config(),
-                **_session_kwargs(self.settings),
+            self._bedrock = boto_client(
+                self.settings, "bedrock", _bedrock_endpoint(self.settings), self._config()
             )
         return self._bedrock
 
@@ -481,13 +521,8 @@ class BedrockBatchAdapter(BatchAdapter):
     def s3(self) -> Any:
         """The blocking S3 client (endpoint from the ``s3_endpoint_url`` extra), built on first use."""
         if self._s3 is None:
-            import boto3
-
-            self._s3 = boto3.session.Session().client(
-                "s3",
-                endpoint_url=self.settings.extra.get("s3_endpoint_url") or None,
-                config=self._config(),
-                **_session_kwargs(self.settings),
+            self._s3 = boto_client(
+                self.settings, "s3", self.settings.extra.get("s3_endpoint_url") or None, self._config()
             )
         return self._s3
 

@@ -57,12 +57,14 @@ usage). Explicit context caches (``client.caches``) are not used in batches: the
 resources with a TTL billed per hour, which a day-long batch window would keep alive for nothing.
 
 **Vertex AI** (connection extras ``{"vertexai": true, "project": ..., "location": ...,
-"gcs_prefix": "gs://bucket/folder"}``; credentials from Application Default Credentials). The
-chunk is written to ``<gcs_prefix>/input/<name>`` (through ``fsspec``/``gcsfs``; skipped when an
+"gcs_prefix": "gs://bucket/folder"}``; credentials: :attr:`AdapterSettings.credentials`, which
+the hook resolves from the ``gcp_conn_id`` field, else Application Default Credentials; extra
+``gcs_endpoint_url`` overrides the GCS endpoint). The chunk is written to
+``<gcs_prefix>/input/<name>`` (through ``gcsfs`` with the same credentials; skipped when an
 object of that size is there) and the job is created with ``src="gs://..."`` and
 ``dest="<gcs_prefix>/output/<key>/"``; results are read from the ``predictions*.jsonl`` files
-under the destination. This path needs GCS and is not exercised by the test suite beyond request
-building. Embedding batches are a Developer API feature (``create_embeddings``); a Vertex
+under the destination. Tested end to end against the emulator's Vertex routes and a GCS server
+on loopback. Embedding batches are a Developer API feature (``create_embeddings``); a Vertex
 connection refuses them with a clear error.
 """
 
@@ -352,8 +354,8 @@ def client_kwargs(settings: AdapterSettings, *, attempts: int | None = None) -> 
                 '"gcs_prefix": "gs://bucket/llm-batch"}.'
             )
         kwargs.update(vertexai=True, project=extra["project"], location=extra["location"])
-        if settings.api_key:
-            kwargs["api_key"] = settings.api_key
+        if settings.credentials is not None:
+            kwargs["credentials"] = settings.credentials  # from the connection's gcp_conn_id
     else:
         if not settings.api_key:
             raise ConfigurationError(
@@ -361,6 +363,26 @@ def client_kwargs(settings: AdapterSettings, *, attempts: int | None = None) -> 
             )
         kwargs["api_key"] = settings.api_key
     return kwargs
+
+
+def gcs_filesystem(credentials: Any, project: str | None, endpoint_url: str | None) -> Any:
+    """Return a ``gcsfs`` filesystem (its plain JSON-API class: batch staging needs no zonal buckets).
+
+    :param credentials: ``google.auth`` credentials, or ``None`` for Application Default Credentials
+    :param project: the billing project
+    :param endpoint_url: a GCS endpoint override (an emulator), or ``None``
+    :raises ConfigurationError: gcsfs is not installed
+    """
+    try:
+        from gcsfs.core import GCSFileSystem
+    except ImportError as exc:
+        raise ConfigurationError(
+            "gs:// staging needs gcsfs; install airflow-batch-provider[vertex]."
+        ) from exc
+    from google.auth.credentials import AnonymousCredentials
+
+    token: Any = "anon" if isinstance(credentials, AnonymousCredentials) else credentials
+    return GCSFileSystem(project=project, token=token, endpoint_url=endpoint_url)
 
 
 def state_of(raw: str) -> BatchState:
@@ -788,6 +810,7 @@ class GeminiBatchAdapter(BatchAdapter):
         super().__init__(settings)
         self._client_obj: genai.Client | None = None
         self._create_obj: genai.Client | None = None
+        self._gcs_obj: Any = None
         self._models: dict[str, str] = {}
         self._inline: dict[str, list[dict[str, Any]]] = {}
 
@@ -894,11 +917,19 @@ class GeminiBatchAdapter(BatchAdapter):
             )
         return prefix.rstrip("/")
 
-    def _stage_gcs(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
-        import fsspec
+    @property
+    def gcs(self) -> Any:
+        """The ``gcsfs`` filesystem of the Vertex input and output (credentials of the connection)."""
+        if self._gcs_obj is None:
+            extra = self.settings.extra
+            self._gcs_obj = gcs_filesystem(
+                self.settings.credentials, extra.get("project"), extra.get("gcs_endpoint_url") or None
+            )
+        return self._gcs_obj
 
+    def _stage_gcs(self, chunk: IO[bytes], name: str, size: int) -> InputRef:
         uri = f"{self._gcs_prefix()}/input/{name}"
-        fs, path = fsspec.core.url_to_fs(uri)
+        fs, path = self.gcs, uri.removeprefix("gs://")
         if not (fs.exists(path) and int(fs.size(path) or -1) == size):
             with fs.open(path, "wb") as out:
                 shutil.copyfileobj(chunk, out, 1 << 20)
@@ -1049,11 +1080,8 @@ class GeminiBatchAdapter(BatchAdapter):
             self._download_gcs(dest.gcs_uri, writer)
         return writer.count
 
-    @staticmethod
-    def _download_gcs(uri: str, writer: _CountingWriter) -> None:
-        import fsspec
-
-        fs, path = fsspec.core.url_to_fs(uri)
+    def _download_gcs(self, uri: str, writer: _CountingWriter) -> None:
+        fs, path = self.gcs, uri.removeprefix("gs://")
         for name in sorted(fs.glob(f"{path.rstrip('/')}/**/predictions*.jsonl")):
             with fs.open(name, "rb") as src:
                 shutil.copyfileobj(src, writer, 1 << 20)

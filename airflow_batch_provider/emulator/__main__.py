@@ -43,6 +43,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output"
     )
+    parser.add_argument(
+        "--gcs-endpoint", help="GCS JSON API endpoint for the Vertex AI routes' input and output"
+    )
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     return parser.parse_args(argv)
 
@@ -85,6 +88,7 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         data_dir=args.data_dir,
         api_key=args.api_key,
         s3_endpoint=args.s3_endpoint,
+        gcs_endpoint=args.gcs_endpoint,
     )
 
 

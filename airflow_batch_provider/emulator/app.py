@@ -73,6 +73,7 @@ PROVIDER_ROUTERS: Final[tuple[str, ...]] = (
     "airflow_batch_provider.emulator.anthropic_api",
     "airflow_batch_provider.emulator.gemini_api",
     "airflow_batch_provider.emulator.bedrock_api",
+    "airflow_batch_provider.emulator.vertex_api",
 )
 
 

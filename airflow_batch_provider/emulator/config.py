@@ -74,6 +74,8 @@ class EmulatorConfig:
     :param api_key: when set, requests must carry ``Authorization: Bearer <api_key>``
     :param s3_endpoint: S3-compatible endpoint URL the Bedrock routes read inputs from and write outputs
         to (``None``: boto3's default, i.e. AWS)
+    :param gcs_endpoint: GCS JSON API endpoint the Vertex AI routes read inputs from and write outputs
+        to (``None``: Google's)
     """
 
     host: str = "127.0.0.1"
@@ -91,6 +93,7 @@ class EmulatorConfig:
     cache_increment_tokens: int = 128
     api_key: str | None = field(default=None, repr=False)
     s3_endpoint: str | None = None
+    gcs_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not is_loopback(self.host):

@@ -1,24 +1,37 @@
-"""Connection -> adapter. Behaviour lives in the adapters; this hook only builds them."""
+"""Connection -> adapter. Behaviour lives in the adapters; this hook only builds them.
+
+The connection forms (named fields, relabelled and hidden standard fields) are declared in
+``get_provider_info.py`` under ``conn-fields`` and ``ui-field-behaviour``, where Airflow 3.2+
+reads them without importing the hooks.
+"""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import importlib
+from typing import Any
 
 from airflow.sdk import BaseHook
 
 from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
 from airflow_batch_provider.adapters.registry import adapter_class
+from airflow_batch_provider.get_provider_info import get_provider_info
+
+#: connection type -> the hook class that turns it into adapter settings (the provider metadata's)
+HOOKS: dict[str, str] = {
+    entry["connection-type"]: entry["hook-class-name"] for entry in get_provider_info()["connection-types"]
+}
 
 
 def settings_from_connection(conn: Any) -> AdapterSettings:
     """Build adapter settings from an Airflow connection; the secret never leaves this object.
 
     The API base URL is the connection's host (with scheme, e.g. ``http://127.0.0.1:8089/v1``);
-    the key is the password; everything else is in extras.
+    the key is the password; everything else is in extras. Extras the UI form saved empty
+    (``null`` or ``""``) are dropped, so an empty field means "default", as if it were absent.
 
     :param conn: an Airflow connection
     """
-    extra = dict(conn.extra_dejson or {})
+    extra = {k: v for k, v in dict(conn.extra_dejson or {}).items() if v is not None and v != ""}
     if conn.login:
         # e.g. an AWS access key id; adapters that need a login read it from extras
         extra.setdefault("login", conn.login)
@@ -30,8 +43,26 @@ def settings_from_connection(conn: Any) -> AdapterSettings:
     )
 
 
+def hook_class(conn_type: str) -> type[BatchHook]:
+    """Return the hook class of a batch connection type (``BatchHook`` for unknown types).
+
+    :param conn_type: e.g. ``bedrock_batch``
+    """
+    path = HOOKS.get(conn_type)
+    if path is None:
+        return BatchHook  # the adapter registry refuses an unknown type by name
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    return cls if isinstance(cls, type) and issubclass(cls, BatchHook) else BatchHook
+
+
 class BatchHook(BaseHook):
     """Turn an LLM batch connection into the adapter registered for its connection type.
+
+    Any batch connection id may be passed to this class: the settings are built by the hook of
+    the connection's type (so a ``bedrock_batch`` connection gets its AWS credentials from its
+    ``aws_conn_id``, a Vertex AI ``gemini_batch`` connection its Google credentials from its
+    ``gcp_conn_id``).
 
     :param batch_conn_id: the connection id
     """
@@ -40,11 +71,20 @@ class BatchHook(BaseHook):
     default_conn_name = "batch_default"
     conn_type = "openai_batch"
     hook_name = "LLM Batch"
-    ui_placeholders: ClassVar[dict[str, str]] = {}
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.batch_conn_id = batch_conn_id
+
+    @classmethod
+    def adapter_settings(cls, conn: Any) -> AdapterSettings:
+        """Return the adapter settings of a connection of this hook's type.
+
+        Blocking: a cloud hook may read another connection (``aws_conn_id``, ``gcp_conn_id``).
+
+        :param conn: an Airflow connection
+        """
+        return settings_from_connection(conn)
 
     def get_conn(self) -> BatchAdapter:
         """Return the adapter for this connection."""
@@ -53,29 +93,47 @@ class BatchHook(BaseHook):
     def get_adapter(self) -> BatchAdapter:
         """Return the adapter for this connection (SDK imported now, lazily)."""
         conn = self.get_connection(self.batch_conn_id)
-        return adapter_class(conn.conn_type or "")(settings_from_connection(conn))
+        conn_type = conn.conn_type or ""
+        return adapter_class(conn_type)(hook_class(conn_type).adapter_settings(conn))
 
     @classmethod
     async def aget_adapter(cls, batch_conn_id: str) -> BatchAdapter:
-        """Return the adapter, reading the connection without blocking the event loop.
+        """Return the adapter, reading the connections without blocking the event loop.
 
         :param batch_conn_id: the connection id
         """
-        conn = await cls.aget_connection(batch_conn_id)
-        return adapter_class(conn.conn_type or "")(settings_from_connection(conn))
+        import asyncio
 
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Relabel the connection form: host is the API base URL, password the API key."""
-        return {
-            "hidden_fields": ["schema", "login", "port"],
-            "relabeling": {"host": "API base URL (optional)", "password": "API key"},
-            "placeholders": {
-                "host": "https://api.openai.com/v1",
-                "extra": '{"organization": "...", "project": "...", "api_type": "openai"}',
-                **cls.ui_placeholders,
-            },
-        }
+        conn = await cls.aget_connection(batch_conn_id)
+        conn_type = conn.conn_type or ""
+        adapter = adapter_class(conn_type)
+        # a cloud hook may read its own connection (aws_conn_id, gcp_conn_id): off the loop
+        settings = await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
+        return adapter(settings)
+
+    def probe(self, adapter: BatchAdapter) -> str:
+        """Make one cheap authenticated read against the API and describe what answered.
+
+        :param adapter: the adapter of this connection
+        :raises Exception: whatever the SDK raises when the API is unreachable or refuses the key
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no probe")
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Check the connection with one read-only API call (the UI's "Test" button).
+
+        :return: ``(True, what answered)`` or ``(False, why not)``; never a secret
+        """
+        conn_type = self.conn_type
+        try:
+            conn = self.get_connection(self.batch_conn_id)
+            conn_type = conn.conn_type or conn_type
+            hook = hook_class(conn_type)(self.batch_conn_id)
+            adapter = adapter_class(conn_type)(hook.adapter_settings(conn))
+            detail = hook.probe(adapter)
+        except Exception as exc:  # the button reports every failure as text
+            return False, f"{conn_type} connection {self.batch_conn_id!r} failed: {type(exc).__name__}: {exc}"
+        return True, f"{conn_type} connection {self.batch_conn_id!r} works: {detail}"
 
 
 class OpenAIBatchHook(BatchHook):
@@ -84,3 +142,15 @@ class OpenAIBatchHook(BatchHook):
     default_conn_name = "openai_batch_default"
     conn_type = "openai_batch"
     hook_name = "OpenAI Batch"
+
+    def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(batch_conn_id=batch_conn_id, **kwargs)
+
+    def probe(self, adapter: BatchAdapter) -> str:
+        """List one batch (``GET /batches?limit=1``), SDK retries off.
+
+        :param adapter: an ``OpenAIBatchAdapter``
+        """
+        client = adapter.client.with_options(max_retries=0)  # type: ignore[attr-defined]
+        page = client.batches.list(limit=1)
+        return f"{client.base_url} listed {len(page.data)} batch(es) on the first page"

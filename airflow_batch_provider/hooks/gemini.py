@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from dataclasses import replace
+from typing import Any
 
-from airflow_batch_provider.hooks.batch import BatchHook
+from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
+from airflow_batch_provider.hooks.batch import BatchHook, settings_from_connection
+
+
+def gemini_settings(conn: Any) -> AdapterSettings:
+    """Build adapter settings; for Vertex AI, Google credentials from the ``gcp_conn_id`` field.
+
+    The ``gcs.endpoint`` of that connection (a GCS endpoint override, the Google provider's
+    extra) becomes the adapter's ``gcs_endpoint_url`` unless the Gemini connection sets one.
+
+    :param conn: an Airflow connection
+    """
+    settings = settings_from_connection(conn)
+    extra = dict(settings.extra)
+    gcp_conn_id = extra.get("gcp_conn_id")
+    if not (extra.get("vertexai") and gcp_conn_id):
+        return settings
+    from airflow_batch_provider.hooks.google import google_credentials
+
+    credentials, project, endpoint = google_credentials(str(gcp_conn_id))
+    if project and not extra.get("project"):
+        extra["project"] = project
+    if endpoint and not extra.get("gcs_endpoint_url"):
+        extra["gcs_endpoint_url"] = endpoint
+    return replace(settings, extra=extra, credentials=credentials)
 
 
 class GeminiBatchHook(BatchHook):
-    """Gemini Batch Mode through ``google-genai`` (``gemini_batch``).
+    """Gemini Batch Mode through ``google-genai`` (``gemini_batch``), and Vertex AI batch prediction.
 
     The adapter is :class:`~airflow_batch_provider.adapters.gemini.GeminiBatchAdapter`.
 
-    Host: API base URL (optional, ``https://generativelanguage.googleapis.com``; the bundled
-    emulator's URL in tests and demos). Password: the API key (not needed for Vertex AI, which
-    uses Application Default Credentials). Extras: ``api_version`` (default ``v1beta``),
-    ``inline_max_bytes``, ``find_scan_limit``, ``max_retries``, ``timeout``; for Vertex AI
-    ``vertexai``, ``project``, ``location`` and ``gcs_prefix``.
+    Host: API base URL (optional; the bundled emulator's URL in tests and demos). Password: the
+    Developer API key. Named fields: ``api_version``, ``inline_max_bytes``, ``timeout``,
+    ``max_retries``; for Vertex AI ``vertexai``, ``project``, ``location``, ``gcs_prefix`` and
+    ``gcp_conn_id`` (a ``google_cloud_platform`` connection whose credentials reach Vertex AI
+    and GCS; empty: Application Default Credentials).
 
     :param batch_conn_id: the connection id
     """
@@ -24,11 +49,26 @@ class GeminiBatchHook(BatchHook):
     default_conn_name = "gemini_batch_default"
     conn_type = "gemini_batch"
     hook_name = "Gemini Batch"
-    ui_placeholders: ClassVar[dict[str, str]] = {
-        "host": "https://generativelanguage.googleapis.com",
-        "extra": '{"inline_max_bytes": 0} or {"vertexai": true, "project": "my-project", '
-        '"location": "us-central1", "gcs_prefix": "gs://bucket/llm-batch"}',
-    }
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
+
+    @classmethod
+    def adapter_settings(cls, conn: Any) -> AdapterSettings:
+        return gemini_settings(conn)
+
+    def probe(self, adapter: BatchAdapter) -> str:
+        """List one batch (SDK retries off); for Vertex AI also list the GCS prefix.
+
+        :param adapter: a ``GeminiBatchAdapter``
+        """
+        client = adapter._create_client  # type: ignore[attr-defined]
+        pager = client.batches.list(config={"page_size": 1})
+        found = len(pager.page)
+        detail = f"listed {found} batch job(s) on the first page"
+        if adapter.vertex:  # type: ignore[attr-defined]
+            prefix = adapter._gcs_prefix()  # type: ignore[attr-defined]
+            bucket = prefix.removeprefix("gs://").split("/", 1)[0]
+            adapter.gcs.ls(bucket)  # type: ignore[attr-defined]
+            detail += f"; GCS bucket {bucket} is readable"
+        return detail

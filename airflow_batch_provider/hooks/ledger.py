@@ -73,3 +73,28 @@ class LedgerHook(BaseHook):
     def get_conn(self) -> Ledger:
         """Return the ledger (one engine per URL per process)."""
         return _open(self.url())
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Connect to the ledger's database without creating anything and report its schema.
+
+        :return: ``(True, dialect and schema version)`` or ``(False, why not)``; never the password
+        """
+        from sqlalchemy import create_engine, inspect, select
+
+        from airflow_batch_provider.ledger import schema
+
+        where = repr(self.ledger_conn_id) if self.ledger_conn_id else "the embedded default"
+        try:
+            engine = create_engine(self.url())
+            try:
+                with engine.connect() as conn:
+                    if schema.meta.name not in inspect(conn).get_table_names():
+                        return True, f"ledger {where} ({engine.dialect.name}) is reachable; no ledger yet"
+                    version = conn.execute(
+                        select(schema.meta.c.value).where(schema.meta.c.key == "schema_version")
+                    ).scalar()
+            finally:
+                engine.dispose()
+        except Exception as exc:  # the button reports every failure as text
+            return False, f"ledger {where} is unreachable: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return True, f"ledger {where} ({engine.dialect.name}) is reachable; schema version {version}"

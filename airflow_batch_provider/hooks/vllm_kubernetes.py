@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
+from airflow_batch_provider.adapters.base import BatchAdapter
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.kubernetes.settings import VllmPodSettings
 
@@ -26,11 +27,6 @@ class VllmKubernetesHook(BatchHook):
     default_conn_name = "vllm_kubernetes_default"
     conn_type = "vllm_kubernetes"
     hook_name = "vLLM on Kubernetes"
-    ui_placeholders: ClassVar[dict[str, str]] = {
-        "extra": '{"namespace": "llm", "image": "vllm/vllm-openai:v0.33.0", "gpu_count": 1, '
-        '"gpu_type": "H100", "usd_per_gpu_hour": 2.5, "exchange_pvc": "batch-exchange", '
-        '"exchange_path": "/mnt/batch-exchange", "hub_token_secret": "hf-token"}',
-    }
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
@@ -39,3 +35,21 @@ class VllmKubernetesHook(BatchHook):
         """Read the pod settings from the connection's extras."""
         conn = self.get_connection(self.batch_conn_id)
         return VllmPodSettings.from_extra(dict(conn.extra_dejson or {}))
+
+    def probe(self, adapter: BatchAdapter) -> str:
+        """Check the pod settings and that the exchange folder the pods share is writable here.
+
+        :param adapter: a ``VllmKubernetesAdapter``
+        """
+        import tempfile
+
+        from airflow_batch_provider.adapters.vllm import exchange_folder
+
+        settings = self.pod_settings()
+        folder = exchange_folder(adapter.settings.extra)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".abp-probe-"):
+            pass  # created and removed: the worker can write where the pods read
+        return (
+            f"pods of {settings.image} with {settings.gpu_count} {settings.gpu_type} GPU(s) in namespace "
+            f"{settings.namespace}; exchange folder {folder} is writable"
+        )

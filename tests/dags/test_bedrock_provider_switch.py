@@ -66,10 +66,9 @@ def switch(
         connections["bedrock"] = {
             "conn_type": "bedrock_batch",
             "host": base_url,
-            "login": "testing",
-            "password": "testing",
             "extra": {
-                "aws_access_key_id": "testing",
+                # credentials through the Amazon provider's AwsBaseHook, from this aws connection
+                "aws_conn_id": "abp_aws",
                 "region_name": "us-east-1",
                 "role_arn": ROLE,
                 "s3_uri": f"s3://{bucket}/llm-batch/input",
@@ -86,7 +85,8 @@ def switch(
         for name, model, chunk in runs:
             provider = name.removesuffix("_small")
             tmp = tmp_path_factory.mktemp(name)
-            env = batch_env(airflow_home, tmp, {"llm_batch": connections[provider]})
+            aws = {"conn_type": "aws", "login": "testing", "password": "testing"}
+            env = batch_env(airflow_home, tmp, {"llm_batch": connections[provider], "abp_aws": aws})
             env.update(
                 {
                     "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "tests" / "dags" / "dags"),

@@ -68,3 +68,83 @@ def test_the_ledger_url_is_masked_as_sensitive_and_the_plugin_is_listed() -> Non
     (plugin,) = info["plugins"]
     module, _, cls = plugin["plugin-class"].rpartition(".")
     assert getattr(importlib.import_module(module), cls).name == plugin["name"]
+
+
+# -- connection forms, read the way Airflow's providers manager and UI read them ---------------------
+
+BATCH_TYPES = ("openai_batch", "anthropic_batch", "gemini_batch", "bedrock_batch")
+
+
+def _connection_types() -> dict[str, dict[str, object]]:
+    return {entry["connection-type"]: entry for entry in get_provider_info()["connection-types"]}
+
+
+def test_every_connection_type_declares_a_named_form_without_importing_its_hook() -> None:
+    import jsonschema
+
+    types = _connection_types()
+    assert set(BATCH_TYPES) <= set(types)
+    for conn_type, entry in types.items():
+        assert entry["hook-name"], conn_type
+        behaviour = entry["ui-field-behaviour"]
+        assert set(behaviour) == {"hidden-fields", "relabeling", "placeholders"}, conn_type
+        for name, field in entry.get("conn-fields", {}).items():
+            assert field["label"] and field["description"], (conn_type, name)
+            jsonschema.Draft7Validator.check_schema(field["schema"])
+            assert "null" in field["schema"]["type"], f"{conn_type}.{name} must allow an empty form field"
+            if "default" in field["schema"]:
+                jsonschema.validate(field["schema"]["default"], field["schema"])
+
+
+def test_the_clouds_get_named_fields_for_project_region_role_and_buckets() -> None:
+    types = _connection_types()
+    assert {"organization", "project", "api_type"} <= set(types["openai_batch"]["conn-fields"])
+    assert {"aws_conn_id", "region_name", "role_arn", "s3_uri", "output_s3_uri"} <= set(
+        types["bedrock_batch"]["conn-fields"]
+    )
+    assert {"vertexai", "project", "location", "gcs_prefix", "gcp_conn_id"} <= set(
+        types["gemini_batch"]["conn-fields"]
+    )
+    # AWS keys live in the aws connection named by aws_conn_id, not in the Bedrock form
+    assert {"login", "password"} <= set(types["bedrock_batch"]["ui-field-behaviour"]["hidden-fields"])
+
+
+def test_every_declared_field_is_read_by_the_package() -> None:
+    """A field that nothing reads is a form that lies; catches a rename in an adapter."""
+    from pathlib import Path
+
+    from airflow_batch_provider.kubernetes.settings import VllmPodSettings
+
+    package = Path(__file__).resolve().parents[2] / "airflow_batch_provider"
+    source = "\n".join(
+        p.read_text(encoding="utf-8") for p in package.rglob("*.py") if p.name != "get_provider_info.py"
+    )
+    pod_settings = set(VllmPodSettings.__dataclass_fields__)  # read as a whole by from_extra
+    for conn_type, entry in _connection_types().items():
+        for name in entry.get("conn-fields", {}):
+            read = name in pod_settings if conn_type == "vllm_kubernetes" else f'"{name}"' in source
+            assert read, f"{conn_type}.{name} is declared but never read"
+
+
+def test_airflows_providers_manager_and_ui_see_the_forms() -> None:
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    manager = ProvidersManager()
+    runtime = ProvidersManagerTaskRuntime()
+    behaviours = manager.field_behaviours
+    widgets = manager.connection_form_widgets
+    for conn_type in BATCH_TYPES:
+        assert conn_type in behaviours, conn_type
+        assert runtime.hooks[conn_type] is not None, conn_type
+    assert behaviours["openai_batch"]["relabeling"]["password"] == "API key"
+    assert widgets["extra__bedrock_batch__role_arn"].field["schema"]["title"] == "Batch job role ARN"
+    meta = {m.connection_type: m for m in HookMetaService.hook_meta_data()}
+    gemini = meta["gemini_batch"]
+    assert gemini.hook_name == "Gemini Batch"
+    assert gemini.extra_fields is not None and "location" in gemini.extra_fields
+    assert (
+        gemini.standard_fields is not None
+        and gemini.standard_fields.password.title == "API key (Developer API)"
+    )

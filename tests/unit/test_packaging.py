@@ -21,6 +21,7 @@ RUNTIME_EXTRAS = {
     "bedrock",
     "kubernetes",
     "s3",
+    "vertex",
     "postgres",
     "emulator",
     "stack",

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -616,25 +615,152 @@ def test_an_unreachable_endpoint_is_a_retryable_realtime_failure() -> None:
 # -- hook ----------------------------------------------------------------------------------------
 
 
-def test_the_hook_passes_the_connection_login_as_the_access_key_id() -> None:
-    from airflow_batch_provider.hooks.bedrock import BedrockBatchHook, bedrock_settings
+def _connections(monkeypatch: pytest.MonkeyPatch, aws: dict[str, Any], bedrock: dict[str, Any]) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_AWS", json.dumps({"conn_type": "aws", **aws}))
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_BEDROCK", json.dumps({"conn_type": "bedrock_batch", **bedrock}))
 
-    conn = SimpleNamespace(
-        login="AKIDEXAMPLE",
-        password="secret",
-        host="http://127.0.0.1:8089",
-        port=None,
-        extra_dejson={"role_arn": ROLE, "s3_uri": "s3://b/in"},
-        conn_type="bedrock_batch",
+
+def _bedrock_conn(url: str, bucket: str) -> dict[str, Any]:
+    return {
+        "host": url,
+        "extra": {
+            "aws_conn_id": "abp_aws",
+            "region_name": "us-east-1",
+            "role_arn": ROLE,
+            "s3_uri": f"s3://{bucket}/llm-batch/input",
+            "output_s3_uri": f"s3://{bucket}/llm-batch/output",
+            "max_retries": 0,
+        },
+    }
+
+
+def test_a_job_runs_on_the_credentials_and_endpoints_of_the_aws_connection(
+    env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys and the S3 endpoint come from the aws connection (through AwsBaseHook), none from the
+    bedrock_batch connection; a whole job is staged, created, finished and downloaded with them."""
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    _connections(
+        monkeypatch,
+        {
+            "login": "AKIDFROMAWSCONN",
+            "password": "secret-from-aws-conn",
+            "extra": {"service_config": {"s3": {"endpoint_url": s3_endpoint}}},
+        },
+        _bedrock_conn(env.url, env.bucket),
     )
-    built = bedrock_settings(conn)
-    assert built.extra["aws_access_key_id"] == "AKIDEXAMPLE" and built.api_key == "secret"
-    assert built.base_url == "http://127.0.0.1:8089"
-    form = BedrockBatchHook.get_ui_field_behaviour()
-    assert "login" not in form["hidden_fields"] and form["relabeling"]["login"].startswith(
-        "AWS access key ID"
+    adapter = BatchHook("abp_bedrock").get_adapter()
+    assert isinstance(adapter, BedrockBatchAdapter)
+    assert adapter.settings.extra["s3_endpoint_url"] == s3_endpoint
+    assert adapter.bedrock._request_signer._credentials.access_key == "AKIDFROMAWSCONN"
+    assert adapter.s3._request_signer._credentials.access_key == "AKIDFROMAWSCONN"
+    env.adapter = adapter
+    ref = env.submit(MIN_RECORDS, "abp-aws-conn")
+    env.advance(DONE_S)
+    assert adapter.status(ref).state == "completed"
+    assert (
+        sum(isinstance(r, ItemResult) and r.outcome == "succeeded" for r in env.results(ref)) == MIN_RECORDS
     )
-    assert BedrockBatchHook.conn_type == "bedrock_batch"
+
+
+def test_an_assume_role_aws_connection_signs_with_the_roles_temporary_keys(
+    env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """assume-role comes for free from the Amazon provider: STS (moto) hands out temporary keys."""
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    _connections(
+        monkeypatch,
+        {
+            "login": "AKIDBASE",
+            "password": "base-secret",
+            "extra": {
+                "role_arn": "arn:aws:iam::123456789012:role/abp-batch-caller",
+                # STS and S3 at moto (assume-role reads only the service's own endpoint);
+                # Bedrock at the emulator (the bedrock_batch connection's host)
+                "endpoint_url": s3_endpoint,
+                "service_config": {"sts": {"endpoint_url": s3_endpoint}},
+            },
+        },
+        _bedrock_conn(env.url, env.bucket),
+    )
+    adapter = BatchHook("abp_bedrock").get_adapter()
+    assumed = adapter.bedrock._request_signer._credentials
+    assert assumed.method == "sts-assume-role"
+    assert assumed.access_key not in ("AKIDBASE", "testing")
+    env.adapter = adapter
+    ref = env.submit(MIN_RECORDS, "abp-assumed")
+    assert adapter.find("abp-assumed") == ref
+
+
+async def test_the_triggers_async_client_gets_the_aws_connections_credentials(
+    env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    _connections(
+        monkeypatch,
+        {"login": "AKIDASYNC", "password": "async-secret", "extra": {"endpoint_url": s3_endpoint}},
+        _bedrock_conn(env.url, env.bucket),
+    )
+    ref = env.submit(MIN_RECORDS, "abp-async-creds")
+    adapter = await BatchHook.aget_adapter("abp_bedrock")
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+        signer = client._client._request_signer  # type: ignore[attr-defined]
+        assert (await signer._credentials.get_frozen_credentials()).access_key == "AKIDASYNC"
+    finally:
+        await client.close()
+    assert status.state == "validating"  # the job the sync client created, read by the async one
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{"login": "AKID", "password": "secret"}, {"extra": {"aws_access_key_id": "AKID", "region_name": "x"}}],
+)
+def test_aws_keys_in_the_bedrock_connection_are_refused_with_where_they_belong(
+    monkeypatch: pytest.MonkeyPatch, keys: dict[str, Any]
+) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_KEYS", json.dumps({"conn_type": "bedrock_batch", **keys}))
+    with pytest.raises(ConfigurationError, match="aws_conn_id"):
+        BatchHook("abp_keys").get_adapter()
+
+
+def test_the_test_button_lists_jobs_and_checks_the_bucket(
+    env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.models.connection import Connection
+
+    _connections(
+        monkeypatch,
+        {"login": "AKID", "password": "secret", "extra": {"endpoint_url": s3_endpoint}},
+        _bedrock_conn(env.url, env.bucket),
+    )
+    ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
+    assert ok, message
+    assert f"bucket {env.bucket} is reachable" in message
+    missing = _bedrock_conn(env.url, "abp-no-such-bucket")
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_BEDROCK", json.dumps({"conn_type": "bedrock_batch", **missing}))
+    ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
+    assert not ok and "404" in message, message
+
+
+def test_the_test_button_says_no_to_a_closed_bedrock_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.models.connection import Connection
+
+    from tests.support.ports import free_port
+
+    _connections(
+        monkeypatch,
+        {"login": "AKID", "password": "secret"},
+        _bedrock_conn(f"http://127.0.0.1:{free_port()}", "abp-x"),
+    )
+    ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
+    assert not ok and "Could not connect" in message, message
 
 
 # -- the create rule under faults ------------------------------------------------------------------

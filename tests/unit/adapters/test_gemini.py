@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,6 +35,7 @@ from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.faults import FaultConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+from tests.support.gcs import start_gcs, vertex_connections
 
 from .faults import FAST_CREATE, arm, batches
 
@@ -528,7 +531,7 @@ async def test_realtime_embeds_through_the_sdk(emu: Emu) -> None:
     assert len(reply.result.output) == 16
 
 
-# -- Vertex AI (request building only: GCS is not available here) -------------------------------
+# -- Vertex AI request building -------------------------------
 
 
 def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
@@ -718,3 +721,103 @@ async def test_the_async_status_reads_the_same_progress_counts(emu: Emu) -> None
         await client.close()
     assert (status.state, status.total, status.completed) == ("completed", 3, 3)
     assert status == adapter.status(ref)
+
+
+# -- Vertex AI end to end: the hook, a service-account key, the emulator's Vertex routes, GCS ------
+
+
+@dataclass
+class Vertex:
+    emu: Emu
+    gcs: Any
+    bucket: str
+
+    def adapter(self) -> GeminiBatchAdapter:
+        from airflow_batch_provider.hooks.batch import BatchHook
+
+        adapter = BatchHook("abp_vertex").get_adapter()
+        assert isinstance(adapter, GeminiBatchAdapter)
+        return adapter
+
+
+@pytest.fixture(scope="module")
+def gcs_server() -> Iterator[Any]:
+    pytest.importorskip("gcp_storage_emulator")
+    pytest.importorskip("gcsfs")
+    with start_gcs() as server:
+        yield server
+
+
+@pytest.fixture
+def vertex(gcs_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Vertex]:
+    bucket = "abp-" + uuid.uuid4().hex[:10]
+    gcs_server.create_bucket(bucket)
+    with run_emulator(EmulatorConfig(seed=3, gcs_endpoint=gcs_server.endpoint_url)) as base_url:
+        gcp, gemini = vertex_connections(base_url, gcs_server.endpoint_url, f"gs://{bucket}/llm-batch")
+        gemini["extra"]["max_retries"] = 0
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(gcp))
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_VERTEX", json.dumps(gemini))
+        yield Vertex(Emu(base_url), gcs_server, bucket)
+
+
+def test_a_vertex_batch_runs_end_to_end_through_gcs_on_the_connections_credentials(vertex: Vertex) -> None:
+    adapter = vertex.adapter()
+    # the project came from the key file, the credentials from the gcp connection
+    assert adapter.settings.extra["project"] == "abp-project"
+    requests = [chat(i) for i in range(3)]
+    ref = submit(adapter, requests, key="abp-vertex-1")
+    assert ref.batch_id.startswith("projects/abp-project/locations/us-central1/batchPredictionJobs/")
+    staged = f"{vertex.bucket}/llm-batch/input/abp-vertex-1.jsonl"
+    assert adapter.gcs.cat(staged) == chunk(adapter, requests)  # the input really is in GCS
+    assert adapter.status(ref).state in ("validating", "in_progress")
+    vertex.emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.completed, status.failed) == ("completed", 3, 0)
+    got = by_id(results(adapter, ref))
+    assert set(got) == {f"id-c{i}" for i in range(3)}
+    assert all(r.outcome == "succeeded" and r.output for r in got.values())
+    outputs = adapter.gcs.glob(f"{vertex.bucket}/llm-batch/output/abp-vertex-1/**/predictions.jsonl")
+    assert len(outputs) == 1  # the emulator wrote the predictions to GCS, the adapter read them there
+    counters = vertex.emu.stats()["counters"]
+    assert counters["vertex.tokens_issued"] >= 1 and counters["vertex.outputs_written"] == 1
+    # a second submit of the same key finds the job instead of creating another
+    assert adapter.submit(InputRef("uri", f"gs://{staged}"), "abp-vertex-1", {"model": MODEL}) == ref
+    assert counters["vertex.batches_created"] == 1
+
+
+async def test_the_triggers_async_client_polls_vertex_with_the_connections_credentials(
+    vertex: Vertex,
+) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+
+    ref = submit(vertex.adapter(), [chat(1)], key="abp-vertex-async")
+    adapter = await BatchHook.aget_adapter("abp_vertex")
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert status.state in ("validating", "in_progress")
+
+
+def test_vertex_refuses_a_call_without_a_token_it_issued(vertex: Vertex) -> None:
+    answer = httpx.get(
+        f"{vertex.emu.base_url}/v1beta1/projects/p/locations/l/batchPredictionJobs",
+        headers={"Authorization": "Bearer made-up"},
+    )
+    assert answer.status_code == 401
+
+
+def test_the_test_button_checks_vertex_and_its_bucket(
+    vertex: Vertex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.models.connection import Connection
+
+    ok, message = Connection.get_connection_from_secrets("abp_vertex").test_connection()
+    assert ok, message
+    assert f"GCS bucket {vertex.bucket} is readable" in message
+    anonymous = {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True}}
+    monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(anonymous))
+    ok, message = Connection.get_connection_from_secrets("abp_vertex").test_connection()
+    assert not ok, message
+    assert "abp_vertex" in message and "failed" in message

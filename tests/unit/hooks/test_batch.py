@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.hooks.batch import BatchHook, OpenAIBatchHook, settings_from_connection
+from airflow_batch_provider.hooks.batch import BatchHook, settings_from_connection
+from tests.support.ports import free_port
 
 
 def conn(**kw: object) -> SimpleNamespace:
@@ -63,7 +68,85 @@ async def test_the_async_path_reads_the_connection_without_blocking(monkeypatch:
     assert isinstance(await BatchHook.aget_adapter("hook_async"), OpenAIBatchAdapter)
 
 
-def test_the_connection_form_relabels_host_and_password() -> None:
-    behaviour = OpenAIBatchHook.get_ui_field_behaviour()
-    assert behaviour["relabeling"] == {"host": "API base URL (optional)", "password": "API key"}
-    assert "login" in behaviour["hidden_fields"]
+def test_form_fields_saved_empty_mean_absent() -> None:
+    """The UI saves an untouched named field as null or ""; the adapter must see its default."""
+    settings = settings_from_connection(
+        conn(extra_dejson={"organization": None, "project": "", "timeout": 30, "api_type": "openai"})
+    )
+    assert settings.extra == {"timeout": 30, "api_type": "openai"}
+
+
+# -- test_connection: the UI's "Test" button, through Airflow's own Connection.test_connection ------
+
+KEY = "sk-right"
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[str]:
+    with run_emulator(EmulatorConfig(api_key=KEY)) as base_url:
+        yield base_url
+
+
+def _test(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: Any) -> tuple[bool, str]:
+    from airflow.models.connection import Connection
+
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(fields))
+    status, message = Connection(conn_id=conn_id, **fields).test_connection()
+    assert KEY not in message and "sk-wrong" not in message  # never echo a secret
+    return status, message
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "path"), [("openai_batch", "/v1"), ("anthropic_batch", ""), ("gemini_batch", "")]
+)
+def test_the_test_button_says_yes_to_a_working_connection(
+    emulator: str, monkeypatch: pytest.MonkeyPatch, conn_type: str, path: str
+) -> None:
+    ok, message = _test(monkeypatch, "t_ok", conn_type=conn_type, host=f"{emulator}{path}", password=KEY)
+    assert ok, message
+    assert "works" in message and "t_ok" in message
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "path"), [("openai_batch", "/v1"), ("anthropic_batch", ""), ("gemini_batch", "")]
+)
+def test_the_test_button_says_no_to_a_wrong_key_and_names_the_refusal(
+    emulator: str, monkeypatch: pytest.MonkeyPatch, conn_type: str, path: str
+) -> None:
+    ok, message = _test(
+        monkeypatch, "t_key", conn_type=conn_type, host=f"{emulator}{path}", password="sk-wrong"
+    )
+    assert not ok
+    assert "t_key" in message and "failed" in message
+    assert any(word in message for word in ("401", "400", "Authentication", "API key", "invalid")), message
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "path"), [("openai_batch", "/v1"), ("anthropic_batch", ""), ("gemini_batch", "")]
+)
+def test_the_test_button_says_no_to_a_closed_port(
+    monkeypatch: pytest.MonkeyPatch, conn_type: str, path: str
+) -> None:
+    port = free_port()
+    ok, message = _test(
+        monkeypatch, "t_closed", conn_type=conn_type, host=f"http://127.0.0.1:{port}{path}", password=KEY
+    )
+    assert not ok
+    assert "Connect" in message and "failed" in message, message  # the transport error, by name
+
+
+def test_the_vllm_test_button_checks_the_exchange_folder_the_pods_share(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ok, message = _test(
+        monkeypatch,
+        "t_vllm",
+        conn_type="vllm_kubernetes",
+        extra={"exchange_path": str(tmp_path), "gpu_count": 2},
+    )
+    assert ok and f"exchange folder {tmp_path} is writable" in message, message
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+    ok, message = _test(
+        monkeypatch, "t_vllm", conn_type="vllm_kubernetes", extra={"exchange_path": str(tmp_path / "missing")}
+    )
+    assert not ok and "FileNotFoundError" in message, message

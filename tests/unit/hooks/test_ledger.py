@@ -81,3 +81,36 @@ def test_a_real_postgres_connection_opens_the_ledger(
     ledger = LedgerHook("ledger_pg").get_conn()
     assert ledger.engine.dialect.name == "postgresql"
     assert ledger.schema_version >= 1
+
+
+def test_the_test_button_reports_a_ledger_without_creating_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.ledger import Ledger
+
+    path = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_T", json.dumps({"conn_type": "sqlite", "host": str(path)}))
+    ok, message = LedgerHook("ledger_t").test_connection()
+    assert ok and "no ledger yet" in message, message
+    assert not path.exists() or path.stat().st_size == 0  # the button created nothing
+    Ledger.from_url(f"sqlite:///{path}")
+    ok, message = LedgerHook("ledger_t").test_connection()
+    assert ok and "schema version" in message, message
+
+
+def test_the_test_button_names_an_unreachable_ledger_without_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support.ports import free_port
+
+    pg = {
+        "conn_type": "postgres",
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "login": "u",
+        "password": "pw-9x",
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_DOWN", json.dumps(pg))
+    ok, message = LedgerHook("ledger_down").test_connection()
+    assert not ok and "'ledger_down' is unreachable" in message and "OperationalError" in message
+    assert "pw-9x" not in message
