@@ -86,7 +86,7 @@ def test_the_deferrable_path_hands_the_same_policy_to_the_trigger(emulator: str)
     httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
     batch = submitted(emulator, "k4")
     with pytest.raises(TaskDeferred) as deferred:
-        sensor(batch).execute({})  # type: ignore[arg-type]
+        sensor(batch, deferrable=True).execute({})  # type: ignore[arg-type]
     trigger = deferred.value.trigger
     assert isinstance(trigger, BatchStatusTrigger)
     assert trigger.batch_id == batch["batch_id"]
