@@ -135,6 +135,20 @@ def in_doubt_alert(
     return send
 
 
+def known_job(ledger: Ledger, job_id: str) -> Mapping[str, Any] | None:
+    """The job row, or ``None`` for a batch the ledger does not know (a hand-made wait).
+
+    :param ledger: the ledger
+    :param job_id: the job
+    """
+    from airflow_batch_provider.exceptions import LedgerError
+
+    try:
+        return ledger.job(job_id)
+    except LedgerError:
+        return None
+
+
 def batch_ended(
     alerts: BatchAlerts | None,
     context: Mapping[str, Any],

@@ -34,7 +34,7 @@ from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.operators.batch import BatchBaseOperator, batch_ended, emit_alert
+from airflow_batch_provider.operators.batch import BatchBaseOperator, batch_ended, emit_alert, known_job
 from airflow_batch_provider.services import harvest
 
 if TYPE_CHECKING:
@@ -149,10 +149,15 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
             return batch
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
         policy = harvest.harvest_policy(self.poll, self.harvest_timeout)
-        before = self.ledger.job(batch["job_id"])
+        before = known_job(self.ledger, batch["job_id"])
         waited = harvest.cancel_and_wait(self.ledger, self.adapter, batch["job_id"], ref, policy)
         status = waited.status
-        if status is not None and status.terminal and before["batch_state"] != status.state:
+        if (
+            before is not None
+            and status is not None
+            and status.terminal
+            and before["batch_state"] != status.state
+        ):
             batch_ended(self.alerts, context, before, status, self.adapter.name)
         if status is None or not status.terminal:
             self.log.warning(

@@ -13,12 +13,12 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_batch_provider.adapters.base import BATCH_STATES, BatchAdapter, BatchRef, BatchStatus
 from airflow_batch_provider.core.policy import PollPolicy, PollState, decide, start
-from airflow_batch_provider.exceptions import LedgerError, PollError, TriggerEventError
+from airflow_batch_provider.exceptions import PollError, TriggerEventError
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
-from airflow_batch_provider.operators.batch import batch_ended, kill_claim, persist_links
+from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.triggers.batch import TRIGGER_STATUSES, BatchStatusTrigger, count_poll_error
 
@@ -368,10 +368,7 @@ class BatchStatusSensor(BaseSensorOperator):
                 job_id,
                 values["error"],
             )
-        try:
-            job: Mapping[str, Any] | None = self.ledger.job(job_id)
-        except LedgerError:
-            job = None  # a batch the ledger does not know (a hand-made wait): nothing to count
+        job = known_job(self.ledger, job_id)
         self.ledger.update_job(job_id, **values)
         if job is not None and status.terminal and job["batch_state"] != status.state:  # once per job
             batch_ended(self.alerts, context, job, status, self.adapter.name)
