@@ -410,8 +410,10 @@ class Recorder:
     ) -> None:
         self.sent.append(("gauge", stat, value, dict(tags or {})))
 
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
+    def __getattr__(self, name: str) -> Any:  # timers and the rest behave as Airflow's no-op logger
+        from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+
+        return getattr(NoStatsLogger(), name)
 
     def names(self) -> list[str]:
         return [stat for _, stat, _, _ in self.sent]
