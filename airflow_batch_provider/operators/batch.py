@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_batch_provider.adapters.base import BatchAdapter, BatchStatus
+from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.states import RETRYABLE_STATES
@@ -153,8 +153,9 @@ def batch_ended(
     alerts: BatchAlerts | None,
     context: Mapping[str, Any],
     job: Mapping[str, Any],
-    status: BatchStatus,
+    state: str,
     provider: str,
+    error_code: str | None = None,
 ) -> None:
     """A provider batch reached a terminal state: count it; a failed one is a ``batch_failed`` alert.
 
@@ -164,16 +165,17 @@ def batch_ended(
     :param alerts: the group's alerts
     :param context: the task context
     :param job: the ledger job row (as it was before this state was recorded)
-    :param status: the terminal status
+    :param state: the terminal state
     :param provider: provider (adapter) name
+    :param error_code: why a failed batch failed, when known
     """
     from airflow_batch_provider import metrics, notifications
 
     try:
-        metrics.record_batch(status.state, workload=str(job["workload"]), provider=provider)
+        metrics.record_batch(state, workload=str(job["workload"]), provider=provider)
     except Exception as exc:
         log.warning("metric of batch %s not recorded: %s", job["batch_id"], exc)
-    if status.state != "failed":
+    if state != "failed":
         return
     event = notifications.batch_failed(
         str(job["workload"]),
@@ -182,7 +184,7 @@ def batch_ended(
         batch_id=job["batch_id"],
         provider=provider,
         lines=int(job["lines"] or 0),
-        error_code=harvest.error_code_of(status) or harvest.BATCH_FAILED,
+        error_code=error_code or harvest.BATCH_FAILED,
         dag_id=_dag_id(context),
     )
     emit_alert(alerts, context, event)
@@ -1045,7 +1047,7 @@ class BatchPublishOperator(BatchBaseOperator):
         run_id = context["run_id"]
         ledger = self.ledger
         template = load_prompt(self.prompt, context) if self.prompt is not None else None
-        self.harvest_late(run_id, template)
+        self.harvest_late(run_id, template, context)
         if self.exhausted == "sync" and template is not None:
             self.send_exhausted(context, template)
         # A real-time send that crashed before its answer was recorded leaves its item in
@@ -1215,11 +1217,16 @@ class BatchPublishOperator(BatchBaseOperator):
         self.log.info("exhausted items sent synchronously: %s", summary)
         return summary
 
-    def harvest_late(self, run_id: str, template: PromptTemplate | None) -> None:
+    def harvest_late(
+        self, run_id: str, template: PromptTemplate | None, context: Mapping[str, Any] | None = None
+    ) -> None:
         """Fetch and apply the files of jobs that were not complete, where the batch has ended since.
+
+        A batch first seen ended here is counted, and a failed one is a ``batch_failed`` alert.
 
         :param run_id: the Airflow run id
         :param template: the workload's prompt (``None``: no late harvest)
+        :param context: the task context (for the alert)
         """
         late = [
             j
@@ -1234,6 +1241,11 @@ class BatchPublishOperator(BatchBaseOperator):
                 self.ledger, self.adapter, self.staging, job["job_id"], template, cost_of
             )
             self.log.info("late harvest of job %s: %s", job["job_id"], done)
+            after = self.ledger.job(job["job_id"])
+            state = after["batch_state"]
+            if context is not None and state in TERMINAL_BATCH_STATES and state != job["batch_state"]:
+                code = str(after["error"] or "").partition(":")[0] or None
+                batch_ended(self.alerts, context, job, state, self.adapter.name, code)
 
 
 def attempt_owner(context: Context) -> str:

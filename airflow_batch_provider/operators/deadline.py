@@ -158,7 +158,9 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
             and status.terminal
             and before["batch_state"] != status.state
         ):
-            batch_ended(self.alerts, context, before, status, self.adapter.name)
+            batch_ended(
+                self.alerts, context, before, status.state, self.adapter.name, harvest.error_code_of(status)
+            )
         if status is None or not status.terminal:
             self.log.warning(
                 "batch %s is not terminal %.0fs after the cancel (%s); its items stay open for the deadline "

@@ -371,5 +371,7 @@ class BatchStatusSensor(BaseSensorOperator):
         job = known_job(self.ledger, job_id)
         self.ledger.update_job(job_id, **values)
         if job is not None and status.terminal and job["batch_state"] != status.state:  # once per job
-            batch_ended(self.alerts, context, job, status, self.adapter.name)
+            batch_ended(
+                self.alerts, context, job, status.state, self.adapter.name, harvest.error_code_of(status)
+            )
         return out
