@@ -594,3 +594,28 @@ def test_prepare_under_a_distributed_executor_accepts_postgres_and_object_store_
         check_distributed("ledger_pg", "file:///tmp/x")
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
     check_distributed(None, "file:///tmp/x")  # one machine: the embedded defaults are fine
+
+
+def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not_wait_for_the_lease(
+    flow: Flow,
+) -> None:
+    from airflow_batch_provider.exceptions import SubmitError
+
+    (manifest,) = flow.prepare(2)
+    op = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
+    real_find = op.adapter.find
+
+    def find_then_sigterm(*args: Any, **kwargs: Any) -> Any:
+        found = real_find(*args, **kwargs)
+        op.on_kill()  # the task runner's SIGTERM handler runs here, between two statements
+        return found
+
+    op.adapter.find = find_then_sigterm  # type: ignore[method-assign]
+    with pytest.raises(SubmitError, match="killed before the upload"):
+        op.execute(flow.context("submit", 0))
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    job = ledger.get_job(manifest["job_id"])
+    assert job.batch_id is None and job.claim_owner is None
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"].get("openai.batches_created", 0) == 0
+    retry = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
+    assert retry.execute(flow.context("submit", 0))["batch_id"]  # claimed at once, created once
