@@ -178,3 +178,23 @@ class BatchInDoubtError(SubmitError):
             "(created after that time, same request count, the job's custom ids once the batch has ended), "
             "or a person resolves the job with its batch id (or none) after checking the provider's console."
         )
+
+
+class TriggerEventError(PollError):
+    """A trigger event the waiting task cannot read: not a mapping, an unknown status, a bad batch.
+
+    :param job_id: the ledger job the task waits for
+    :param problem: what is wrong with the event
+    :param event: the event as received (shown shortened)
+    """
+
+    def __init__(self, job_id: str, problem: str, event: object) -> None:
+        self.job_id = job_id
+        self.problem = problem
+        shown = repr(event)
+        shown = shown if len(shown) <= 300 else shown[:300] + "..."
+        super().__init__(
+            f"job {job_id}: the status trigger sent an event this task cannot read ({problem}): {shown}. "
+            "Nothing in the ledger was changed; clear the task to poll the batch again, and report the "
+            "event if it recurs (the triggerer may run another version of the provider than the worker)."
+        )

@@ -33,11 +33,11 @@ from typing import Any
 from airflow.sdk import TaskGroup
 
 from airflow_batch_provider.core.deadline import DeadlineSpec, check_policy
-from airflow_batch_provider.core.names import check_workload
+from airflow_batch_provider.core.names import check_workload, is_templated
 from airflow_batch_provider.core.policy import PollPolicy
-from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.kubernetes.lane import pod_tasks, runs_in_pod
+from airflow_batch_provider.notifications import BatchAlerts
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
     BatchPrepareOperator,
@@ -46,7 +46,9 @@ from airflow_batch_provider.operators.batch import (
     BatchResubmitOperator,
     BatchSubmitOperator,
     BatchWorkloadLeaseOperator,
+    PromptSource,
     RecordSource,
+    check_exhausted,
 )
 from airflow_batch_provider.operators.deadline import (
     HARVEST_TIMEOUT_S,
@@ -79,7 +81,7 @@ def batch_inference_group(
     *,
     workload: str,
     records: RecordSource,
-    prompt: PromptTemplate | str,
+    prompt: PromptSource,
     batch_conn_id: str,
     ledger_conn_id: str | None = None,
     staging_root: str | None = None,
@@ -98,8 +100,10 @@ def batch_inference_group(
     fallback_concurrency: int | None = None,
     budget_usd: float | str | None = None,
     unfinished: str = "review",
+    exhausted: str = "review",
     pricing_override: str | Mapping[str, Any] | None = None,
     deferrable: bool = True,
+    alerts: BatchAlerts | None = None,
     outlets: Sequence[Any] = (),
     group_id: str | None = None,
 ) -> TaskGroup:
@@ -109,9 +113,11 @@ def batch_inference_group(
 
     :param workload: the workload's name (ledger namespace, staging folder)
     :param records: JSONL/CSV path or URL, or a callable(context) returning dicts
-    :param prompt: the prompt, or the path of its YAML file
+    :param prompt: the prompt, the path of its YAML file, or a callable(context) returning the
+        prompt when the task runs (e.g. its model from an Airflow Variable)
     :param batch_conn_id: provider connection; its type picks the adapter (change it, and the
-        model in the prompt, to move the workload to another provider)
+        model in the prompt, to move the workload to another provider); templated, e.g.
+        ``"{{ var.value.get('my_conn_id', 'openai_batch_default') }}"`` to choose it at run time
     :param ledger_conn_id: ledger connection (``None``: embedded SQLite)
     :param staging_root: staging URL (default ``[batch_provider] staging_root``)
     :param staging_conn_id: object store connection for ``staging_root``
@@ -136,8 +142,14 @@ def batch_inference_group(
         its items go to review); prepare stops before any submit when the cost estimate
         exceeds it
     :param unfinished: where items still open at the end go: ``review``, ``pending``, ``skipped``
+    :param exhausted: where items that exhausted their batch attempts go: ``review`` (default) or
+        ``sync`` (the provider's real-time API at full price, within ``budget_usd``; reported as
+        ``exhausted_sync`` in the cost report)
     :param pricing_override: prices merged over the shipped table (file path or dict)
-    :param deferrable: wait in the triggerer (default) rather than in a worker
+    :param deferrable: wait in the triggerer. The group turns deferral on (the operators on their
+        own follow ``[operators] default_deferrable``); ``False`` polls in a worker
+    :param alerts: where the group's alert events go (deadline missed, budget refused, a failed or
+        in-doubt batch, review growth, the run's summary); see :mod:`airflow_batch_provider.notifications`
     :param outlets: assets the publish task updates
     :param group_id: the TaskGroup id (default: the workload name)
     """
@@ -160,7 +172,11 @@ def batch_inference_group(
         "staging_root": staging_root,
         "staging_conn_id": staging_conn_id,
     }
-    in_pod = runs_in_pod(batch_conn_id)  # self-hosted lane: a pod task per chunk replaces submit + wait
+    check_exhausted(exhausted, prompt)
+    # self-hosted lane: read from the connection at parse time; a templated connection is a provider's
+    in_pod = not is_templated(batch_conn_id) and runs_in_pod(
+        batch_conn_id
+    )  # self-hosted lane: a pod task per chunk replaces submit + wait
     # a workload may contain '.', which Airflow refuses in a group id
     with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
         lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
@@ -173,6 +189,7 @@ def batch_inference_group(
             max_reject_ratio=max_reject_ratio,
             budget_usd=budget_usd,
             pricing_override=pricing_override,
+            alerts=alerts,
             **common,
         )
         if spec is not None:
@@ -196,6 +213,7 @@ def batch_inference_group(
                     budget_usd=budget_usd,
                     pricing_override=pricing_override,
                     trigger_rule="none_failed",
+                    alerts=alerts,
                     **common,
                 )
                 last >> resubmit
@@ -212,7 +230,11 @@ def batch_inference_group(
                 )
             else:
                 submit = BatchSubmitOperator.partial(
-                    task_id=f"submit{suffix}", prompt=prompt, pricing_override=pricing_override, **common
+                    task_id=f"submit{suffix}",
+                    prompt=prompt,
+                    pricing_override=pricing_override,
+                    alerts=alerts,
+                    **common,
                 ).expand(job=manifests)
                 wait = BatchStatusSensor.partial(
                     task_id=f"wait{suffix}",
@@ -224,11 +246,16 @@ def batch_inference_group(
                     deferrable=deferrable,
                     staging_root=staging_root,
                     staging_conn_id=staging_conn_id,
+                    alerts=alerts,
                 ).expand(batch=submit.output)
                 waited = wait.output
                 if deadline_policy is not None:
                     harvest = BatchDeadlineHarvestOperator.partial(
-                        task_id=f"harvest{suffix}", harvest_timeout=harvest_timeout, poll=policy, **common
+                        task_id=f"harvest{suffix}",
+                        harvest_timeout=harvest_timeout,
+                        poll=policy,
+                        alerts=alerts,
+                        **common,
                     ).expand(batch=wait.output)
                     waited = harvest.output
             download = BatchDownloadOperator.partial(task_id=f"download{suffix}", **common).expand(
@@ -243,8 +270,14 @@ def batch_inference_group(
             unfinished=unfinished,
             pricing_override=pricing_override,
             prompt=prompt,
+            exhausted=exhausted,
+            budget_usd=budget_usd,
+            fallback_rpm=fallback_rpm,
+            fallback_tpm=fallback_tpm,
+            fallback_concurrency=fallback_concurrency,
             trigger_rule="none_failed",
             outlets=list(outlets),
+            alerts=alerts,
             **common,
         )
         if deadline_policy is None:
@@ -279,6 +312,7 @@ def batch_inference_group(
             publish_task_id=publish.task_id,
             policy_task_id=policy_task.task_id,
             trigger_rule="none_failed",
+            alerts=alerts,
         )
         last >> branch >> [policy_task, publish]
         policy_task >> publish

@@ -2,17 +2,17 @@
 
 Runs through Gemini Batch Mode (``gemini-embedding-001``) on the ``gemini_batch_default``
 connection, or through any other provider with an embeddings batch endpoint: the provider is the
-connection, and the model goes with it. Both are Airflow Variables, read when the file is parsed
-(the connection's adapter and the prompt's model shape the task group), and settable from the
-environment as Airflow does for every Variable:
+connection, and the model goes with it. Both are Airflow Variables, read when the tasks run
+(through the Task SDK: the connection id is a template, the prompt and the records are callables),
+never when the file is parsed; set them in the UI, the CLI, a secrets backend or the environment
+(``AIRFLOW_VAR_<NAME>``):
 
-- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_CONN_ID`` (default ``gemini_batch_default``)
-- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_MODEL`` (default ``gemini-embedding-001``; e.g.
-  ``text-embedding-3-small`` with an ``openai_batch`` connection)
-- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_DIMENSIONS`` (default 256; OpenAI's ``dimensions``, mapped to
-  Gemini's ``outputDimensionality``)
-- ``AIRFLOW_VAR_EMBEDDINGS_BACKFILL_LIMIT`` (default 0: every comment; a smaller number embeds the
-  first N only)
+- ``embeddings_backfill_conn_id`` (default ``gemini_batch_default``)
+- ``embeddings_backfill_model`` (default ``gemini-embedding-001``; e.g. ``text-embedding-3-small``
+  with an ``openai_batch`` connection)
+- ``embeddings_backfill_dimensions`` (default 256; OpenAI's ``dimensions``, mapped to Gemini's
+  ``outputDimensionality``)
+- ``embeddings_backfill_limit`` (default 0: every comment; a smaller number embeds the first N only)
 
 Unchanged comments are not embedded again. Vectors land in the ledger's results table and in
 ``results.jsonl`` (as each item's ``output``) through the standard publish step; a last task
@@ -23,7 +23,6 @@ next to the run's report in staging, the file a vector index loader reads.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,33 +39,39 @@ WORKLOAD = "embeddings_backfill"
 
 
 def setting(name: str, default: str) -> str:
-    """Return the Airflow Variable ``embeddings_backfill_<name>`` as set in the environment.
+    """Return the Airflow Variable ``embeddings_backfill_<name>``, read now through the Task SDK.
+
+    Called inside tasks only (the Task SDK reads Variables at run time, not at parse time).
 
     :param name: the setting's short name
     :param default: its value when unset
     """
-    return os.environ.get(f"AIRFLOW_VAR_{WORKLOAD.upper()}_{name.upper()}", default)
+    from airflow.sdk import Variable
+
+    return str(Variable.get(f"{WORKLOAD}_{name}", default=default))
 
 
-CONN_ID = setting("conn_id", "gemini_batch_default")
-MODEL = setting("model", "gemini-embedding-001")
-DIMENSIONS = int(setting("dimensions", "256"))
-LIMIT = int(setting("limit", "0"))
+#: The provider connection, chosen when the run's tasks are rendered.
+CONN_ID = "{{ var.value.get('embeddings_backfill_conn_id', 'gemini_batch_default') }}"
 
-PROMPT = PromptTemplate(
-    name="feedback comment embedding",
-    version="emb-v1",
-    model=MODEL,
-    kind="embedding",
-    user="{{ product }}: {{ comment }}",
-    params={"dimensions": DIMENSIONS},
-    output_format="vector",
-)
+
+def prompt(context: Any) -> PromptTemplate:
+    """The embedding prompt, with this run's model and dimensions from the Variables."""
+    return PromptTemplate(
+        name="feedback comment embedding",
+        version="emb-v1",
+        model=setting("model", "gemini-embedding-001"),
+        kind="embedding",
+        user="{{ product }}: {{ comment }}",
+        params={"dimensions": int(setting("dimensions", "256"))},
+        output_format="vector",
+    )
 
 
 def load_comments(context: Any) -> Iterator[dict[str, Any]]:
     """Yield the comments to embed (the sample set is generated on first use)."""
-    return generated_records("generate_feedback_data", "feedback_comments.jsonl", n=3000, seed=7, limit=LIMIT)
+    limit = int(setting("limit", "0"))
+    return generated_records("generate_feedback_data", "feedback_comments.jsonl", n=3000, seed=7, limit=limit)
 
 
 @task
@@ -89,7 +94,12 @@ def write_vectors(run_id: str | None = None) -> dict[str, Any]:
                 continue
             fh.write(json.dumps({"id": row["app_id"], "vector": vector}).encode("utf-8") + b"\n")
             count += 1
-    return {"path": str(target), "vectors": count, "dimensions": DIMENSIONS, "model": MODEL}
+    return {
+        "path": str(target),
+        "vectors": count,
+        "dimensions": int(setting("dimensions", "256")),
+        "model": setting("model", "gemini-embedding-001"),
+    }
 
 
 with DAG(
@@ -104,7 +114,7 @@ with DAG(
     group = batch_inference_group(
         workload=WORKLOAD,
         records=load_comments,
-        prompt=PROMPT,
+        prompt=prompt,
         batch_conn_id=CONN_ID,
         max_attempts=3,
         max_requests_per_chunk=1000,

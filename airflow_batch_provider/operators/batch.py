@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_batch_provider.adapters.base import BatchAdapter
+from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.states import RETRYABLE_STATES
@@ -27,6 +27,7 @@ from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
@@ -37,11 +38,301 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from sqlalchemy.engine import RowMapping
 
+    from airflow_batch_provider.notifications import BatchAlerts, BatchEvent
     from airflow_batch_provider.services.records import SourceRecord
 
 log = logging.getLogger(__name__)
 
 RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]]
+#: A prompt, the path of its YAML file, or a callable given the task context returning one (run time).
+PromptSource = PromptTemplate | str | Callable[..., PromptTemplate]
+
+
+def load_prompt(prompt: PromptSource, context: Mapping[str, Any] | None = None) -> PromptTemplate:
+    """The prompt of a task: ``prompt`` itself, its YAML file, or what a callable returns at run time.
+
+    A callable lets a DAG choose the model from an Airflow Variable when the task runs, not when
+    the file is parsed (see ``dags/embeddings_backfill.py``).
+
+    :param prompt: a prompt, the path of its YAML file, or a callable ``(context) -> PromptTemplate``
+    :param context: the task context (needed by a callable)
+    """
+    if callable(prompt) and not isinstance(prompt, PromptTemplate):
+        made = prompt(context)
+        if not isinstance(made, PromptTemplate):
+            raise ConfigurationError(
+                f"the prompt callable {getattr(prompt, '__name__', prompt)!r} returned {type(made).__name__}; "
+                "it must return a PromptTemplate."
+            )
+        return made
+    return PromptTemplate.load(prompt)
+
+
+def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: BatchEvent) -> None:
+    """Send an alert event; never fails the task (a notifier's error, or building it, is logged).
+
+    :param alerts: the group's alerts (``None``: only the ``alerts.<kind>`` metric is counted)
+    :param context: the task context
+    :param event: the event
+    """
+    try:
+        if alerts is None:
+            from airflow_batch_provider import metrics
+
+            metrics.record_alert(event.kind)
+            return
+        alerts.emit(context, event)
+    except Exception:
+        log.exception("alert %s of %s could not be sent", event.kind, event.workload)
+
+
+def persist_links(context: Mapping[str, Any], provider: str, batch_ids: Sequence[str]) -> str | None:
+    """Store the "Provider batch" and "LLM batch run" links of a task now (before it defers).
+
+    Returns the console URL stored, or ``None`` when the context cannot store links (no task
+    instance, no DAG); a link that cannot be stored is logged, never fatal.
+
+    :param context: the task context
+    :param provider: provider (adapter) name
+    :param batch_ids: the task's provider batch ids
+    """
+    from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+
+    if context.get("ti") is None or context.get("dag") is None or not batch_ids:
+        return None
+    try:
+        url = BatchConsoleLink.persist(context, provider=provider, batch_ids=list(batch_ids))
+        LedgerRunLink.persist(context)
+    except Exception as exc:
+        log.warning("the extra links of batch %s could not be stored: %s", ", ".join(batch_ids), exc)
+        return None
+    return url
+
+
+def in_doubt_alert(
+    alerts: BatchAlerts | None, context: Mapping[str, Any], provider: str
+) -> Callable[[Mapping[str, Any], str], None]:
+    """The ``on_in_doubt`` callback of :func:`~airflow_batch_provider.services.submit.submit_job` for a task.
+
+    :param alerts: the group's alerts
+    :param context: the task context
+    :param provider: provider (adapter) name
+    """
+    from airflow_batch_provider import notifications
+
+    def send(job: Mapping[str, Any], reason: str) -> None:
+        event = notifications.batch_in_doubt(
+            str(job["workload"]),
+            str(job["run_id"]),
+            job_id=str(job["job_id"]),
+            provider=provider,
+            lines=int(job["lines"] or 0),
+            reason=reason,
+            dag_id=_dag_id(context),
+        )
+        emit_alert(alerts, context, event)
+
+    return send
+
+
+def known_job(ledger: Ledger, job_id: str) -> Mapping[str, Any] | None:
+    """The job row, or ``None`` for a batch the ledger does not know (a hand-made wait).
+
+    :param ledger: the ledger
+    :param job_id: the job
+    """
+    from airflow_batch_provider.exceptions import LedgerError
+
+    try:
+        return ledger.job(job_id)
+    except LedgerError:
+        return None
+
+
+def batch_ended(
+    alerts: BatchAlerts | None,
+    context: Mapping[str, Any],
+    job: Mapping[str, Any],
+    state: str,
+    provider: str,
+    error_code: str | None = None,
+) -> None:
+    """A provider batch reached a terminal state: count it; a failed one is a ``batch_failed`` alert.
+
+    Call it once per job (where the job's recorded ``batch_state`` changes to the terminal one).
+    Never raises.
+
+    :param alerts: the group's alerts
+    :param context: the task context
+    :param job: the ledger job row (as it was before this state was recorded)
+    :param state: the terminal state
+    :param provider: provider (adapter) name
+    :param error_code: why a failed batch failed, when known
+    """
+    from airflow_batch_provider import metrics, notifications
+
+    try:
+        metrics.record_batch(state, workload=str(job["workload"]), provider=provider)
+    except Exception as exc:
+        log.warning("metric of batch %s not recorded: %s", job["batch_id"], exc)
+    if state != "failed":
+        return
+    event = notifications.batch_failed(
+        str(job["workload"]),
+        str(job["run_id"]),
+        job_id=str(job["job_id"]),
+        batch_id=job["batch_id"],
+        provider=provider,
+        lines=int(job["lines"] or 0),
+        error_code=error_code or harvest.BATCH_FAILED,
+        dag_id=_dag_id(context),
+    )
+    emit_alert(alerts, context, event)
+
+
+#: Executors whose tasks may run on different machines (nothing on one worker's disk is shared).
+DISTRIBUTED_EXECUTORS = ("CeleryExecutor", "KubernetesExecutor", "CeleryKubernetesExecutor", "EdgeExecutor")
+
+
+def distributed_executors(executor: str) -> list[str]:
+    """The distributed executors named in an ``[core] executor`` value (a list, aliases, class paths).
+
+    :param executor: the configured value, e.g. ``CeleryExecutor`` or ``LocalExecutor,KubernetesExecutor``
+    """
+    names = [part.split(":")[-1].strip().rsplit(".", 1)[-1] for part in executor.split(",") if part.strip()]
+    return [n for n in names if n in DISTRIBUTED_EXECUTORS]
+
+
+def check_distributed(ledger_conn_id: str | None, staging_root: str | None) -> None:
+    """Refuse the embedded defaults when tasks may run on different machines.
+
+    The embedded ledger (SQLite in ``$AIRFLOW_HOME``) and ``file://`` staging only work when
+    every task of a run sees the same disk. Under CeleryExecutor or KubernetesExecutor (``[core]
+    executor``, read through the compat layer) the prepare task stops before anything is recorded,
+    naming what to configure.
+
+    :param ledger_conn_id: the ledger connection (``None``: ``[batch_provider] ledger_url`` or SQLite)
+    :param staging_root: the staging URL (``None``: ``[batch_provider] staging_root``)
+    :raises ConfigurationError: a distributed executor with a local ledger or local staging
+    """
+    from airflow.providers.common.compat.sdk import conf
+
+    from airflow_batch_provider.settings import default_staging_root
+
+    found = distributed_executors(str(conf.get("core", "executor", fallback="") or ""))
+    if not found:
+        return
+    problems = []
+    if LedgerHook(ledger_conn_id).url().startswith("sqlite"):
+        problems.append(
+            "the ledger is a SQLite file on the worker's disk: set ledger_conn_id= on the group to a "
+            "postgres connection (or [batch_provider] ledger_url to a PostgreSQL URL)"
+        )
+    root = staging_root or default_staging_root()
+    if root.startswith("file:") or "://" not in root:
+        problems.append(
+            f"staging is on the local disk ({root}): set staging_root= (or [batch_provider] staging_root) "
+            "to an object store, e.g. s3://bucket/llm-batch or gs://bucket/llm-batch, with staging_conn_id"
+        )
+    if problems:
+        raise ConfigurationError(
+            f"[core] executor is {found[0]}: tasks of one run may run on different machines, and "
+            + "; ".join(problems)
+            + ". The embedded defaults only work when every task runs on one machine."
+        )
+
+
+#: Where items that exhausted their batch attempts go.
+EXHAUSTED_ROUTES = ("review", "sync")
+
+
+def check_exhausted(exhausted: str, prompt: Any) -> None:
+    """Refuse an unknown ``exhausted`` choice, or ``sync`` without the prompt (it validates the answers).
+
+    :param exhausted: ``review`` or ``sync``
+    :param prompt: the workload's prompt
+    """
+    if exhausted not in EXHAUSTED_ROUTES:
+        raise ConfigurationError(
+            f"exhausted={exhausted!r}; use 'review' (a person decides) or 'sync' (the real-time API, within the budget)."
+        )
+    if exhausted == "sync" and prompt is None:
+        raise ConfigurationError(
+            "exhausted='sync' needs the workload's prompt (prompt=) to validate the answers."
+        )
+
+
+def run_event_extra(workload: str, run_id: str, out: Mapping[str, Any], results: str) -> dict[str, Any]:
+    """The ``extra`` of a published run's Asset event: counts, cost and where the results are (JSON-safe).
+
+    :param workload: the workload
+    :param run_id: the run
+    :param out: the publish task's result
+    :param results: where ``results.jsonl`` is
+    """
+    return {
+        "workload": workload,
+        "run_id": run_id,
+        "items_by_state": {str(k): int(v) for k, v in dict(out["items_by_state"]).items()},
+        "paid_usd": None if out["paid_usd"] is None else str(out["paid_usd"]),
+        "cost_per_usable_result_usd": None
+        if out["cost_per_usable_result_usd"] is None
+        else str(out["cost_per_usable_result_usd"]),
+        "results": results,
+        "report": str(out["report"]),
+    }
+
+
+def asset_extra(context: Mapping[str, Any], outlets: Iterable[Any], extra: Mapping[str, Any]) -> int:
+    """Put ``extra`` on the events of the task's outlet Assets; return how many took it (never raises).
+
+    :param context: the task context (``outlet_events``)
+    :param outlets: the task's outlets
+    :param extra: JSON-safe values
+    """
+    from airflow.sdk import Asset
+
+    events = context.get("outlet_events")
+    if events is None:
+        return 0
+    done = 0
+    for outlet in outlets or ():
+        if not isinstance(outlet, Asset):
+            continue
+        try:
+            events[outlet].extra.update(extra)
+            done += 1
+        except Exception as exc:
+            log.warning("the event of asset %s carries no extra: %s", outlet, exc)
+    return done
+
+
+def kill_claim(task: Any) -> None:
+    """``on_kill`` of a task that may hold a submit claim (``task._claim``: job id and owner, or ``None``).
+
+    Sets ``task._killed`` (its submit stops before the next provider call) and releases the claim
+    when nothing of the job can be in flight. Never raises: the ledger may be unreachable, and
+    the claim's lease then ends by itself.
+
+    :param task: the submit operator or the status sensor
+    """
+    from airflow_batch_provider.services.submit import release_on_kill
+
+    task._killed = True
+    claim = getattr(task, "_claim", None)
+    if claim is None:
+        return
+    job_id, owner = claim
+    try:
+        if release_on_kill(task.ledger, job_id, owner):
+            log.warning("killed: released the submit claim on job %s (nothing was sent)", job_id)
+    except Exception as exc:
+        log.warning("killed: the claim on job %s could not be released (%s)", job_id, exc)
+
+
+def _dag_id(context: Mapping[str, Any]) -> str | None:
+    found = getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", None)
+    return str(found) if found else None
 
 
 class BatchBaseOperator(BaseOperator):
@@ -53,9 +344,10 @@ class BatchBaseOperator(BaseOperator):
         embedded SQLite ledger
     :param staging_root: staging URL (``file://``, ``s3://``, ``gs://``); default from config
     :param staging_conn_id: connection of the object store behind ``staging_root``
+    :param alerts: where this task's alert events go (set once on ``batch_inference_group``)
     """
 
-    template_fields: Sequence[str] = ("workload", "staging_root")
+    template_fields: Sequence[str] = ("workload", "batch_conn_id", "staging_root")
     ui_color = "#e8f1fb"
 
     def __init__(
@@ -66,6 +358,7 @@ class BatchBaseOperator(BaseOperator):
         ledger_conn_id: str | None = None,
         staging_root: str | None = None,
         staging_conn_id: str | None = None,
+        alerts: BatchAlerts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -74,6 +367,15 @@ class BatchBaseOperator(BaseOperator):
         self.ledger_conn_id = ledger_conn_id
         self.staging_root = staging_root
         self.staging_conn_id = staging_conn_id
+        self.alerts = alerts
+
+    def emit(self, context: Mapping[str, Any], event: BatchEvent) -> None:
+        """Send an alert event (never fails the task).
+
+        :param context: the task context
+        :param event: the event
+        """
+        emit_alert(self.alerts, context, event)
 
     @cached_property
     def ledger(self) -> Ledger:
@@ -160,7 +462,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         self,
         *,
         records: RecordSource,
-        prompt: PromptTemplate | str,
+        prompt: PromptSource,
         max_requests_per_chunk: int | None = None,
         max_bytes_per_chunk: int | None = None,
         max_reject_ratio: float = 0.1,
@@ -183,10 +485,12 @@ class BatchPrepareOperator(BatchBaseOperator):
         self.max_reject_ratio = max_reject_ratio
         self.records_conn_id = records_conn_id
 
-    @cached_property
-    def template(self) -> PromptTemplate:
-        """The prompt template."""
-        return PromptTemplate.load(self.prompt)
+    def template(self, context: Context | None = None) -> PromptTemplate:
+        """The prompt template (a callable prompt is called with the task context).
+
+        :param context: the task context
+        """
+        return load_prompt(self.prompt, context)
 
     def source_records(self, context: Context, stack: ExitStack) -> Iterator[SourceRecord]:
         """The records of ``records``, read lazily (files stay open in ``stack``).
@@ -210,10 +514,13 @@ class BatchPrepareOperator(BatchBaseOperator):
 
         return opened()
 
-    def estimate_and_check_budget(self, run_id: str) -> None:
+    def estimate_and_check_budget(self, run_id: str, context: Context | None = None) -> None:
         """Log the cost estimate of the items staged and not yet submitted; stop over the budget.
 
+        Over the budget, a ``budget_refused`` alert is sent before the error is raised.
+
         :param run_id: the Airflow run id
+        :param context: the task context (for the alert)
         :raises BudgetExceededError: the estimate exceeds ``budget_usd`` (nothing was submitted)
         """
         from airflow_batch_provider.core.cost import check_budget, estimate_cost
@@ -230,7 +537,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 raise
             self.log.warning("no cost estimate: %s", exc)
             return
-        budget = "none" if self.budget_usd is None else f"${self.budget_usd}"
+        shown = "none" if self.budget_usd is None else f"${self.budget_usd}"
         self.log.info(
             "cost estimate before submit: $%s for %d items (%d input tokens, up to %d output tokens, "
             "batch prices as of %s); budget %s",
@@ -239,16 +546,34 @@ class BatchPrepareOperator(BatchBaseOperator):
             estimate.tokens.input,
             estimate.tokens.max_output,
             estimate.prices_as_of,
-            budget,
+            shown,
         )
-        if self.budget_usd is not None:
-            check_budget(estimate, Decimal(str(self.budget_usd)))
+        if self.budget_usd is None:
+            return
+        budget = Decimal(str(self.budget_usd))
+        if estimate.cost > budget and context is not None:
+            from airflow_batch_provider.notifications import BatchEvent
+
+            event = BatchEvent(
+                "budget_refused",
+                self.workload,
+                run_id,
+                f"{self.workload}: the run was not submitted: its {estimate.items:,} items are estimated at up to "
+                f"${estimate.cost.quantize(Decimal('0.000001'))}, over the ${budget} budget. Nothing was paid; "
+                "raise budget_usd, send fewer items, or use a cheaper model.",
+                "error",
+                {"budget": str(budget), "spent": "0", "needed": str(estimate.cost), "items": estimate.items},
+                _dag_id(context),
+            )
+            self.emit(context, event)
+        check_budget(estimate, budget)
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         from airflow_batch_provider.services.records import Reject, check_kind, load_records
 
         run_id = context["run_id"]
-        template = self.template
+        check_distributed(self.ledger_conn_id, self.staging_root)
+        template = self.template(context)
         ledger = self.ledger
         floor = self.adapter.limits.min_requests
         if self.max_requests_per_chunk is not None and self.max_requests_per_chunk < floor:
@@ -313,7 +638,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             context, 1, pending, self.max_requests_per_chunk, self.max_bytes_per_chunk
         )
         failpoint("prepare.after_stage")
-        self.estimate_and_check_budget(run_id)
+        self.estimate_and_check_budget(run_id, context)
         total = result.read
         if total and result.rejected / total > self.max_reject_ratio:
             raise ConfigurationError(
@@ -352,7 +677,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         self,
         *,
         job: Mapping[str, Any],
-        prompt: PromptTemplate | str | None = None,
+        prompt: PromptSource | None = None,
         pricing_override: str | Mapping[str, Any] | None = None,
         claim_lease_s: float | None = None,
         **kwargs: Any,
@@ -362,6 +687,10 @@ class BatchSubmitOperator(BatchBaseOperator):
         self.prompt = prompt
         self.pricing_override = pricing_override
         self.claim_lease_s = claim_lease_s
+        self._claim: tuple[str, str] | None = None
+        self._killed = False
+
+    operator_extra_links = (BatchConsoleLink(), LedgerRunLink())
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_batch_provider.services import submit
@@ -373,15 +702,31 @@ class BatchSubmitOperator(BatchBaseOperator):
         ):
             out = {"job_id": job["job_id"], "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
-        done = submit.submit_job(
-            ledger=self.ledger,
-            adapter=self.adapter,
-            staging=self.staging,
-            job_id=job["job_id"],
-            owner=attempt_owner(context),
-            lease_s=self.claim_lease_s,
-        )
+        self._claim = (job["job_id"], attempt_owner(context))
+        try:
+            done = submit.submit_job(
+                ledger=self.ledger,
+                adapter=self.adapter,
+                staging=self.staging,
+                job_id=job["job_id"],
+                owner=self._claim[1],
+                lease_s=self.claim_lease_s,
+                on_in_doubt=in_doubt_alert(self.alerts, context, self.adapter.name),
+                stop=lambda: self._killed,
+            )
+        finally:
+            self._claim = None
+        if done.batch_id:
+            persist_links(context, self.adapter.name, [done.batch_id])
         return done.to_xcom(self.adapter.name, key)
+
+    def on_kill(self) -> None:
+        """Stop before the next provider call and give back the submit claim when nothing is in flight.
+
+        See :func:`~airflow_batch_provider.services.submit.release_on_kill`: only the claim this
+        attempt took is released, only while nothing of the job was sent; nothing else is marked.
+        """
+        kill_claim(self)
 
     def send_synchronously(self, context: Context, job: Mapping[str, Any]) -> dict[str, Any]:
         """Send a below-minimum chunk's items through the real-time API (idempotent per item).
@@ -399,7 +744,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 f"{self.adapter.limits.min_requests} per batch, and must go through the real-time API, which "
                 "needs the prompt: pass prompt= to BatchSubmitOperator (batch_inference_group does)."
             )
-        template = PromptTemplate.load(self.prompt)
+        template = load_prompt(self.prompt, context)
         self.log.warning(
             "job %s has %d lines, below %s's minimum of %d per batch: sending them through the real-time "
             "API at full price instead of padding the batch",
@@ -474,7 +819,7 @@ class BatchReconcileOperator(BatchBaseOperator):
         self,
         *,
         batch: Mapping[str, Any],
-        prompt: PromptTemplate | str,
+        prompt: PromptSource,
         pricing_override: str | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -490,7 +835,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             self.adapter,
             self.staging,
             job["job_id"],
-            PromptTemplate.load(self.prompt),
+            load_prompt(self.prompt, context),
             report.batch_pricer(self.adapter.name, job["model"], self.pricing_override),
         )
 
@@ -566,18 +911,26 @@ class BatchResubmitOperator(BatchBaseOperator):
         )
         eligible = [r for r in items if int(r["attempts"]) < self.max_attempts]
         started = self.ledger.jobs_for(self.workload, run_id, self.round_number)
-        if self.budget_usd is not None and eligible and not started and self.over_budget(run_id, eligible):
+        if (
+            self.budget_usd is not None
+            and eligible
+            and not started
+            and self.over_budget(run_id, eligible, context)
+        ):
             return []
         max_requests = rounds.retry_chunk_limit(
             self.ledger, self.workload, run_id, self.round_number, eligible, self.max_requests_per_chunk
         )
         return self.stage_round(context, self.round_number, eligible, max_requests, self.max_bytes_per_chunk)
 
-    def over_budget(self, run_id: str, rows: Sequence[RowMapping]) -> bool:
+    def over_budget(self, run_id: str, rows: Sequence[RowMapping], context: Context | None = None) -> bool:
         """Say whether this round would take the run over its budget; if so, send its items to review.
+
+        A refused round is a ``budget_refused`` alert.
 
         :param run_id: the Airflow run id
         :param rows: the items the round would resubmit
+        :param context: the task context (for the alert)
         """
         from airflow_batch_provider.core.cost import estimate_cost
 
@@ -601,6 +954,19 @@ class BatchResubmitOperator(BatchBaseOperator):
             f"for {len(rows)} items exceeds the run's budget of ${budget}; raise budget_usd to resubmit them."
         )
         self.log.error("%s They go to review (error code budget_exceeded).", message)
+        if context is not None:
+            from airflow_batch_provider import notifications
+
+            event = notifications.budget_refused(
+                self.workload,
+                run_id,
+                budget=budget,
+                spent=spent,
+                needed=estimate.cost,
+                items=len(rows),
+                dag_id=_dag_id(context),
+            )
+            self.emit(context, event)
         self.ledger.transition(
             self.workload,
             run_id,
@@ -626,16 +992,30 @@ class BatchPublishOperator(BatchBaseOperator):
 
     Jobs whose files were not complete (a harvest that ran out of time) are fetched once more if
     their batch has ended meanwhile; answers for items another route settled are kept as
-    discarded cost. Items that exhausted their attempts, and permanent failures, go to ``review``.
-    Items still open go where ``unfinished`` says. Then every item of the run is in exactly one
-    final state; the results table is upserted, ``results.jsonl`` and ``report.json`` (with the
-    failed and in-doubt batches) are written to staging, the report is logged and returned
-    (small), and the run's workload lease is released.
+    discarded cost. Items that exhausted their batch attempts go where ``exhausted`` says:
+    ``review`` (default), or ``sync``: the provider's real-time API at full price, within
+    ``budget_usd`` (the report counts them apart, as ``exhausted_sync``). Permanent failures go
+    to ``review``. Items still open go where ``unfinished`` says. Then every item of the run is in
+    exactly one final state; the results table is upserted, ``results.jsonl`` and ``report.json``
+    (with the failed and in-doubt batches) are written to staging, the report is logged and
+    returned (small), and the run's workload lease is released.
+
+    Then the run is told about: the ``run_summary`` alert, a ``review_growth`` alert when the run
+    sent at least the threshold to review, the run's metrics (``metrics.record_run``), and each
+    outlet Asset's event carries the run's counts, cost and results location in its ``extra``.
 
     :param max_attempts: the attempts cap (as in resubmit)
     :param unfinished: ``review`` (default), ``pending`` (published as pending) or ``skipped``
     :param pricing_override: pricing file path or dict merged over the shipped prices
     :param prompt: the workload's prompt (validates late results); without it no late harvest
+    :param exhausted: ``review`` (default) or ``sync``: where items that exhausted their batch
+        attempts go
+    :param budget_usd: the run's budget; ``sync`` sends exhausted items only while the run's paid
+        cost plus their estimate at real-time prices stays within it (else they go to review and a
+        ``budget_refused`` alert is sent)
+    :param fallback_rpm: requests per minute of the real-time sends (default from config)
+    :param fallback_tpm: tokens per minute of the real-time sends (default from config)
+    :param fallback_concurrency: requests in flight of the real-time sends
     """
 
     def __init__(
@@ -644,21 +1024,35 @@ class BatchPublishOperator(BatchBaseOperator):
         max_attempts: int,
         unfinished: str = "review",
         pricing_override: str | Mapping[str, Any] | None = None,
-        prompt: PromptTemplate | str | None = None,
+        prompt: PromptSource | None = None,
+        exhausted: str = "review",
+        budget_usd: float | str | None = None,
+        fallback_rpm: int | None = None,
+        fallback_tpm: int | None = None,
+        fallback_concurrency: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if unfinished not in ("review", "pending", "skipped"):
             raise ConfigurationError(f"unfinished={unfinished!r}; use 'review', 'pending' or 'skipped'.")
+        check_exhausted(exhausted, prompt)
         self.max_attempts = max_attempts
         self.unfinished = unfinished
         self.pricing_override = pricing_override
         self.prompt = prompt
+        self.exhausted = exhausted
+        self.budget_usd = budget_usd
+        self.fallback_rpm = fallback_rpm
+        self.fallback_tpm = fallback_tpm
+        self.fallback_concurrency = fallback_concurrency
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
         ledger = self.ledger
-        self.harvest_late(run_id)
+        template = load_prompt(self.prompt, context) if self.prompt is not None else None
+        self.harvest_late(run_id, template, context)
+        if self.exhausted == "sync" and template is not None:
+            self.send_exhausted(context, template)
         # A real-time send that crashed before its answer was recorded leaves its item in
         # ``fallback``, which is not final: close it (the item becomes retryable, then settled).
         close_interrupted_sends(ledger, self.workload, run_id, ANSWER_LOST)
@@ -677,7 +1071,14 @@ class BatchPublishOperator(BatchBaseOperator):
                 settled,
                 self.unfinished,
             )
-        summary = report.build_report(ledger, self.workload, run_id, self.adapter.name, self.pricing_override)
+        summary = report.build_report(
+            ledger,
+            self.workload,
+            run_id,
+            self.adapter.name,
+            self.pricing_override,
+            max_attempts=self.max_attempts,
+        )
         published = ledger.publish(self.workload, run_id)
         folder = self.staging.run_dir(self.workload, run_id)
         with self.staging.writer(folder / "results.jsonl") as fh:
@@ -701,7 +1102,7 @@ class BatchPublishOperator(BatchBaseOperator):
         release_workload_lease(ledger, self.workload, run_id)
         self.log.info("published %d items to the results table and %s", published, folder / "results.jsonl")
         self.log.info("\n%s", summary["table"])
-        return {
+        out = {
             "items_by_state": summary["items_by_state"],
             "paid_usd": summary["paid"],
             "cost_per_usable_result_usd": summary["cost_per_usable_result"],
@@ -710,26 +1111,144 @@ class BatchPublishOperator(BatchBaseOperator):
             "possibly_paid_twice": summary["possibly_paid_twice"],
             "report": str(folder / "report.json"),
         }
+        self.tell(context, summary, out, str(folder / "results.jsonl"))
+        return out
 
-    def harvest_late(self, run_id: str) -> None:
+    def tell(
+        self, context: Context, summary: Mapping[str, Any], out: Mapping[str, Any], results: str
+    ) -> None:
+        """After the run is published: alerts, metrics and the Asset events' extra (none of it fails the task).
+
+        :param context: the task context
+        :param summary: the cost report
+        :param out: what the task returns
+        :param results: where ``results.jsonl`` is
+        """
+        from airflow_batch_provider import metrics, notifications
+
+        run_id = context["run_id"]
+        self.emit(context, notifications.run_summary(self.workload, run_id, summary, _dag_id(context)))
+        try:
+            added = int(summary.get("states", {}).get("review", 0))
+            if self.alerts is not None and added >= self.alerts.review_growth_threshold:
+                queue = len(self.ledger.review_items(self.workload, limit=1_000_000))
+                self.alerts.review_growth(context, self.workload, run_id, added=added, queue=queue)
+        except Exception:
+            self.log.exception("the review growth alert of %s could not be sent", self.workload)
+        try:
+            metrics.record_run(summary, workload=self.workload, provider=self.adapter.name)
+        except Exception as exc:
+            self.log.warning("run metrics not recorded: %s", exc)
+        asset_extra(context, self.outlets, run_event_extra(self.workload, run_id, out, results))
+
+    def send_exhausted(self, context: Context, template: PromptTemplate) -> dict[str, Any]:
+        """Send the items that exhausted their batch attempts through the real-time API, within the budget.
+
+        Resumable like the deadline fallback (:func:`~airflow_batch_provider.services.fallback.run_fallback`):
+        a crash between a send and its record is found, closed as ``possibly_paid_twice`` and sent
+        again by the rerun. Over the budget nothing is sent: the items go to review as usual, and
+        a ``budget_refused`` alert says so.
+
+        :param context: the task context
+        :param template: the workload's prompt
+        """
+        import asyncio
+
+        from airflow_batch_provider import notifications
+        from airflow_batch_provider.core.cost import estimate_cost
+        from airflow_batch_provider.services.fallback import FALLBACK_FROM, fallback_settings, run_fallback
+
+        run_id = context["run_id"]
+        rows = [
+            r
+            for r in self.ledger.iter_items(
+                self.workload,
+                run_id,
+                states=[s for s in sorted(RETRYABLE_STATES) if s in FALLBACK_FROM],
+                columns=["app_id", "attempts", "request_json", "state"],
+            )
+            if int(r["attempts"]) >= self.max_attempts
+        ]
+        if not rows:
+            return {"items": 0}
+        prices = load_prices(self.pricing_override)
+        if self.budget_usd is not None:
+            requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+            estimate = estimate_cost(requests, prices, "sync", provider=self.adapter.name)
+            spent = self.ledger.run_cost(self.workload, run_id)
+            budget = Decimal(str(self.budget_usd))
+            if spent + estimate.cost > budget:
+                self.log.error(
+                    "%d items exhausted their batch attempts; sending them through the real-time API "
+                    "(about $%s) would take the run past its budget of $%s ($%s paid): they go to review",
+                    len(rows),
+                    estimate.cost,
+                    budget,
+                    spent,
+                )
+                event = notifications.budget_refused(
+                    self.workload,
+                    run_id,
+                    budget=budget,
+                    spent=spent,
+                    needed=estimate.cost,
+                    items=len(rows),
+                    dag_id=_dag_id(context),
+                )
+                self.emit(context, event)
+                return {"items": 0, "refused": len(rows)}
+        self.log.warning(
+            "%d items exhausted their %d batch attempts: sending them through the real-time API of %s "
+            "at full price (exhausted='sync')",
+            len(rows),
+            self.max_attempts,
+            self.adapter.name,
+        )
+        summary = asyncio.run(
+            run_fallback(
+                ledger=self.ledger,
+                workload=self.workload,
+                run_id=run_id,
+                provider=self.adapter.name,
+                client=self.adapter.realtime_client(),
+                rows=rows,
+                template=template,
+                settings=fallback_settings(self.fallback_rpm, self.fallback_tpm, self.fallback_concurrency),
+                prices=prices,
+            )
+        )
+        self.log.info("exhausted items sent synchronously: %s", summary)
+        return summary
+
+    def harvest_late(
+        self, run_id: str, template: PromptTemplate | None, context: Mapping[str, Any] | None = None
+    ) -> None:
         """Fetch and apply the files of jobs that were not complete, where the batch has ended since.
 
+        A batch first seen ended here is counted, and a failed one is a ``batch_failed`` alert.
+
         :param run_id: the Airflow run id
+        :param template: the workload's prompt (``None``: no late harvest)
+        :param context: the task context (for the alert)
         """
         late = [
             j
             for j in self.ledger.jobs_for(self.workload, run_id)
             if j["batch_id"] and j["state"] not in (*harvest.COMPLETE_STATES, "sync")
         ]
-        if not late or self.prompt is None:
+        if not late or template is None:
             return
-        template = PromptTemplate.load(self.prompt)
         for job in late:
             cost_of = report.batch_pricer(self.adapter.name, job["model"], self.pricing_override)
             done = harvest.reconcile_job(
                 self.ledger, self.adapter, self.staging, job["job_id"], template, cost_of
             )
             self.log.info("late harvest of job %s: %s", job["job_id"], done)
+            after = self.ledger.job(job["job_id"])
+            state = after["batch_state"]
+            if context is not None and state in TERMINAL_BATCH_STATES and state != job["batch_state"]:
+                code = str(after["error"] or "").partition(":")[0] or None
+                batch_ended(self.alerts, context, job, state, self.adapter.name, code)
 
 
 def attempt_owner(context: Context) -> str:

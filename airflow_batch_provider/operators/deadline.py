@@ -34,11 +34,13 @@ from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.operators.batch import BatchBaseOperator
+from airflow_batch_provider.operators.batch import BatchBaseOperator, batch_ended, emit_alert, known_job
 from airflow_batch_provider.services import harvest
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_batch_provider.notifications import BatchAlerts
 
 #: Item states that are not done when the deadline comes (what the policy deals with).
 OPEN_AT_DEADLINE: tuple[str, ...] = (
@@ -147,8 +149,18 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
             return batch
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
         policy = harvest.harvest_policy(self.poll, self.harvest_timeout)
+        before = known_job(self.ledger, batch["job_id"])
         waited = harvest.cancel_and_wait(self.ledger, self.adapter, batch["job_id"], ref, policy)
         status = waited.status
+        if (
+            before is not None
+            and status is not None
+            and status.terminal
+            and before["batch_state"] != status.state
+        ):
+            batch_ended(
+                self.alerts, context, before, status.state, self.adapter.name, harvest.error_code_of(status)
+            )
         if status is None or not status.terminal:
             self.log.warning(
                 "batch %s is not terminal %.0fs after the cancel (%s); its items stay open for the deadline "
@@ -184,6 +196,7 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
     :param policy: the DAG's deadline policy (for the log)
     :param publish_task_id: the publish task's full id
     :param policy_task_id: the policy task's full id
+    :param alerts: where the ``deadline_missed`` event goes (sent when the deadline passed with items open)
     """
 
     template_fields: Sequence[str] = ("deadline",)
@@ -199,9 +212,11 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
         policy: str,
         publish_task_id: str,
         policy_task_id: str,
+        alerts: BatchAlerts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.alerts = alerts
         self.workload = workload
         self.ledger_conn_id = ledger_conn_id
         self.deadline = deadline
@@ -235,6 +250,16 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
             still_open,
             self.policy,
         )
+        from airflow_batch_provider import notifications
+
+        event = notifications.deadline_missed(
+            self.workload,
+            context["run_id"],
+            deadline=str(deadline),
+            open_items=sum(still_open.values()),
+            dag_id=getattr(context.get("dag"), "dag_id", None),
+        )
+        emit_alert(self.alerts, context, event)
         return self.policy_task_id
 
 

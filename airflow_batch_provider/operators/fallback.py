@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_batch_provider.core.ratelimit import RetryPolicy
-from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.operators.batch import BatchBaseOperator
+from airflow_batch_provider.operators.batch import BatchBaseOperator, PromptSource, load_prompt
 from airflow_batch_provider.services.fallback import (
     FALLBACK_FROM,
     FallbackSettings,
@@ -48,7 +47,7 @@ class SyncFallbackOperator(BatchBaseOperator):
     def __init__(
         self,
         *,
-        prompt: PromptTemplate | str,
+        prompt: PromptSource,
         rpm: int | None = None,
         tpm: int | None = None,
         concurrency: int | None = None,
@@ -76,7 +75,7 @@ class SyncFallbackOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
-        template = PromptTemplate.load(self.prompt)
+        template = load_prompt(self.prompt, context)
         rows = list(
             self.ledger.iter_items(
                 self.workload, run_id, states=FALLBACK_FROM, columns=["app_id", "request_json", "state"]
@@ -115,3 +114,17 @@ class SyncFallbackOperator(BatchBaseOperator):
             )
         self.log.info("fallback done: %s", summary)
         return summary
+
+    def on_kill(self) -> None:
+        """Change nothing in the ledger: the sends are resumable as they stand.
+
+        An item whose request was sent and whose answer was not recorded stays in ``fallback``
+        with an open attempt; the next run of this task (or publish) finds it, closes it as
+        ``possibly_paid_twice`` and sends it again (or ``answer_lost``), and reports it. This task
+        holds no claim, and marking an item now would claim knowledge of an answer nobody has.
+        """
+        self.log.warning(
+            "killed while sending %s's open items through the real-time API: items sent without a recorded "
+            "answer are closed as possibly_paid_twice and sent again by the next try",
+            self.workload,
+        )

@@ -188,6 +188,7 @@ async def run_fallback(
                 reservation = await limiter.acquire(estimate.input + estimate.max_output)
                 reply: RealtimeReply = await client.complete(request, custom_id)
                 result = reply.result
+                count_request(result.error_code, workload, provider)
                 if result.outcome == "failed_retryable":
                     counts[
                         "http_429" if result.error_code == "rate_limit_exceeded" else "retryable_errors"
@@ -224,6 +225,23 @@ async def run_fallback(
         "limiter_waited_s": round(limiter.stats.waited_s, 3),
         "provider_pauses": limiter.stats.pauses,
     }
+
+
+def count_request(error_code: str | None, workload: str, provider: str) -> None:
+    """Count one real-time request (``batch_provider.fallback.requests``, and ``rate_limited`` on a 429).
+
+    :param error_code: the answer's error code (``rate_limit_exceeded`` is a 429)
+    :param workload: the workload (a tag)
+    :param provider: the provider (a tag)
+    """
+    from airflow_batch_provider import metrics
+
+    try:
+        metrics.record_fallback_request(
+            429 if error_code == "rate_limit_exceeded" else None, workload=workload, provider=provider
+        )
+    except Exception:  # a metric never fails a send
+        return
 
 
 def close_interrupted_sends(

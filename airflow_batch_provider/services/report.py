@@ -60,6 +60,8 @@ def build_report(
     run_id: str,
     provider: str,
     pricing_override: str | Mapping[str, Any] | None,
+    *,
+    max_attempts: int | None = None,
 ) -> dict[str, Any]:
     """Compute the run's cost report from the ledger (JSON-safe dict, with a ``table`` text).
 
@@ -73,11 +75,14 @@ def build_report(
     :param run_id: the Airflow run id
     :param provider: provider name for pricing
     :param pricing_override: pricing override
+    :param max_attempts: the attempts cap; with it, items answered through the real-time API after
+        exhausting their batch attempts are reported apart (``exhausted_sync``)
     """
     from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
     from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
 
     paid_twice = 0
+    exhausted: list[tuple[str, Usage, str]] = []  # (app_id, usage of its real-time answers, model)
 
     def attempt_record(a: Mapping[str, Any], resend: Usage | None) -> AttemptRecord:
         if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE:
@@ -99,6 +104,11 @@ def build_report(
     def records() -> Iterator[ItemCostRecord]:
         nonlocal paid_twice
         for row in ledger.iter_cost_rows(workload, run_id):
+            batch_tries = sum(1 for a in row["attempts"] if a["mode"] == "batch" and not a["discarded"])
+            if max_attempts is not None and row["route"] == "fallback" and batch_tries >= max_attempts:
+                for a in row["attempts"]:
+                    if a["mode"] == "sync":
+                        exhausted.append((row["app_id"], a["usage"], row["model"]))
             lost = [
                 a for a in row["attempts"] if a["mode"] == "sync" and a["error_code"] == POSSIBLY_PAID_TWICE
             ]
@@ -153,6 +163,18 @@ def build_report(
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
             "provider was called; the item was sent again)"
         )
+    if exhausted:
+        from airflow_batch_provider.core.pricing import cost
+
+        paid = sum((cost(u, prices.price(provider, m), "sync") for _, u, m in exhausted), Decimal(0))
+        items = len({app_id for app_id, _, _ in exhausted})
+        out["exhausted_sync"] = {"items": items, "paid": str(paid)}
+        table += (
+            f"\nexhausted_sync (batch attempts exhausted, then the real-time API): {items} items, "
+            f"${paid.quantize(Decimal('0.000001'))} (included in the fallback route above)"
+        )
+    else:
+        out["exhausted_sync"] = {"items": 0, "paid": "0"}
     out.update(jobs)
     out["possibly_paid_twice"] = paid_twice
     out["table"] = table

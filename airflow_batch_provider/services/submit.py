@@ -33,7 +33,12 @@ from typing import Any, Final, Literal
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.exceptions import BatchInDoubtError, JobClaimedError, JobNotClaimableError
+from airflow_batch_provider.exceptions import (
+    BatchInDoubtError,
+    JobClaimedError,
+    JobNotClaimableError,
+    SubmitError,
+)
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.staging import Staging
 
@@ -227,6 +232,8 @@ def submit_job(
     owner: str,
     lease_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    on_in_doubt: Callable[[Mapping[str, Any], str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Submitted:
     """Create the provider batch of a staged job at most once, or re-attach to it.
 
@@ -237,6 +244,10 @@ def submit_job(
     :param owner: this attempt's claim owner (:func:`claim_owner`)
     :param lease_s: how long the claim is held (default :func:`claim_lease_s`)
     :param sleep: how to wait while another attempt holds the claim
+    :param on_in_doubt: called with the job row and the reason right after the job is marked in
+        doubt (the ``batch_in_doubt`` alert); an error it raises is logged, never raised
+    :param stop: asked before the upload and before the create; ``True`` (the task is being
+        killed) ends the call with :class:`SubmitError` before anything more reaches the provider
     """
     known = _known(ledger.job(job_id))
     if known is not None:
@@ -246,12 +257,26 @@ def submit_job(
         return waited
     try:
         failpoint("submit.after_claim")
-        return _create(ledger, adapter, staging, job_id)
+        return _create(ledger, adapter, staging, job_id, on_in_doubt, stop)
     finally:
         ledger.release_job_claim(job_id, owner)
 
 
-def _create(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id: str) -> Submitted:
+def _create(
+    ledger: Ledger,
+    adapter: BatchAdapter,
+    staging: Staging,
+    job_id: str,
+    on_in_doubt: Callable[[Mapping[str, Any], str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Submitted:
+    def check(before: str) -> None:
+        if stop is not None and stop():
+            raise SubmitError(
+                f"job {job_id}: the task was killed before {before}; nothing more was sent for it. "
+                "Its claim is released and its retry submits it (re-attaching by key to anything sent)."
+            )
+
     job = ledger.job(job_id)  # read again under the claim: an earlier holder may have finished
     known = _known(job)
     if known is not None:
@@ -266,10 +291,12 @@ def _create(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id: str
     path = staging.at(job["staged_path"])
     staging.verify(path, job["input_sha256"])
     ledger.update_job(job_id, state="submitting")
+    check("the upload")
     with path.open("rb") as fh:
         input_ref = adapter.stage(fh, f"{key}.jsonl", int(job["size_bytes"]))
     ledger.update_job(job_id, input_ref=input_ref.value)
     failpoint("submit.after_upload")
+    check("the create")
     try:
         ref: BatchRef = adapter.submit(
             input_ref, key, batch_metadata(job), kind=job["kind"], created_after=intent
@@ -279,6 +306,11 @@ def _create(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id: str
             "job %s: %s; it is in doubt and will not be created again until that is resolved", job_id, exc
         )
         ledger.mark_job_in_doubt(job_id, str(exc))
+        if on_in_doubt is not None:
+            try:
+                on_in_doubt(job, exc.reason)
+            except Exception:  # telling someone must never change what happened
+                log.exception("the in-doubt callback of job %s failed", job_id)
         return Submitted(job_id, None, epoch(job["created_at"]), "in_doubt")
     failpoint("submit.after_create")
     ledger.mark_submitted(job_id, ref.batch_id, input_ref.value)
@@ -361,3 +393,32 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     )
     log.error("%s %d items to review.", message, moved)
     return moved
+
+
+#: Job states in which nothing of the job has reached the provider under the current claim.
+NOTHING_SENT: Final = frozenset({"staged"})
+
+
+def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:
+    """Release a killed attempt's claim when nothing of its job can be in flight; say whether it did.
+
+    Called from ``on_kill`` (the task's SIGTERM handler, which runs between two statements of
+    the task itself). While the job is still ``staged`` nothing was uploaded or created, and the
+    task stops at its next :func:`submit_job` check, so its retry may claim the job at once. Once
+    the job is ``submitting`` an upload or a create may be in flight: the claim is kept until its
+    lease ends (or its holder is seen dead), and the retry re-attaches by key. Nothing else is
+    changed.
+
+    :param ledger: the ledger
+    :param job_id: the job the attempt claimed
+    :param owner: the attempt's claim owner
+    """
+    job = ledger.job(job_id)
+    if job["state"] not in NOTHING_SENT or job["batch_id"]:
+        log.warning(
+            "killed while job %s is %s: its claim is kept until its lease ends (a create may be in flight)",
+            job_id,
+            job["state"],
+        )
+        return False
+    return ledger.release_job_claim(job_id, owner)

@@ -8,14 +8,38 @@ native async client, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_batch_provider.adapters.base import BatchRef, BatchStatus
 from airflow_batch_provider.core.policy import PollPolicy, decide, start
+
+log = logging.getLogger(__name__)
+
+#: The ``status`` values of an event (the policy's actions other than ``wait``).
+TRIGGER_STATUSES: Final[tuple[str, ...]] = ("done", "deadline", "timeout", "give_up")
+
+
+def count_poll_error(error: str, workload: str, provider: str) -> None:
+    """Count a failed status poll (``batch_provider.poll_errors``); never raises.
+
+    ``Stats`` sends a UDP datagram (StatsD) or records in memory (OpenTelemetry): it does not
+    wait on the network, so the triggerer's event loop is not blocked.
+
+    :param error: ``"<ExceptionClass>: <message>"``
+    :param workload: the workload (a tag)
+    :param provider: the provider (a tag)
+    """
+    from airflow_batch_provider import metrics
+
+    try:
+        metrics.record_poll_error(error.partition(":")[0], workload=workload, provider=provider)
+    except Exception as exc:
+        log.warning("poll error metric not recorded: %s", exc)
 
 
 class BatchStatusTrigger(BaseTrigger):
@@ -32,6 +56,7 @@ class BatchStatusTrigger(BaseTrigger):
     :param idempotency_key: the job's idempotency key
     :param submitted_at: epoch seconds of the submission (the timeout counts from here)
     :param policy: :meth:`PollPolicy.to_dict` output
+    :param workload: the workload (a metric tag)
     """
 
     def __init__(
@@ -43,6 +68,7 @@ class BatchStatusTrigger(BaseTrigger):
         idempotency_key: str,
         submitted_at: float,
         policy: dict[str, Any],
+        workload: str = "",
     ) -> None:
         super().__init__()
         self.batch_conn_id = batch_conn_id
@@ -52,6 +78,7 @@ class BatchStatusTrigger(BaseTrigger):
         self.idempotency_key = idempotency_key
         self.submitted_at = submitted_at
         self.policy = policy
+        self.workload = workload
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -64,6 +91,7 @@ class BatchStatusTrigger(BaseTrigger):
                 "idempotency_key": self.idempotency_key,
                 "submitted_at": self.submitted_at,
                 "policy": self.policy,
+                "workload": self.workload,
             },
         )
 
@@ -100,6 +128,7 @@ class BatchStatusTrigger(BaseTrigger):
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     self.log.warning("batch %s: status poll failed: %s", self.batch_id, error)
+                    count_poll_error(error, self.workload, self.provider)
                 decision = decide(policy, state, time.time(), status=status, error=error)
                 state = decision.state
                 if status is not None:

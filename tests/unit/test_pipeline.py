@@ -79,3 +79,36 @@ def test_a_workload_with_a_dot_gets_a_group_id_airflow_accepts() -> None:
         )
     assert "team_feedback.prepare" in dag.task_ids
     assert dag.get_task("team_feedback.prepare").workload == "team.feedback"  # type: ignore[attr-defined]
+
+
+def test_the_group_hands_its_alerts_to_every_task_that_raises_an_event() -> None:
+    from airflow_batch_provider.notifications import BatchAlerts
+
+    alerts = BatchAlerts(notifiers=[lambda context, event: None])
+    dag = build(max_attempts=2, alerts=alerts, deadline="PT1H", deadline_policy="skip")
+    for task_id in ("w.prepare", "w.resubmit_2", "w.publish", "w.deadline_branch"):
+        assert dag.get_task(task_id).alerts is alerts, task_id  # type: ignore[attr-defined]
+    for task_id in ("w.submit", "w.wait", "w.harvest", "w.submit_2", "w.wait_2"):
+        assert dag.get_task(task_id).partial_kwargs["alerts"] is alerts, task_id  # type: ignore[attr-defined]
+
+
+def test_the_group_turns_deferral_on_whatever_the_operators_default() -> None:
+    dag = build(max_attempts=1)
+    assert dag.get_task("w.wait").partial_kwargs["deferrable"] is True  # type: ignore[attr-defined]
+    assert build(max_attempts=1, deferrable=False).get_task("w.wait").partial_kwargs["deferrable"] is False  # type: ignore[attr-defined]
+
+
+def test_the_connection_may_be_chosen_at_run_time_from_a_template() -> None:
+    conn = "{{ var.value.get('w_conn_id', 'openai_batch_default') }}"
+    with DAG("t", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        batch_inference_group(workload="w", records="file:///x.jsonl", prompt=PROMPT, batch_conn_id=conn)
+    assert "batch_conn_id" in dag.get_task("w.prepare").template_fields
+    assert "batch_conn_id" in dag.get_task("w.wait").template_fields
+
+
+def test_the_exhausted_route_is_handed_to_publish_and_an_unknown_one_is_refused() -> None:
+    dag = build(max_attempts=2, exhausted="sync", budget_usd=5)
+    publish: Any = dag.get_task("w.publish")
+    assert (publish.exhausted, publish.budget_usd) == ("sync", 5)
+    with pytest.raises(ConfigurationError, match="exhausted='dlq'"):
+        build(exhausted="dlq")

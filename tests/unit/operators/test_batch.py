@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from airflow.sdk import BaseNotifier
 
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.policy import PollPolicy
@@ -21,6 +22,7 @@ from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import WorkloadLeasedError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
+from airflow_batch_provider.notifications import BatchAlerts
 from airflow_batch_provider.operators import batch as batch_module
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
@@ -190,18 +192,21 @@ class Flow:
 
     def __init__(self, url: str, tmp_path: Path) -> None:
         self.url = url
-        self.common = {"workload": "flow", "batch_conn_id": "flow_emu"}
+        self.common: dict[str, Any] = {"workload": "flow", "batch_conn_id": "flow_emu"}
         self.tmp_path = tmp_path
         self.xcom: dict[tuple[str, str], Any] = {}
+        self.extra: dict[str, Any] = {}  # more context (outlet_events)
 
     def context(self, task_id: str, map_index: int = -1) -> Any:
         def xcom_push(key: str, value: Any) -> None:
             self.xcom[(task_id, key)] = value
 
+        from airflow.sdk import DAG
+
         ti = SimpleNamespace(
             dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1, xcom_push=xcom_push
         )
-        return {"run_id": RUN, "ti": ti}
+        return {"run_id": RUN, "ti": ti, "dag": DAG("flow_dag", schedule=None), **self.extra}
 
     def fault(self, **faults: Any) -> None:
         httpx.put(f"{self.url}/_emulator/config", json={"faults": faults}).raise_for_status()
@@ -221,7 +226,12 @@ class Flow:
             )
             sub = submitted.execute(self.context(f"submit{suffix}", i))
             wait = BatchStatusSensor(
-                task_id=f"wait{suffix}", batch=sub, batch_conn_id="flow_emu", poll=FAST, deferrable=False
+                task_id=f"wait{suffix}",
+                batch=sub,
+                batch_conn_id="flow_emu",
+                poll=FAST,
+                deferrable=False,
+                alerts=self.common.get("alerts"),
             )
             waited = wait.execute(self.context(f"wait{suffix}", i))
             got = BatchDownloadOperator(task_id=f"download{suffix}", batch=waited, **self.common).execute(
@@ -235,13 +245,15 @@ class Flow:
         return out
 
     def resubmit(self, round_number: int, **kw: Any) -> list[dict[str, Any]]:
+        kw.setdefault("max_attempts", 3)
         op = BatchResubmitOperator(
-            task_id=f"resubmit_{round_number}", round_number=round_number, max_attempts=3, **self.common, **kw
+            task_id=f"resubmit_{round_number}", round_number=round_number, **self.common, **kw
         )
         return op.execute(self.context(op.task_id))  # type: ignore[no-any-return]
 
-    def publish(self) -> dict[str, Any]:
-        op = BatchPublishOperator(task_id="publish", max_attempts=3, prompt=PROMPT, **self.common)
+    def publish(self, **kw: Any) -> dict[str, Any]:
+        kw.setdefault("max_attempts", 3)
+        op = BatchPublishOperator(task_id="publish", prompt=PROMPT, **self.common, **kw)
         return op.execute(self.context("publish"))
 
 
@@ -359,3 +371,251 @@ def test_prepare_records_the_dag_of_the_run_so_the_ui_can_check_who_may_see_it(f
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
     (run,) = ledger.runs("flow")
     assert run["dag_id"] == "flow_dag"
+
+
+# ---------------------------------------------------------------------------- links, alerts, metrics, the asset event
+
+
+class FileNotifier(BaseNotifier):
+    """A real Airflow notifier (templated like Slack's and SMTP's) that appends each message to a file."""
+
+    template_fields = ("text",)
+
+    def __init__(self, path: Path, text: str) -> None:
+        super().__init__()
+        self.path = path
+        self.text = text
+
+    def notify(self, context: Any) -> None:
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(self.text + "\n")
+
+
+class DownNotifier(BaseNotifier):
+    def notify(self, context: Any) -> None:
+        raise ConnectionError("the chat server is down")
+
+
+class Recorder:
+    """A Stats backend (installed through the Task SDK's ``stats.initialize``) that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any, dict[str, Any]]] = []
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: dict[str, Any] | None = None) -> None:
+        self.sent.append(("incr", stat, count, dict(tags or {})))
+
+    def gauge(
+        self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: Any = None
+    ) -> None:
+        self.sent.append(("gauge", stat, value, dict(tags or {})))
+
+    def __getattr__(self, name: str) -> Any:  # timers and the rest behave as Airflow's no-op logger
+        from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+
+        return getattr(NoStatsLogger(), name)
+
+    def names(self) -> list[str]:
+        return [stat for _, stat, _, _ in self.sent]
+
+
+@pytest.fixture
+def stats(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    from airflow.sdk._shared.observability.metrics import stats as backend
+    from airflow.sdk.observability import stats as sdk_stats
+
+    monkeypatch.setattr(backend, "_factory", backend._factory)
+    monkeypatch.setattr(backend, "_backend", backend._backend)
+    recorder = Recorder()
+    sdk_stats.initialize(factory=lambda: recorder, export_legacy_names=False)  # type: ignore[arg-type,return-value]
+    return recorder
+
+
+def alerts_to(path: Path, **kw: Any) -> BatchAlerts:
+    return BatchAlerts(
+        notifiers=[DownNotifier(), FileNotifier(path, "{{ batch_event.kind }}|{{ batch_event.message }}")],
+        **kw,
+    )
+
+
+def sent(path: Path) -> list[str]:
+    return [line.split("|", 1)[0] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_failed_batch_is_told_once_counted_and_the_run_summary_and_review_growth_follow_publish(
+    flow: Flow, stats: Recorder
+) -> None:
+    mail = flow.tmp_path / "alerts.txt"
+    flow.common["alerts"] = alerts_to(mail, review_growth_threshold=3)
+    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    flow.fault(fail_validation=1)
+    flow.round(manifests)
+    assert sent(mail) == ["batch_failed"]  # the broken notifier beside it changed nothing
+    flow.round(manifests)  # cleared and rerun: the same batches, no second alert
+    assert sent(mail) == ["batch_failed"]
+    flow.publish()
+    assert sent(mail) == ["batch_failed", "run_summary", "review_growth"]
+    summary = mail.read_text().splitlines()[1]
+    assert "succeeded 3" in summary and "review 3" in summary
+    names = stats.names()
+    assert names.count("batch_provider.batches.failed") == 1
+    assert names.count("batch_provider.batches.completed") == 1
+    assert "batch_provider.items.succeeded" in names and "batch_provider.cost.micro_usd" in names
+    assert names.count("batch_provider.alerts.batch_failed") == 1
+    tags = next(t for _, stat, _, t in stats.sent if stat == "batch_provider.batches.failed")
+    assert tags == {"workload": "flow", "provider": "openai"}
+
+
+def test_the_submit_task_stores_the_console_link_of_its_batch(flow: Flow) -> None:
+    from airflow_batch_provider.links.batch import BatchConsoleLink
+
+    (manifest,) = flow.prepare(2)
+    out = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )
+    link = flow.xcom[("submit", BatchConsoleLink().xcom_key)]
+    assert link == f"https://platform.openai.com/batches/{out['batch_id']}"
+
+
+def test_a_refused_resubmit_round_is_a_budget_alert_and_a_broken_notifier_does_not_fail_it(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    from airflow.sdk import DAG
+
+    mail = tmp_path / "alerts.txt"
+    op = BatchResubmitOperator(
+        task_id="resubmit_2",
+        workload="w",
+        batch_conn_id="ops_test",
+        round_number=2,
+        max_attempts=3,
+        budget_usd=0.010001,
+        alerts=alerts_to(mail),
+    )
+    assert op.execute({"run_id": RUN, "dag": DAG("d", schedule=None)}) == []  # type: ignore[arg-type]
+    assert sent(mail) == ["budget_refused"]
+    assert "a round of 2 items" in mail.read_text()
+
+
+def test_prepare_over_its_budget_is_a_budget_alert_before_it_fails(flow: Flow) -> None:
+    from airflow_batch_provider.exceptions import BudgetExceededError
+
+    mail = flow.tmp_path / "alerts.txt"
+    flow.common["alerts"] = alerts_to(mail)
+    with pytest.raises(BudgetExceededError):
+        flow.prepare(5, budget_usd=0.0000001)
+    assert sent(mail) == ["budget_refused"]
+    assert "Nothing was paid" in mail.read_text()
+
+
+def test_the_published_asset_event_carries_the_runs_counts_cost_and_results_location(flow: Flow) -> None:
+    from airflow.sdk import Asset
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    asset = Asset(name="flow_results", uri="abp://flow/results")
+    events = OutletEventAccessors()
+    flow.extra["outlet_events"] = events
+    flow.round(flow.prepare(3))
+    out = flow.publish(outlets=[asset])
+    extra = events[asset].extra
+    assert extra["items_by_state"] == {"succeeded": 3}
+    assert extra["paid_usd"] == str(out["paid_usd"]) and extra["report"] == out["report"]
+    assert (
+        str(extra["results"]).endswith("results.jsonl")
+        and Path(str(extra["results"]).removeprefix("file://")).exists()
+    )
+    json.dumps(extra)  # JSON-safe, as the API server stores it
+
+
+def test_items_that_exhaust_their_batch_attempts_go_to_the_real_time_api_when_the_workload_says_sync(
+    flow: Flow,
+) -> None:
+    (manifest,) = flow.prepare(4)
+    flow.fault(fail_token_limit=1)  # the only batch attempt fails for every item (retryable)
+    flow.round([manifest])
+    out = flow.publish(max_attempts=1, exhausted="sync")
+    assert out["items_by_state"] == {"succeeded": 4}
+    report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
+    assert report["exhausted_sync"]["items"] == 4 and Decimal(report["exhausted_sync"]["paid"]) > 0
+    assert report["items_by_route"]["fallback"] == 4
+    assert "exhausted_sync" in report["table"]
+
+
+def test_by_default_exhausted_items_go_to_review_and_sync_over_the_budget_is_refused(flow: Flow) -> None:
+    mail = flow.tmp_path / "alerts.txt"
+    flow.common["alerts"] = alerts_to(mail, on={"budget_refused"})
+    (manifest,) = flow.prepare(4)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    out = flow.publish(max_attempts=1, exhausted="sync", budget_usd=0.0000001)
+    assert out["items_by_state"] == {"review": 4}
+    assert sent(mail) == ["budget_refused"]
+
+
+def test_an_unknown_exhausted_route_is_refused_when_the_dag_is_parsed() -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="exhausted='retry'; use 'review'"):
+        BatchPublishOperator(
+            task_id="publish", workload="w", max_attempts=3, exhausted="retry", prompt=PROMPT
+        )
+
+
+# ---------------------------------------------------------------------------- distributed executors
+
+
+@pytest.mark.parametrize("executor", ["CeleryExecutor", "KubernetesExecutor", "LocalExecutor,CeleryExecutor"])
+def test_prepare_under_a_distributed_executor_refuses_the_embedded_ledger_and_local_staging(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch, executor: str
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executor)
+    with pytest.raises(ConfigurationError) as refused:
+        flow.prepare(2)
+    message = str(refused.value)
+    assert executor.split(",")[-1] in message
+    assert "ledger_conn_id" in message and "staging_root" in message and "s3://" in message
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    assert ledger.runs("flow") == []  # refused before anything was recorded
+
+
+def test_prepare_under_a_distributed_executor_accepts_postgres_and_object_store_staging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_batch_provider.operators.batch import check_distributed
+
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
+    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG", "postgresql://u:p@db.internal:5432/ledger")
+    check_distributed("ledger_pg", "s3://bucket/llm-batch")
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="staging is on the local disk"):
+        check_distributed("ledger_pg", "file:///tmp/x")
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    check_distributed(None, "file:///tmp/x")  # one machine: the embedded defaults are fine
+
+
+def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not_wait_for_the_lease(
+    flow: Flow,
+) -> None:
+    from airflow_batch_provider.exceptions import SubmitError
+
+    (manifest,) = flow.prepare(2)
+    op = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
+    real_find = op.adapter.find
+
+    def find_then_sigterm(*args: Any, **kwargs: Any) -> Any:
+        found = real_find(*args, **kwargs)
+        op.on_kill()  # the task runner's SIGTERM handler runs here, between two statements
+        return found
+
+    op.adapter.find = find_then_sigterm  # type: ignore[method-assign]
+    with pytest.raises(SubmitError, match="killed before the upload"):
+        op.execute(flow.context("submit", 0))
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    job = ledger.get_job(manifest["job_id"])
+    assert job.batch_id is None and job.claim_owner is None
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"].get("openai.batches_created", 0) == 0
+    retry = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
+    assert retry.execute(flow.context("submit", 0))["batch_id"]  # claimed at once, created once

@@ -235,3 +235,24 @@ def test_the_group_routes_the_deadline_branch_to_the_policy_task_then_publish(po
     assert dag.get_task(f"w.{task}").downstream_task_ids == {"w.publish"}
     wait: Any = dag.get_task("w.wait")
     assert wait.partial_kwargs["deadline"] == "{{ ti.xcom_pull(task_ids='w.deadline')['deadline'] }}"
+
+
+def test_a_deadline_passed_with_items_open_is_told_once_by_the_branch_and_a_deadline_ahead_is_not(
+    ledger: Ledger,
+) -> None:
+    from airflow.sdk import DAG
+
+    from airflow_batch_provider.notifications import BatchAlerts, BatchEvent
+
+    heard: list[BatchEvent] = []
+    alerts = BatchAlerts(notifiers=[lambda context, event: heard.append(event)])
+    context: Any = {"run_id": RUN, "dag": DAG("nightly", schedule=None)}
+    ahead = _branch(ledger, NOW + timedelta(hours=1))
+    ahead.alerts = alerts
+    assert ahead.choose_branch(context) == "g.publish"
+    assert heard == []
+    passed = _branch(ledger, NOW - timedelta(hours=1))
+    passed.alerts = alerts
+    assert passed.choose_branch(context) == "g.skip_unfinished"
+    (event,) = heard
+    assert (event.kind, event.details["open_items"], event.dag_id) == ("deadline_missed", 4, "nightly")

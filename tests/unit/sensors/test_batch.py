@@ -86,7 +86,7 @@ def test_the_deferrable_path_hands_the_same_policy_to_the_trigger(emulator: str)
     httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
     batch = submitted(emulator, "k4")
     with pytest.raises(TaskDeferred) as deferred:
-        sensor(batch).execute({})  # type: ignore[arg-type]
+        sensor(batch, deferrable=True).execute({})  # type: ignore[arg-type]
     trigger = deferred.value.trigger
     assert isinstance(trigger, BatchStatusTrigger)
     assert trigger.batch_id == batch["batch_id"]
@@ -165,3 +165,98 @@ def test_the_wait_creates_a_job_in_doubt_that_the_provider_proves_absent(tmp_pat
         result = op.execute(CONTEXT)
         assert result["state"] == "completed" and result["batch_id"]
         assert w.batches_created() == 1
+
+
+# ---------------------------------------------------------------------------- Airflow conventions
+
+
+def link_context(xcom: dict[str, Any]) -> Any:
+    from airflow.sdk import DAG
+
+    def xcom_push(key: str, value: Any) -> None:
+        xcom[key] = value
+
+    ti = SimpleNamespace(dag_id="nightly", task_id="wait", map_index=0, try_number=1, xcom_push=xcom_push)
+    return {"run_id": RUN, "ti": ti, "dag": DAG("nightly", schedule=None)}
+
+
+def test_deferral_follows_the_operators_default_deferrable_setting_like_the_official_operators() -> None:
+    import inspect
+
+    from airflow.providers.common.compat.sdk import conf
+
+    default = inspect.signature(BatchStatusSensor.__init__).parameters["deferrable"].default
+    assert default is conf.getboolean("operators", "default_deferrable", fallback=False)
+    assert sensor({"job_id": "j"}).deferrable is default
+
+
+def test_a_deferred_wait_keeps_the_sensor_timeout_and_has_stored_its_console_link_naming_the_batch(
+    emulator: str,
+) -> None:
+    from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+
+    httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
+    batch = submitted(emulator, "k7")
+    xcom: dict[str, Any] = {}
+    op = sensor(batch, deferrable=True, timeout=3600)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(link_context(xcom))
+    assert deferred.value.timeout is not None and deferred.value.timeout.total_seconds() == 3600
+    assert xcom[BatchConsoleLink().xcom_key] == f"https://platform.openai.com/batches/{batch['batch_id']}"
+    assert "run_id=" in xcom[LedgerRunLink().xcom_key] and "dag_id=nightly" in xcom[LedgerRunLink().xcom_key]
+    assert [type(link) for link in op.operator_extra_links] == [BatchConsoleLink, LedgerRunLink]
+
+
+@pytest.mark.parametrize(
+    ("event", "problem"),
+    [
+        ("done", "a str, not a mapping"),
+        ({"status": "finished", "batch": None}, "status 'finished' is not one of"),
+        ({"status": "done", "batch": None}, "status done without a terminal batch state"),
+        ({"status": "done", "batch": ["completed"]}, "its batch is a list"),
+        ({"status": "done", "batch": {"total": 3}}, "its batch status is malformed"),
+        ({"status": "done", "batch": {"state": "exploded"}}, "batch state 'exploded' is unknown"),
+        ({"status": "done", "batch": {"state": "completed"}, "job_id": "job-other"}, "about job 'job-other'"),
+    ],
+)
+def test_a_malformed_trigger_event_fails_with_a_clear_error_naming_the_job_and_records_nothing(
+    event: Any, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.exceptions import TriggerEventError
+
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    op = sensor({"job_id": "job-mine", "batch_id": "batch_1", "idempotency_key": "k", "submitted_at": 0.0})
+    with pytest.raises(TriggerEventError, match="job job-mine: the status trigger sent an event") as raised:
+        op.execute_complete({}, event)  # type: ignore[arg-type]
+    assert problem in str(raised.value)
+    assert "Nothing in the ledger was changed" in str(raised.value)
+
+
+def test_reschedule_mode_pokes_without_deferral_and_frees_the_slot_until_the_batch_is_done(
+    emulator: str,
+) -> None:
+    from airflow.sdk.exceptions import AirflowRescheduleException
+
+    httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
+    batch = submitted(emulator, "k8")
+    first: list[Any] = []
+    ti = SimpleNamespace(
+        dag_id="d",
+        task_id="wait",
+        map_index=0,
+        try_number=1,
+        xcom_push=lambda key, value: None,
+        get_first_reschedule_date=lambda context: first[0] if first else None,
+    )
+    context: Any = {"run_id": RUN, "ti": ti}
+    op = sensor(batch, deferrable=False, mode="reschedule")
+    with pytest.raises(AirflowRescheduleException):
+        op.execute(context)  # not done: the slot is given back, no trigger
+    httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 0.001}).raise_for_status()
+    httpx.post(f"{emulator}/_emulator/clock", json={"advance_s": 10 * 86400}).raise_for_status()
+    from airflow.sdk import timezone
+
+    first.append(timezone.utcnow())
+    fresh = sensor(batch, deferrable=False, mode="reschedule")  # a rescheduled try is a new task object
+    result = fresh.execute(context)
+    assert result["state"] == "completed" and result["batch_id"] == batch["batch_id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,65 @@ def test_a_claim_of_a_live_process_or_another_host_is_never_taken_early() -> Non
     assert not submit.holder_is_dead(submit.claim_owner("d", "r", "t", 0, 1))  # this very process
     assert not submit.holder_is_dead("d/r/t/0/1@another-host:1")
     assert not submit.holder_is_dead("zombie-try1")
+
+
+# ---------------------------------------------------------------------------- a kill, and who is told
+
+
+def test_a_kill_before_the_upload_sends_nothing_and_leaves_the_job_claimable_at_once(tmp_path: Path) -> None:
+    from airflow_batch_provider.exceptions import SubmitError
+
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        with pytest.raises(
+            SubmitError, match=re.escape(f"job {job_id}: the task was killed before the upload")
+        ):
+            submit_job(
+                ledger=w.ledger,
+                adapter=w.adapter,
+                staging=w.staging,
+                job_id=job_id,
+                owner="t1",
+                stop=lambda: True,
+            )
+        assert w.batches_created() == 0
+        retry = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
+        assert retry.how == "created" and w.batches_created() == 1
+
+
+def test_a_kill_releases_the_claim_only_while_nothing_of_the_job_can_be_in_flight(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        w.ledger.claim_job(job_id, "t1", 600)
+        assert submit.release_on_kill(w.ledger, job_id, "t2") is False  # not the holder: left alone
+        assert submit.release_on_kill(w.ledger, job_id, "t1") is True
+        w.ledger.claim_job(job_id, "t3", 600)
+        w.ledger.update_job(job_id, state="submitting")  # an upload or a create may be in flight
+        assert submit.release_on_kill(w.ledger, job_id, "t3") is False
+        with pytest.raises(JobClaimedError, match="t3"):
+            w.ledger.claim_job(job_id, "t4", 600)
+        assert w.ledger.get_job(job_id).state == "submitting"  # nothing marked
+
+
+def test_the_in_doubt_callback_hears_of_the_job_once_and_a_failing_one_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    heard: list[tuple[str, str]] = []
+
+    def tell(job: object, reason: str) -> None:
+        heard.append((job["job_id"], reason))  # type: ignore[index]
+        raise ConnectionError("the pager is down")
+
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")
+        first = submit_job(
+            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1", on_in_doubt=tell
+        )
+        assert first.in_doubt and w.ledger.get_job(job_id).in_doubt
+        again = submit_job(
+            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2", on_in_doubt=tell
+        )
+        assert again.in_doubt
+        assert [j for j, _ in heard] == [job_id]
+        assert heard[0][1]

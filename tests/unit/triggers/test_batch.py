@@ -91,6 +91,36 @@ async def test_the_trigger_gives_up_after_too_many_status_errors_in_a_row(emulat
     assert "3 status errors in a row (limit 2)" in str(event["reason"])
 
 
+async def test_each_failed_poll_is_counted_by_the_triggerer_with_the_workload(
+    emulator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.triggers import batch as trigger_module
+
+    counted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        trigger_module, "count_poll_error", lambda e, w, p: counted.append((e.split(":")[0], w, p))
+    )
+    ref = submit(emulator, "k6")
+    httpx.put(f"{emulator}/_emulator/config", json={"faults": {"retrieve_5xx_rate": 1.0}}).raise_for_status()
+    policy = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05, max_consecutive_errors=2)
+    trigger = trigger_for(ref, policy)
+    trigger.workload = "feedback"
+    event = await first_event(trigger)
+    assert event["status"] == "give_up"
+    assert len(counted) == 3 and {(w, p) for _, w, p in counted} == {("feedback", "openai")}
+
+
+def test_a_poll_error_metric_that_cannot_be_sent_is_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_batch_provider import metrics
+    from airflow_batch_provider.triggers.batch import count_poll_error
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("statsd socket closed")
+
+    monkeypatch.setattr(metrics, "record_poll_error", broken)
+    count_poll_error("ReadTimeout: slow", "w", "openai")  # no exception
+
+
 async def test_the_trigger_tolerates_transient_errors_below_the_limit(emulator: str) -> None:
     ref = submit(emulator, "k4")
     httpx.put(f"{emulator}/_emulator/config", json={"faults": {"retrieve_5xx_rate": 0.5}}).raise_for_status()
