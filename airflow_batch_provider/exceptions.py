@@ -121,7 +121,7 @@ class JobNotClaimableError(LedgerError):
             remedy = (
                 "a batch may already exist at the provider; nothing will be created for it until the "
                 "doubt is resolved: by matching the provider's batch list, or by a person with "
-                f"`airflow-batch jobs resolve {job_id} --batch-id ID` (or `--absent`)."
+                f"`airflow-batch jobs resolve {job_id} --batch-id ID --note WHAT_YOU_CHECKED` (or `--absent`)."
             )
         else:
             remedy = f"it has batch {detail!r} already; poll that batch instead of creating another."
@@ -147,7 +147,7 @@ class WorkloadLeasedError(LedgerError):
             f"workload {workload!r} is held by {dag}run {run_id!r} since {since}; one run at a time "
             "may work on a workload. Wait for that run to finish, set max_active_runs=1 on the DAG "
             "(and give each DAG its own workload name), or, after checking that the run is dead, "
-            f"release it with `airflow-batch lease release --workload {workload} --run-id {run_id}`."
+            f"release it with `airflow-batch lease release --workload {workload} --run-id {run_id} --reason WHY`."
         )
 
 
