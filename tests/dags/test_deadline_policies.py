@@ -1,8 +1,9 @@
 """Each deadline policy under ``airflow dags test``, against the emulator, with the deadline mid-batch.
 
 The emulator runs at time scale 1.0 with a 60-second ``in_progress`` phase, so one batch of 30
-items finishes an item every two seconds; the DAG's deadline is 20 seconds after the run starts,
-so it falls while the batch is running. Then the batch is cancelled and harvested, and the
+items finishes an item every two seconds; the DAG's deadline is 40 seconds after the run starts,
+so it falls while the batch is running (also on a loaded machine where starting Airflow, the lease,
+prepare and submit take half a minute before the batch exists). Then the batch is cancelled and harvested, and the
 policy decides the rest. For every policy: each item ends in exactly one final state and route,
 every attempt that was paid for is in the report (nothing paid twice without being counted), and
 the policy's own outcome shows: fallback items at full price, pending items reported as pending,
@@ -78,7 +79,7 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / f"deadline_{policy}.py").write_text(
-        textwrap.dedent(DAG_FILE.format(policy=policy, items=ITEMS, deadline_s=20)), encoding="utf-8"
+        textwrap.dedent(DAG_FILE.format(policy=policy, items=ITEMS, deadline_s=40)), encoding="utf-8"
     )
     config = EmulatorConfig(
         time_scale=1.0,
