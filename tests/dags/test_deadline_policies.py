@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,7 @@ with DAG(dag_id="deadline_{policy}", schedule=None, start_date=pendulum.datetime
 """
 
 
-def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple[Ledger, str, float]:
+def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple[Ledger, str]:
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / f"deadline_{policy}.py").write_text(
@@ -100,7 +99,6 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
             "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
         }
         airflow = Path(sys.executable).parent / "airflow"
-        started = time.monotonic()
         result = subprocess.run(
             [str(airflow), "dags", "test", f"deadline_{policy}"],
             env=env,
@@ -111,14 +109,13 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
             timeout=180,
             check=False,
         )
-        elapsed = time.monotonic() - started
     log = result.stdout + result.stderr
     (tmp_path / "dags_test.log").write_text(log, encoding="utf-8")
     assert result.returncode == 0, log[-6000:]
     ledger = Ledger.from_url(ledger_url)
     runs = ledger.runs(f"deadline_{policy}")
     assert len(runs) == 1, log[-3000:]
-    return ledger, str(runs[0]["run_id"]), elapsed
+    return ledger, str(runs[0]["run_id"])
 
 
 def _attempts(ledger: Ledger, workload: str) -> list[dict[str, Any]]:
@@ -176,7 +173,7 @@ def _check_common(ledger: Ledger, workload: str, run_id: str, tmp_path: Path) ->
 def test_sync_fallback_finishes_every_item_and_prices_the_fallback_at_full_price(
     airflow_home: dict[str, str], tmp_path: Path
 ) -> None:
-    ledger, run_id, elapsed = _run_dag("sync_fallback", airflow_home, tmp_path)
+    ledger, run_id = _run_dag("sync_fallback", airflow_home, tmp_path)
     out = _check_common(ledger, "deadline_sync_fallback", run_id, tmp_path)
     assert out["states"] == {"succeeded": ITEMS}
     routes = ledger.count_routes("deadline_sync_fallback", run_id)
@@ -195,27 +192,24 @@ def test_sync_fallback_finishes_every_item_and_prices_the_fallback_at_full_price
     report = out["report"]
     assert report["items_by_route"]["fallback"] == fallback
     assert Decimal(report["paid_by_kind"]["fallback"]) > 0
-    assert elapsed < 90
 
 
 def test_publish_pending_reports_the_unfinished_items_as_pending(
     airflow_home: dict[str, str], tmp_path: Path
 ) -> None:
-    ledger, run_id, elapsed = _run_dag("publish_pending", airflow_home, tmp_path)
+    ledger, run_id = _run_dag("publish_pending", airflow_home, tmp_path)
     out = _check_common(ledger, "deadline_publish_pending", run_id, tmp_path)
     assert out["states"] == {"succeeded": out["batch_done"], "pending": ITEMS - out["batch_done"]}
     assert not [a for a in out["attempts"] if a["mode"] == "sync"]
     assert out["report"]["items_by_state"]["pending"] == ITEMS - out["batch_done"]
     pending = [r for r in _results(tmp_path) if r["state"] == "pending"]
     assert len(pending) == ITEMS - out["batch_done"] and all(r["output"] is None for r in pending)
-    assert elapsed < 90
 
 
 def test_skip_reports_the_unfinished_items_as_skipped(airflow_home: dict[str, str], tmp_path: Path) -> None:
-    ledger, run_id, elapsed = _run_dag("skip", airflow_home, tmp_path)
+    ledger, run_id = _run_dag("skip", airflow_home, tmp_path)
     out = _check_common(ledger, "deadline_skip", run_id, tmp_path)
     assert out["states"] == {"succeeded": out["batch_done"], "skipped": ITEMS - out["batch_done"]}
     assert not [a for a in out["attempts"] if a["mode"] == "sync"]
     assert out["report"]["items_by_state"]["skipped"] == ITEMS - out["batch_done"]
     assert sum(1 for r in _results(tmp_path) if r["state"] == "skipped") == ITEMS - out["batch_done"]
-    assert elapsed < 90
