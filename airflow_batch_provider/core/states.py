@@ -1,4 +1,7 @@
-"""Item states and the transitions between them (DESIGN.md, "Item states")."""
+"""The state vocabulary: item states and their moves (DESIGN.md, "Item states"), batch states.
+
+Every other module names these sets instead of repeating state names.
+"""
 
 from __future__ import annotations
 
@@ -98,3 +101,12 @@ IN_FLIGHT_STATES: Final[frozenset[str]] = frozenset({"staged", "submitted", "fal
 REDRIVABLE_STATES: Final[frozenset[str]] = frozenset(
     {"review", "failed_permanent", "failed_retryable", "expired", "cancelled", "skipped"}
 )
+
+
+#: A provider batch's lifecycle, normalised across providers (:class:`~airflow_batch_provider.core.batch.BatchStatus`).
+BatchState = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
+#: Batch states after which the provider does nothing more with the job.
+TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
