@@ -111,3 +111,9 @@ def test_the_scan_sees_an_upward_import_a_relative_one_and_a_lazy_one(tmp_path: 
         "airflow_batch_provider.hooks.batch",
         "airflow.models",
     ]
+
+
+def test_the_emulator_imports_nothing_of_the_package_outside_itself() -> None:
+    # it keeps its own knowledge of each provider, so it can catch an adapter's mistake
+    others = tuple(p.stem for p in PACKAGE.iterdir() if p.stem not in {"emulator", "__init__", "__pycache__"})
+    assert violations("emulator", others, ("airflow",)) == []
