@@ -1,6 +1,6 @@
 """The real-time path: send items through a provider's synchronous API, resumably, at full price.
 
-Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallback.SyncFallbackOperator`)
+Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallback.BatchSyncFallbackOperator`)
 and by a chunk below the provider's minimum batch size (``BatchSubmitOperator``). No Airflow import.
 
 One event loop sends the items with ``asyncio.gather`` under a semaphore (the concurrency) and a
