@@ -57,7 +57,7 @@ from airflow_batch_provider.operators.deadline import (
     BatchDeadlineOperator,
     BatchDeadlineSettleOperator,
 )
-from airflow_batch_provider.operators.fallback import SyncFallbackOperator
+from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 from airflow_batch_provider.settings import get_setting
 
@@ -285,7 +285,7 @@ def batch_inference_group(
             return group
         policy_task: Any
         if deadline_policy == "sync_fallback":
-            policy_task = SyncFallbackOperator(
+            policy_task = BatchSyncFallbackOperator(
                 task_id="sync_fallback",
                 prompt=prompt,
                 rpm=fallback_rpm,

@@ -337,6 +337,7 @@ class Supervisor:
                 "PYTHONPATH": _pythonpath(),
                 "AIRFLOW_HOME": str(home),
                 "AIRFLOW__CORE__DAGS_FOLDER": os.environ.get("ABP_STACK_DAGS_FOLDER") or str(ROOT / "dags"),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from airflow_batch_provider.adapters.base import Limits
+from airflow_batch_provider.core.batch import Limits
 from airflow_batch_provider.core.custom_ids import MAX_CHUNK, make_custom_id
 from airflow_batch_provider.exceptions import ChunkingError, ItemError
 

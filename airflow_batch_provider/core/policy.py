@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from airflow_batch_provider.adapters.base import BatchStatus
+from airflow_batch_provider.core.batch import BatchStatus
 
 Action = Literal["wait", "done", "deadline", "timeout", "give_up"]
 

@@ -1,4 +1,7 @@
-"""Item states and the transitions between them (DESIGN.md, "Item states")."""
+"""The state vocabulary: item states and their moves (DESIGN.md, "Item states"), batch states.
+
+Every other module names these sets instead of repeating state names.
+"""
 
 from __future__ import annotations
 
@@ -94,7 +97,47 @@ def sources_of(target: str, *, reopen: bool = False) -> frozenset[str]:
 #: run never takes these over (items in flight stay with their run).
 IN_FLIGHT_STATES: Final[frozenset[str]] = frozenset({"staged", "submitted", "fallback"})
 
+#: Item states without a result and without a person's decision yet: what the deadline policy deals
+#: with, and what the synchronous fallback may send (``fallback``: an interrupted earlier send).
+UNSETTLED_STATES: Final[tuple[str, ...]] = (
+    "pending",
+    "staged",
+    "submitted",
+    "failed_retryable",
+    "expired",
+    "cancelled",
+    "fallback",
+)
+
+#: Item states a closing run settles with its ``unfinished`` choice: sent, or to be sent again, in
+#: a batch. ``pending`` items were never staged and ``fallback`` ones are closed first.
+UNFINISHED_STATES: Final[tuple[str, ...]] = (
+    "staged",
+    "submitted",
+    "failed_retryable",
+    "expired",
+    "cancelled",
+)
+
+#: Item states a person should look at after a run (the UI lists them per run).
+ATTENTION_STATES: Final[tuple[str, ...]] = ("review", "failed_permanent", "pending", "skipped")
+
 #: States a person may re-drive (back to ``pending``, attempts 0): every settled failure or skip.
 REDRIVABLE_STATES: Final[frozenset[str]] = frozenset(
     {"review", "failed_permanent", "failed_retryable", "expired", "cancelled", "skipped"}
 )
+
+
+#: A provider batch's lifecycle, normalised across providers (:class:`~airflow_batch_provider.core.batch.BatchStatus`).
+BatchState = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
+#: Batch states after which the provider does nothing more with the job.
+TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
+
+#: A job's steps in ``abp_jobs`` (one staged chunk and what became of it at the provider).
+JobState = Literal["staged", "submitting", "in_doubt", "submitted", "sync", "downloaded", "reconciled"]
+JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
+#: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.
+HARVESTED_JOB_STATES: Final[frozenset[str]] = frozenset({"downloaded", "reconciled"})

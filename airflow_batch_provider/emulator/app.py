@@ -59,12 +59,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_batch_provider.adapters.base import CUSTOM_ID_HEADER
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.faults import CreateOp, retry_after_header
 from airflow_batch_provider.emulator.store import Clock, EmulatorState
 
 RouterFactory = Callable[[EmulatorState], APIRouter]
+#: Header the client puts on a real-time call to name its item; providers ignore it, the
+#: emulator records it. Written here again, not imported: the emulator shares no code with the
+#: adapters it checks.
+CUSTOM_ID_HEADER: Final = "x-abp-custom-id"
 __all__ = ["CUSTOM_ID_HEADER", "ApiError", "create_app", "guard_create"]
 
 #: Modules mounted by :func:`create_app` by default; each has ``build_router(state)``.

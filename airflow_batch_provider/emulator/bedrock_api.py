@@ -63,7 +63,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.adapters.bedrock import model_family
 from airflow_batch_provider.emulator import model
 from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from airflow_batch_provider.emulator.config import EmulatorConfig
@@ -72,6 +71,26 @@ from airflow_batch_provider.emulator.lifecycle import Job, JobItem, JobView, Val
 from airflow_batch_provider.emulator.store import EmulatorState
 
 PROVIDER: Final = "bedrock"
+#: Bedrock's model ids by family, as the service documents them: an optional cross-region
+#: inference-profile prefix (``us.``, ``eu.`` ...) or a full ARN before the base model id. The
+#: emulator keeps its own copy of this rule so that a mistake in the adapter's is caught.
+_FAMILIES: Final = (
+    ("anthropic", re.compile(r"anthropic\.")),
+    ("nova", re.compile(r"amazon\.nova-")),
+    ("titan-embed", re.compile(r"amazon\.titan-embed")),
+)
+_PROFILE: Final = re.compile(r"^(?:us|eu|apac|global|us-gov|jp|au|ca)\.")
+
+
+def model_family(model_id: str) -> str | None:
+    """Return the family Bedrock serves a model id with (``anthropic``, ``nova``, ``titan-embed``).
+
+    :param model_id: a base model id, an inference profile id or an ARN ending in either
+    """
+    base = _PROFILE.sub("", model_id.rsplit("/", 1)[-1], count=1)
+    return next((family for family, pattern in _FAMILIES if pattern.match(base)), None)
+
+
 ACCOUNT: Final = "123456789012"
 DEFAULT_REGION: Final = "us-east-1"
 #: Bedrock's default quota "Minimum number of records per batch inference job".

@@ -15,7 +15,7 @@ order is a seeded shuffle. Asking for the job's state at a time ``now`` only doe
 
 Items finish evenly spread over ``in_progress`` in processing order (the ``k``-th item at
 ``t1 + k / n * (t2 - t1)``), so request counts grow with time. Status names are OpenAI's, which are
-also the package's neutral :data:`~airflow_batch_provider.adapters.base.BATCH_STATES`; other
+also the package's neutral :data:`~airflow_batch_provider.core.states.BATCH_STATES`; other
 providers' routers map them to their own words.
 """
 

@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
-from airflow_batch_provider.core.states import RETRYABLE_STATES
+from airflow_batch_provider.core.states import RETRYABLE_STATES, UNFINISHED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceError
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
@@ -983,8 +983,6 @@ class BatchResubmitOperator(BatchBaseOperator):
 batch_pricer = report.batch_pricer
 #: Compatibility name: the report is built by the report service.
 build_report = report.build_report
-
-UNFINISHED_STATES = ("staged", "submitted", "failed_retryable", "expired", "cancelled")
 
 
 class BatchPublishOperator(BatchBaseOperator):

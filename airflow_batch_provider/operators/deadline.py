@@ -24,13 +24,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from airflow.sdk import BaseBranchOperator, BaseOperator
 
 from airflow_batch_provider.adapters.base import BatchRef
 from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
 from airflow_batch_provider.core.policy import PollPolicy
+from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
@@ -43,15 +44,7 @@ if TYPE_CHECKING:
     from airflow_batch_provider.notifications import BatchAlerts
 
 #: Item states that are not done when the deadline comes (what the policy deals with).
-OPEN_AT_DEADLINE: tuple[str, ...] = (
-    "pending",
-    "staged",
-    "submitted",
-    "failed_retryable",
-    "expired",
-    "cancelled",
-    "fallback",
-)
+OPEN_AT_DEADLINE: Final = UNSETTLED_STATES
 
 
 def _aware(value: Any) -> datetime | None:

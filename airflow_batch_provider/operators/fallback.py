@@ -1,4 +1,4 @@
-"""``SyncFallbackOperator``: send what the deadline left open to the provider's real-time API.
+"""``BatchSyncFallbackOperator``: send what the deadline left open to the provider's real-time API.
 
 Runs in a worker (not the triggerer). The sending, its rate limits and its resumability live in
 :mod:`airflow_batch_provider.services.fallback`: an item is marked sent (state ``fallback``, an
@@ -12,6 +12,7 @@ provider's error.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class SyncFallbackOperator(BatchBaseOperator):
+class BatchSyncFallbackOperator(BatchBaseOperator):
     """Send the run's items still open at the deadline through the real-time API, at full price.
 
     :param prompt: the workload's prompt (for output validation)
@@ -128,3 +129,19 @@ class SyncFallbackOperator(BatchBaseOperator):
             "answer are closed as possibly_paid_twice and sent again by the next try",
             self.workload,
         )
+
+
+def __getattr__(name: str) -> Any:
+    """Keep the old name importable for a while: ``SyncFallbackOperator`` warns and is the new class.
+
+    :param name: the attribute asked for
+    """
+    if name == "SyncFallbackOperator":
+        warnings.warn(
+            "SyncFallbackOperator is deprecated: use BatchSyncFallbackOperator (same class, named like "
+            "its siblings); the old name will be removed in a future release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return BatchSyncFallbackOperator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -50,7 +50,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.core.pricing import decimal_str, format_usd
-from airflow_batch_provider.core.states import OPEN_STATES, USABLE_STATES
+from airflow_batch_provider.core.states import ATTENTION_STATES, OPEN_STATES, USABLE_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import from_nusd
 from airflow_batch_provider.links.batch import console_templates, console_url
@@ -71,7 +71,6 @@ STALE_AFTER: Final = timedelta(hours=48)
 MAX_RUNS: Final = 200
 #: Items needing attention listed per run (the rest are counted).
 ATTENTION_SAMPLE: Final = 25
-ATTENTION_STATES: Final = ("review", "failed_permanent", "pending", "skipped")
 #: Review items one page lists; an export pages through all of them this many at a time.
 REVIEW_PAGE: Final = 200
 #: Most items one review action addresses by key.

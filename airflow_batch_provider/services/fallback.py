@@ -1,6 +1,6 @@
 """The real-time path: send items through a provider's synchronous API, resumably, at full price.
 
-Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallback.SyncFallbackOperator`)
+Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallback.BatchSyncFallbackOperator`)
 and by a chunk below the provider's minimum batch size (``BatchSubmitOperator``). No Airflow import.
 
 One event loop sends the items with ``asyncio.gather`` under a semaphore (the concurrency) and a
@@ -43,6 +43,7 @@ from airflow_batch_provider.core.pricing import ModelPrice, PriceTable, cost
 from airflow_batch_provider.core.ratelimit import RateLimiter, RateLimits, RetryPolicy, retry_delay
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.results import ItemResult
+from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger.records import sync_job_id
@@ -59,16 +60,8 @@ POSSIBLY_PAID_TWICE: Final = "possibly_paid_twice"
 #: Error code of a synchronous attempt that was sent and never recorded, closed without a resend.
 ANSWER_LOST: Final = "answer_lost"
 
-#: States an item may be sent to the fallback from (``fallback``: an interrupted earlier try).
-FALLBACK_FROM: tuple[str, ...] = (
-    "pending",
-    "staged",
-    "submitted",
-    "failed_retryable",
-    "expired",
-    "cancelled",
-    "fallback",
-)
+#: States an item may be sent to the fallback from: every unsettled one.
+FALLBACK_FROM: Final = UNSETTLED_STATES
 
 
 @dataclass(frozen=True)

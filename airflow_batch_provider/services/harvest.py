@@ -28,6 +28,7 @@ from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.policy import PollPolicy, decide, start
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
+from airflow_batch_provider.core.states import HARVESTED_JOB_STATES
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import utcnow
@@ -48,7 +49,7 @@ BATCH_FAILED: Final = "batch_failed"
 #: Results applied per ledger transaction in reconcile (the ``reconcile.mid`` fail point fires after the first).
 SLICE: Final = 1000
 #: Job states whose files were fetched at a terminal state.
-COMPLETE_STATES: Final = frozenset({"downloaded", "reconciled"})
+COMPLETE_STATES: Final = HARVESTED_JOB_STATES
 
 
 def error_code_of(status: BatchStatus | None) -> str | None:

@@ -159,19 +159,20 @@ def test_the_api_server_is_published_on_loopback_only(services: dict[str, dict[s
             assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
-def test_dags_include_staging_and_logs_are_mounted(
+def test_dags_include_plugins_staging_and_logs_are_mounted(
     services: dict[str, dict[str, Any]], compose: dict[str, Any]
 ) -> None:
     for name in AIRFLOW_SERVICES - {"airflow-init"}:
         mounts = mounts_of(services[name])
         assert mounts["/opt/airflow/dags"] == "./dags", name
         assert mounts["/opt/airflow/include"] == "./include", name
+        assert mounts["/opt/airflow/plugins"] == "./plugins", name
         assert mounts["/opt/airflow/logs"] == "airflow-logs", name
         assert mounts["/opt/airflow/staging"] == "batch-staging", name
         env = env_of(services[name])
         assert env["AIRFLOW__BATCH_PROVIDER__STAGING_ROOT"] == "file:///opt/airflow/staging"
     assert {"postgres-db", "airflow-logs", "airflow-auth", "batch-staging"} <= set(compose["volumes"])
-    assert (REPO / "dags").is_dir() and (REPO / "include").is_dir()
+    assert (REPO / "dags").is_dir() and (REPO / "include").is_dir() and (REPO / "plugins").is_dir()
 
 
 # ------------------------------------------------------------------------------------------ connections

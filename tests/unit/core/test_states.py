@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from airflow_batch_provider.core.states import (
     FINAL_STATES,
     IN_FLIGHT_STATES,
     ITEM_STATES,
+    JOB_STATES,
     OPEN_STATES,
     REDRIVABLE_STATES,
     RETRYABLE_STATES,
@@ -13,6 +17,8 @@ from airflow_batch_provider.core.states import (
     can_transition,
     sources_of,
 )
+
+PACKAGE = Path(__file__).resolve().parents[3] / "airflow_batch_provider"
 
 # Every move DESIGN.md ("Item states") describes, besides staying put and going back to pending.
 ALLOWED = [
@@ -204,3 +210,57 @@ def test_open_states_are_work_in_flight_and_never_final_except_reported_pending(
     assert {"pending", "staged", "submitted", "fallback"} == OPEN_STATES
     assert {"pending"} == OPEN_STATES & FINAL_STATES
     assert all(state in ITEM_STATES for state in FINAL_STATES | RETRYABLE_STATES | OPEN_STATES)
+
+
+def spelled_state_sets(path: Path, vocabularies: tuple[frozenset[str], ...]) -> list[str]:
+    """Return ``file:line`` of each module-level constant that spells a set of states itself.
+
+    A set is a tuple, list or set literal of two or more names, all of one vocabulary and fewer
+    than all of it (a display order of every state is an order, not a set with a meaning).
+    Choices checked inside a function (``unfinished in ("review", "pending", "skipped")``) are an
+    option's own vocabulary and stay where they are.
+
+    :param path: a module
+    :param vocabularies: the item states, the job states
+    """
+    found = []
+    for stmt in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        for node in ast.walk(stmt.value):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+                words = {
+                    e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                }
+                if len(words) == len(node.elts) and any(words < v for v in vocabularies):
+                    found.append(f"{path.name}:{node.lineno} {sorted(words)}")
+    return found
+
+
+VOCABULARIES = (frozenset(ITEM_STATES), frozenset(JOB_STATES))
+
+
+def test_sets_of_states_are_spelled_once_in_the_states_module() -> None:
+    # the emulator speaks each provider's own words; everything else names the sets defined here
+    modules = [
+        p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p != PACKAGE / "core" / "states.py" and "emulator" not in p.relative_to(PACKAGE).parts
+    ]
+    assert [hit for p in modules for hit in spelled_state_sets(p, VOCABULARIES)] == []
+
+
+def test_the_spelling_check_sees_a_set_of_states_and_not_an_option_check(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    module.write_text(
+        'OPEN: Final = ("pending", "staged")\n'
+        'DONE = frozenset({"downloaded", "reconciled"})\n'
+        'ROUTES = ("review", "sync")\n'
+        "def f(x):\n"
+        '    return x in ("pending", "skipped")\n',
+        encoding="utf-8",
+    )
+    assert spelled_state_sets(module, VOCABULARIES) == [
+        "probe.py:1 ['pending', 'staged']",
+        "probe.py:2 ['downloaded', 'reconciled']",
+    ]

@@ -64,10 +64,16 @@ def test_a_ledger_written_by_a_newer_package_is_refused_with_the_fix(ledger: Led
     assert "upgrade airflow-batch-provider" in message
 
 
-def test_an_older_recorded_version_is_accepted(ledger: Ledger) -> None:
+def test_an_older_recorded_version_is_accepted_and_brought_up_to_this_packages(ledger: Ledger) -> None:
+    ledger.start_run("wl", "r1", "openai", "gpt-4o-mini")
     with ledger.engine.begin() as conn:
-        conn.execute(update(s.meta).where(s.meta.c.key == "schema_version").values(value="0"))
+        conn.execute(update(s.meta).where(s.meta.c.key == "schema_version").values(value="1"))
     ledger.ensure_schema()
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(select(s.meta.c.key, s.meta.c.value)).all()
+    assert [tuple(r) for r in rows] == [("schema_version", str(s.SCHEMA_VERSION))]
+    assert ledger.schema_version == s.SCHEMA_VERSION
+    assert [r["run_id"] for r in ledger.runs("wl")] == ["r1"]
 
 
 def test_items_are_keyed_by_workload_item_key_and_prompt_version() -> None:

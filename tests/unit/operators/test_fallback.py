@@ -1,4 +1,4 @@
-"""``SyncFallbackOperator`` in real processes: killed between the provider's answer and the ledger.
+"""``BatchSyncFallbackOperator`` in real processes: killed between the provider's answer and the ledger.
 
 The emulator's own count of real-time requests is the truth the ledger's ``possibly_paid_twice``
 is checked against.
@@ -6,8 +6,10 @@ is checked against.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
-from airflow_batch_provider.operators.fallback import SyncFallbackOperator
+from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 from airflow_batch_provider.services.fallback import FallbackSettings, possibly_paid_twice
 
 WORKLOAD = "wl"
@@ -38,9 +40,9 @@ REPO = Path(__file__).resolve().parents[3]
 TASK = """
 import json, sys
 from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.operators.fallback import SyncFallbackOperator
+from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 prompt = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", params={"max_tokens": 16})
-op = SyncFallbackOperator(
+op = BatchSyncFallbackOperator(
     task_id="sync_fallback", workload="wl", batch_conn_id="emu", prompt=prompt, concurrency=1
 )
 print(json.dumps(op.execute({"run_id": sys.argv[1]})))
@@ -122,5 +124,34 @@ def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment
 
 
 def test_the_settings_come_from_the_arguments_or_the_config() -> None:
-    op = SyncFallbackOperator(task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2)
+    op = BatchSyncFallbackOperator(
+        task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2
+    )
     assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
+
+
+def test_the_old_name_still_imports_and_warns_that_it_is_deprecated() -> None:
+    from airflow_batch_provider.operators import fallback
+
+    with pytest.warns(DeprecationWarning, match="BatchSyncFallbackOperator"):
+        old = fallback.SyncFallbackOperator
+    assert old is BatchSyncFallbackOperator
+
+
+def test_every_operator_of_the_package_is_named_batch_verb_operator() -> None:
+    import inspect
+    import pkgutil
+
+    from airflow.sdk import BaseOperator
+
+    import airflow_batch_provider.operators as package
+
+    names = {
+        name
+        for info in pkgutil.iter_modules(package.__path__)
+        for name, obj in inspect.getmembers(importlib.import_module(f"{package.__name__}.{info.name}"))
+        if inspect.isclass(obj)
+        and issubclass(obj, BaseOperator)
+        and obj.__module__.startswith(package.__name__)
+    }
+    assert names and [n for n in sorted(names) if not re.fullmatch(r"Batch[A-Z]\w*Operator", n)] == []
