@@ -49,8 +49,15 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object],
         "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "false",
     }
+    # run outside the checkout: with its root on sys.path, the editable install's
+    # airflow_batch_provider.egg-info there would list the package's entry points a second time
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(out)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PROBE, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), out
