@@ -28,7 +28,7 @@ from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.policy import PollPolicy, decide, start
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
-from airflow_batch_provider.core.states import HARVESTED_JOB_STATES
+from airflow_batch_provider.core.states import HARVESTED_JOB_STATES, TERMINAL_BATCH_STATES
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import utcnow
@@ -231,7 +231,13 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         log.info("files of batch %s already downloaded complete: %s", job["batch_id"], recorded)
         return Download(True, False, recorded)
     ref = BatchRef(adapter.name, job["batch_id"], job["idempotency_key"])
-    status, error = read_status(adapter, ref)
+    if job["batch_state"] in TERMINAL_BATCH_STATES:
+        # A terminal state never changes, and the wait step (or a pod task, whose outcome only
+        # the ledger knows) recorded it with its cause: keep it, do not ask again.
+        status: BatchStatus | None = BatchStatus(job["batch_state"], raw_state="recorded")
+        error = None
+    else:
+        status, error = read_status(adapter, ref)
     if status is None or not status.terminal:
         log.warning(
             "batch %s (job %s) is %s: its result files are not complete yet; nothing downloaded",
@@ -256,7 +262,7 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         "finished_at": utcnow(),
         **paths,
     }
-    if status.state == "failed":
+    if status.state == "failed" and status.raw_state != "recorded":
         values["error"] = failure_note(status)[1]
     ledger.update_job(job_id, **values)
     return Download(True, True, paths, status)
@@ -353,7 +359,9 @@ def reconcile_job(
             slice_ = []
     if slice_ or first:
         apply(slice_)
-    if job["batch_state"] == "failed":
+    # A failed batch that answered nothing (refused file, token limit): its lines carry its cause.
+    # One that answered part of its lines (a vLLM pod that crashed mid-file) left the rest missing.
+    if job["batch_state"] == "failed" and not sum(outcomes.values()):
         settled = list(_failed_batch_results(ledger, job))
         if settled:
             apply(settled)
