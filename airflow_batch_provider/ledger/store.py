@@ -198,6 +198,22 @@ _ITEM_ROW = and_(
 _ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
 
 
+#: The columns :meth:`Ledger.upsert_items` fills for a new item, in order.
+_NEW_ITEM_COLUMNS: Final = (
+    "workload",
+    "item_key",
+    "prompt_version",
+    "app_id",
+    "model",
+    "input_hash",
+    "request_json",
+    "state",
+    "attempts",
+    "run_id",
+    "created_at",
+    "updated_at",
+)
+
 #: What one result line writes to its attempt row (from the staging table's columns of that name).
 _ATTEMPT_RESULT_COLUMNS: Final = (
     "outcome",
@@ -210,6 +226,7 @@ _ATTEMPT_RESULT_COLUMNS: Final = (
     "cache_write_tokens",
     "cost_nusd",
 )
+
 
 def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, Any]]) -> None:
     """One ``executemany`` UPDATE per set of columns; ``b_*`` keys address the row.
@@ -274,9 +291,26 @@ def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> N
     """
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
+    _insert_rows(conn, table, [c.name for c in table.c], rows)
+
+
+def _insert_rows(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """Insert ``rows`` (tuples in ``columns`` order) at the database's floor, in the caller's transaction.
+
+    PostgreSQL: ``COPY ... FROM STDIN`` (text format); SQLite: one prepared ``executemany`` on the
+    driver's cursor. Values are ``None``, ``bool``, ``int``, ``str``, or a timestamp as
+    :func:`_db_stamp` gives it.
+
+    :param conn: an open transaction
+    :param table: the table
+    :param columns: the columns the tuples fill
+    :param rows: the rows
+    """
     if not rows:
         return
-    names = ", ".join(c.name for c in table.c)
+    names = ", ".join(columns)
     cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         if conn.dialect.name == "postgresql":
@@ -285,10 +319,18 @@ def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> N
             buf.seek(0)
             cur.copy_expert(f"COPY {table.name} ({names}) FROM STDIN", buf)
         else:
-            marks = ", ".join("?" for _ in table.c)
+            marks = ", ".join("?" for _ in columns)
             cur.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
     finally:
         cur.close()
+
+
+def _db_stamp(conn: Connection, moment: datetime) -> Any:
+    """``moment`` as a bulk insert passes it: SQLite's DATETIME text of the UTC wall clock (what
+    ``UTCDateTime`` writes), the aware datetime itself on PostgreSQL.
+    """
+    utc = moment.astimezone(timezone.utc)
+    return utc if conn.dialect.name == "postgresql" else utc.strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -419,7 +461,9 @@ def _transition(
             .values(**(values or {}), state=t.state, updated_at=now)
         )
         moved = int(res.rowcount or 0)
-        addressed = conn.execute(select(func.count()).select_from(staged).where(t.state.is_not(None))).scalar_one()
+        addressed = conn.execute(
+            select(func.count()).select_from(staged).where(t.state.is_not(None))
+        ).scalar_one()
         return Moved(moved, int(addressed) - moved)
     if rows is None:
         if target is None or where is None:
@@ -718,7 +762,8 @@ class Ledger:
                         if r["state"] == "staged" and r["run_id"] != run_id and r["job_id"]
                     },
                 )
-                inserts: list[dict[str, Any]] = []
+                inserts: list[tuple[Any, ...]] = []
+                stamp = _db_stamp(conn, now)
                 reopened: list[dict[str, Any]] = []
                 first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
@@ -747,16 +792,20 @@ class Ledger:
 
                     if row is None:
                         inserts.append(
-                            {
-                                **values(),
-                                "workload": workload,
-                                "item_key": it.key,
-                                "prompt_version": req.prompt_version,
-                                "state": "pending",
-                                "attempts": 0,
-                                "created_at": now,
-                                "updated_at": now,
-                            }
+                            (
+                                workload,
+                                it.key,
+                                req.prompt_version,
+                                req.app_id,
+                                req.model,
+                                input_hash,
+                                json.dumps(req.to_dict(), ensure_ascii=False),
+                                "pending",
+                                0,
+                                run_id,
+                                stamp,
+                                stamp,
+                            )
                         )
                         stats["new"] += 1
                         continue
@@ -811,8 +860,8 @@ class Ledger:
                             f"{run_id!r} was preparing them (another run of the workload is active?); "
                             "retry the task, and let one run hold the workload at a time."
                         )
-                if inserts:
-                    conn.execute(s.items.insert(), inserts)
+                # New items start pending, at the database's bulk-insert floor.
+                _insert_rows(conn, s.items, _NEW_ITEM_COLUMNS, inserts)
         if (
             self.engine.dialect.name == "postgresql"
             and stats["new"] + stats["changed"] + stats["unchanged"] >= 5000
@@ -1538,7 +1587,12 @@ class Ledger:
                     if values and item is not None:
                         if pair in moved_here:
                             again.append(
-                                {"b_workload": workload, "b_key": key, "b_version": version, "b_from": item["state"]}
+                                {
+                                    "b_workload": workload,
+                                    "b_key": key,
+                                    "b_version": version,
+                                    "b_from": item["state"],
+                                }
                                 | values
                             )
                         else:
