@@ -326,8 +326,10 @@ def _insert_rows(
 
 
 def _db_stamp(conn: Connection, moment: datetime) -> Any:
-    """``moment`` as a bulk insert passes it: SQLite's DATETIME text of the UTC wall clock (what
-    ``UTCDateTime`` writes), the aware datetime itself on PostgreSQL.
+    """``moment`` as a bulk insert passes it.
+
+    SQLite gets the DATETIME text of the UTC wall clock (what ``UTCDateTime`` writes), PostgreSQL
+    the aware datetime itself.
     """
     utc = moment.astimezone(timezone.utc)
     return utc if conn.dialect.name == "postgresql" else utc.strftime("%Y-%m-%d %H:%M:%S.%f")
