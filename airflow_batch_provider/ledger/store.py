@@ -275,7 +275,34 @@ RESULTS_STAGE = Table(
     prefixes=["TEMPORARY"],
     postgresql_on_commit="DELETE ROWS",
 )
-_STAGE_COLUMNS: Final = tuple(c.name for c in RESULTS_STAGE.c)
+#: Per-connection staging table of :meth:`Ledger.upsert_items`: one row per item a new run takes
+#: over (``kind``: ``held`` in review, ``unchanged``, or ``changed`` and sent again).
+ITEMS_STAGE = Table(
+    "abp_stage_items",
+    _staging_meta,
+    Column("b_key", String(64)),  # no key: a key given twice is refused by the move, as before
+    Column("b_version", String(100)),
+    Column("b_from", String(32)),
+    Column("state", String(32)),
+    Column("kind", String(16)),
+    Column("run_id", String(250)),
+    Column("app_id", Text),
+    Column("model", String(200)),
+    Column("input_hash", String(64)),
+    Column("request_json", Text),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+#: The columns a changed item starts over without (its last attempt's news).
+_CLEARED_ON_CHANGE: Final = (
+    "job_id",
+    "custom_id",
+    "output_json",
+    "error_code",
+    "error_message",
+    "review_action",
+    "review_note",
+)
 
 
 def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -766,7 +793,7 @@ class Ledger:
                 )
                 inserts: list[tuple[Any, ...]] = []
                 stamp = _db_stamp(conn, now)
-                reopened: list[dict[str, Any]] = []
+                reopened: list[tuple[Any, ...]] = []
                 first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
                     req = it.request
@@ -782,15 +809,6 @@ class Ledger:
                             f"{it.key!r}; rename one of them."
                         )
                     input_hash = req.input_hash  # computed once: it serialises the request
-
-                    def values(req: CanonicalRequest = req, input_hash: str = input_hash) -> dict[str, Any]:
-                        return {
-                            "app_id": req.app_id,
-                            "model": req.model,
-                            "input_hash": input_hash,
-                            "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
-                            "run_id": run_id,
-                        }
 
                     if row is None:
                         inserts.append(
@@ -815,47 +833,60 @@ class Ledger:
                         stats["already_in_run"] += 1
                         continue
                     state = row["state"]
-                    address = {
-                        "b_workload": workload,
-                        "b_key": it.key,
-                        "b_version": req.prompt_version,
-                        "b_from": state,
-                    }
                     if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
                         stats["in_flight_elsewhere"] += 1
                         continue
+                    address = (it.key, req.prompt_version, state)
                     same_input = row["input_hash"] == input_hash
                     if same_input and (
                         state in ("review", "failed_permanent") or row["review_action"] is not None
                     ):
                         held = "review" if state == "failed_permanent" else state
-                        reopened.append({**address, "state": held, "run_id": run_id})
+                        reopened.append((*address, held, "held", run_id, None, None, None, None))
                         stats["in_review"] += 1
                     elif row["succeeded_hash"] == input_hash and state in USABLE_STATES:
-                        reopened.append(
-                            {**address, "state": "unchanged", "run_id": run_id, "route": "unchanged"}
-                        )
+                        reopened.append((*address, "unchanged", "unchanged", run_id, None, None, None, None))
                         stats["unchanged"] += 1
                     else:
                         reopened.append(
-                            {
-                                **address,
-                                **values(),
-                                "state": "pending",
-                                "attempts": 0,
-                                "job_id": None,
-                                "custom_id": None,
-                                "route": None,
-                                "output_json": None,
-                                "error_code": None,
-                                "error_message": None,
-                                "review_action": None,
-                                "review_note": None,
-                            }
+                            (
+                                *address,
+                                "pending",
+                                "changed",
+                                run_id,
+                                req.app_id,
+                                req.model,
+                                input_hash,
+                                json.dumps(req.to_dict(), ensure_ascii=False),
+                            )
                         )
                         stats["changed"] += 1
                 if reopened:
-                    moved = _transition(conn, now, rows=reopened, reopen=True)
+                    _stage(conn, ITEMS_STAGE, reopened)
+                    t = ITEMS_STAGE.c
+                    changed = t.kind == literal_column("'changed'")
+                    moved = _transition(
+                        conn,
+                        now,
+                        staged=ITEMS_STAGE,
+                        workload=workload,
+                        targets={r[3] for r in reopened},
+                        reopen=True,
+                        values={
+                            "run_id": t.run_id,
+                            "route": case(
+                                (t.kind == literal_column("'unchanged'"), literal_column("'unchanged'")),
+                                (changed, None),
+                                else_=c.route,
+                            ),
+                            "attempts": case((changed, 0), else_=c.attempts),
+                            **{
+                                name: case((changed, t[name]), else_=c[name])
+                                for name in ("app_id", "model", "input_hash", "request_json")
+                            },
+                            **{name: case((changed, None), else_=c[name]) for name in _CLEARED_ON_CHANGE},
+                        },
+                    )
                     if moved.refused:
                         raise LedgerError(
                             f"{moved.refused} item(s) of workload {workload!r} changed state while run "
