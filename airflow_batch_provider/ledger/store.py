@@ -319,6 +319,10 @@ def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> N
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
     _insert_rows(conn, table, [c.name for c in table.c], rows)
+    if conn.dialect.name == "postgresql":
+        # Autovacuum never sees a temporary table: without statistics the planner may pick a
+        # hash join that scans the whole items table for a slice of a few thousand rows.
+        conn.execute(text(f"ANALYZE {table.name}"))
 
 
 def _insert_rows(
