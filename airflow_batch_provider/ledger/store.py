@@ -1,6 +1,9 @@
 """The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
 
-Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. Every write of an
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows (result lines in
+slices of :data:`APPLY_SLICE`). Bulk writes go at the database's floor: new rows and staged moves
+travel by ``COPY`` on PostgreSQL and one prepared ``executemany`` on SQLite, into the table or a
+per-connection temporary table that one set-based ``UPDATE ... FROM`` then applies. Every write of an
 item's state goes through one function, :func:`_transition`, which checks the move against
 :mod:`airflow_batch_provider.core.states` in SQL (``WHERE state IN <sources of the target>``,
 plus a compare-and-set on the state the caller read) and counts what moved and what was refused;
