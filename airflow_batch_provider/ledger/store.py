@@ -1673,7 +1673,12 @@ class Ledger:
                 if not staged:
                     continue
                 _stage(conn, RESULTS_STAGE, staged)
-                this_line = and_(a.job_id == job_id, a.custom_id == t.custom_id)
+                # On SQLite, an expression (``custom_id || ''``) keeps the staging table's key out of
+                # the plan: otherwise SQLite may walk every attempt of the job for each slice
+                # (quadratic in the job's lines) instead of looking each staged line up by the
+                # attempts' primary key.
+                staged_cid = t.custom_id.concat("") if conn.dialect.name == "sqlite" else t.custom_id
+                this_line = and_(a.job_id == job_id, a.custom_id == staged_cid)
                 if writes["full"]:
                     conn.execute(
                         s.attempts.update()
