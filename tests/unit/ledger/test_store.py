@@ -1508,3 +1508,21 @@ def test_results_applied_over_many_staging_slices_leave_nothing_behind_between_s
     assert [(a["outcome"], a["cost_nusd"]) for a in attempts_of(ledger, "i6")] == [
         ("succeeded", to_nusd(cost_of(Usage(5, 5))))
     ]
+
+
+def test_a_staged_transition_refuses_moves_the_states_forbid_and_stale_reads_in_sql(ledger: Ledger) -> None:
+    """The set-based form (``UPDATE ... FROM`` a staging table) is guarded like the others."""
+    first_run_all_succeeded(ledger, ["a"])
+    ledger.upsert_items(WL, "r1", [prep("b"), prep("c")])
+    staged = [
+        (item_key("a"), "v1", "succeeded", "submitted", "x", "r1", None, None, None, None),  # forbidden move
+        (item_key("b"), "v1", "pending", "staged", "x", "r1", None, None, None, None),  # allowed
+        (item_key("c"), "v1", "staged", "submitted", "x", "r1", None, None, None, None),  # stale read
+    ]
+    with ledger.engine.begin() as conn:
+        store._stage(conn, store.ITEMS_STAGE, staged)
+        moved = _transition(
+            conn, utcnow(), staged=store.ITEMS_STAGE, workload=WL, targets={"pending", "staged", "submitted"}
+        )
+    assert moved == Moved(moved=1, refused=2)
+    assert [item(ledger, k)["state"] for k in ("a", "b", "c")] == ["succeeded", "staged", "pending"]
