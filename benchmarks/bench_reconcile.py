@@ -4,16 +4,18 @@ Two measurements:
 
 1. :meth:`Ledger.apply_results` for one job of N lines (results built beforehand as
    :class:`ItemResult` with usage: 94% succeeded, 4% retryable, 2% permanent failures), on SQLite
-   (file, WAL) and on PostgreSQL when one can be found. Baseline (the floor): an executemany
-   UPDATE of the job's attempt rows by primary key with the same outcome, usage and cost (priced
-   the same way), a commit per 1,000 rows. Also the rerun (a cleared reconcile task: same results
+   (file, WAL) and on PostgreSQL when one can be found. Two baselines: the database's write floor
+   (the same lines' attempt columns, priced the same way, written in one transaction into an
+   attempts-shaped table: psycopg2 ``COPY`` on PostgreSQL, one prepared ``executemany`` on
+   SQLite), and an executemany UPDATE of the job's attempt rows by primary key with the same
+   outcome, usage and cost, a commit per 1,000 rows. Also the rerun (a cleared reconcile task: same results
    again, nothing changes), against the same floor.
 2. :meth:`OpenAIBatchAdapter.parse_results` over a generated OpenAI batch output file of N lines
    (the documented line shapes, 2% error lines) against ``json.loads`` per line and nothing else.
 
 Peak traced memory is reported for both (Python allocations only).
 
-Usage: ``python benchmarks/bench_reconcile.py [--size tiny|small|default]``
+Usage: ``python benchmarks/bench_reconcile.py [--size tiny|small|default] [--items N]``
 """
 
 from __future__ import annotations
@@ -31,7 +33,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ledger import WORKLOAD, fresh_ledger, make_items
-from common import check_size, cli, mib, per_s, postgres_url, result, row, timed, traced_peak
+from common import (
+    check_size,
+    cli,
+    floor_insert,
+    floor_name,
+    mib,
+    per_s,
+    postgres_url,
+    result,
+    row,
+    timed,
+    traced_peak,
+)
 from sqlalchemy import Column, MetaData, Table, and_, bindparam
 
 from airflow_batch_provider.adapters.base import AdapterSettings
@@ -41,7 +55,7 @@ from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import BATCH, to_nusd, utcnow
+from airflow_batch_provider.ledger.store import APPLY_SLICE, BATCH, to_nusd, utcnow
 
 #: size -> (job lines, timing repeats)
 SIZES: dict[str, tuple[int, int]] = {
@@ -284,6 +298,59 @@ def baseline_update(ledger: Ledger, results: list[ItemResult], cost_of: Callable
     return len(results)
 
 
+RESULT_COLUMNS = [
+    "job_id",
+    "custom_id",
+    "outcome",
+    "discarded",
+    "error_code",
+    "error_message",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "cost_nusd",
+    "updated_at",
+]
+
+
+def floor_results(ledger: Ledger, results: list[ItemResult], cost_of: Callable[[Usage], Decimal]) -> int:
+    """The database's floor for the same lines: each result's attempt columns (priced the same
+    way) written into an attempts-shaped table in one transaction, COPY on PostgreSQL, one prepared
+    executemany on SQLite (see :func:`common.floor_insert`).
+
+    :param ledger: gives the engine
+    :param results: the results
+    :param cost_of: prices one line
+    """
+    now = utcnow()
+    stamp = now if ledger.engine.dialect.name == "postgresql" else now.strftime("%Y-%m-%d %H:%M:%S.%f")
+    rows = [
+        (
+            JOB_ID,
+            r.custom_id,
+            r.outcome,
+            r.outcome == "invalid_output",
+            r.error_code,
+            r.error_message,
+            r.usage.input_tokens,
+            r.usage.output_tokens,
+            r.usage.cached_input_tokens,
+            r.usage.cache_write_tokens,
+            to_nusd(cost_of(r.usage)),
+            stamp,
+        )
+        for r in results
+    ]
+    return floor_insert(ledger.engine, BARE_ATTEMPTS.name, RESULT_COLUMNS, rows)
+
+
+def empty_bare(ledger: Ledger) -> None:
+    """Untimed: the bare attempts table empty again."""
+    with ledger.engine.begin() as conn:
+        conn.execute(BARE_ATTEMPTS.delete())
+
+
 def _apply(ledger: Ledger, results: list[ItemResult], cost_of: Callable[[Usage], Decimal], n: int) -> Any:
     stats = ledger.apply_results(JOB_ID, iter(results), cost_of)
     if stats.applied != n or stats.unknown or stats.duplicates:
@@ -307,6 +374,10 @@ def bench_database(label: str, url: str, n: int, repeat: int) -> list[dict[str, 
         t_base = timed(
             lambda: baseline_update(ledger, results, cost_of), repeat, setup=lambda: reset_job(ledger)
         )
+        t_floor = timed(
+            lambda: floor_results(ledger, results, cost_of), repeat, setup=lambda: empty_bare(ledger)
+        )
+        empty_bare(ledger)
         t_apply = timed(lambda: _apply(ledger, results, cost_of, n), repeat, setup=lambda: reset_job(ledger))
         t_rerun = timed(lambda: _apply(ledger, results, cost_of, n), repeat)
         reset_job(ledger)
@@ -316,6 +387,8 @@ def bench_database(label: str, url: str, n: int, repeat: int) -> list[dict[str, 
     finally:
         ledger.engine.dispose()
     floor = per_s(n, t_base.best_s)
+    copy_floor = per_s(n, t_floor.best_s)
+    copy_name = f"{floor_name(ledger.engine)} of the lines into an attempts-shaped table"
     note = f"best of {repeat}"
     return [
         row(
@@ -334,6 +407,15 @@ def bench_database(label: str, url: str, n: int, repeat: int) -> list[dict[str, 
             floor,
             subject="Ledger.apply_results",
             baseline_name="executemany UPDATE attempts by primary key",
+            note=note,
+        ),
+        row(
+            f"{label}: apply_results against the database's write floor",
+            "lines/s",
+            per_s(n, t_apply.best_s),
+            copy_floor,
+            subject="Ledger.apply_results",
+            baseline_name=copy_name,
             note=note,
         ),
         row(
@@ -435,13 +517,16 @@ def parse_baseline(path: Path) -> int:
         return sum(1 for line in fh if json.loads(line) is not None)
 
 
-def run(size: str = "default") -> dict[str, Any]:
+def run(size: str = "default", items: int | None = None) -> dict[str, Any]:
     """Run the reconcile benchmark and return its figures (see ``common.py`` for the shape).
 
     :param size: ``tiny``, ``small`` or ``default``
+    :param items: job lines instead of the size's (e.g. 100,000)
     """
     check_size(size)
     n, repeat = SIZES[size]
+    if items is not None:
+        n = items
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="abp-bench-reconcile-") as tmp:
@@ -484,7 +569,7 @@ def run(size: str = "default") -> dict[str, Any]:
     return result(
         "reconcile",
         size,
-        {"lines": n, "repeat": repeat, "slice": BATCH, "model": MODEL, "postgresql": how},
+        {"lines": n, "repeat": repeat, "slice": APPLY_SLICE, "model": MODEL, "postgresql": how},
         rows,
         skipped,
         notes=[

@@ -270,5 +270,48 @@ def cli(doc: str | None, run: Any, sizes: Any, argv: list[str] | None = None) ->
 
     parser = argparse.ArgumentParser(description=(doc or "").split("\n", 1)[0])
     parser.add_argument("--size", choices=list(sizes), default="default")
+    parser.add_argument("--items", type=int, default=None, help="one item count instead of the size's")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.size), indent=2))
+    figures = run(args.size) if args.items is None else run(args.size, items=args.items)
+    print(json.dumps(figures, indent=2))
+
+
+def floor_insert(engine: Any, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> int:
+    """The database's floor for writing ``rows``: one transaction, no per-row work but the driver's.
+
+    PostgreSQL: psycopg2's ``copy_expert`` (``COPY ... FROM STDIN``, CSV format); SQLite: one
+    prepared ``executemany`` INSERT on the driver's cursor. Values are ``None`` (written as NULL),
+    ``bool``, ``int``, ``str`` or ``datetime``; an empty string would read back as NULL on
+    PostgreSQL, so the benchmarks write none.
+
+    :param engine: a SQLAlchemy engine
+    :param table: the table's name
+    :param columns: the columns, in the tuples' order
+    :param rows: the rows
+    :return: how many rows
+    """
+    import csv
+    import io
+
+    names = ", ".join(columns)
+    with engine.begin() as conn:
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            if engine.dialect.name == "postgresql":
+                buf = io.StringIO()
+                csv.writer(buf, lineterminator="\n").writerows(rows)
+                buf.seek(0)
+                cur.copy_expert(f"COPY {table} ({names}) FROM STDIN WITH (FORMAT csv)", buf)
+            else:
+                marks = ", ".join("?" for _ in columns)
+                cur.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
+        finally:
+            cur.close()
+    return len(rows)
+
+
+def floor_name(engine: Any) -> str:
+    """How :func:`floor_insert` writes on this engine's database, for the rows' ``baseline_name``."""
+    if engine.dialect.name == "postgresql":
+        return "psycopg2 COPY FROM STDIN, one transaction"
+    return "one prepared executemany INSERT, one transaction"

@@ -1,6 +1,9 @@
 """The ledger's operations. No Airflow imports: give it a SQLAlchemy URL or engine.
 
-Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows. Every write of an
+Every write is a transaction; bulk writes go in slices of :data:`BATCH` rows (result lines in
+slices of :data:`APPLY_SLICE`). Bulk writes go at the database's floor: new rows and staged moves
+travel by ``COPY`` on PostgreSQL and one prepared ``executemany`` on SQLite, into the table or a
+per-connection temporary table that one set-based ``UPDATE ... FROM`` then applies. Every write of an
 item's state goes through one function, :func:`_transition`, which checks the move against
 :mod:`airflow_batch_provider.core.states` in SQL (``WHERE state IN <sources of the target>``,
 plus a compare-and-set on the state the caller read) and counts what moved and what was refused;
@@ -13,6 +16,7 @@ runs again converges to the same rows.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections import Counter
@@ -23,7 +27,14 @@ from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
     Engine,
+    MetaData,
+    String,
+    Table,
+    Text,
     and_,
     bindparam,
     case,
@@ -39,6 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.schema import CreateTable
 
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, Usage
@@ -189,19 +201,33 @@ _ITEM_ROW = and_(
 _ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
 
 
-# What reconcile reads of an attempt (no timestamps: tens of thousands of rows per job).
-_RECONCILE_ATTEMPT_COLUMNS = tuple(
-    s.attempts.c[name]
-    for name in (
-        "job_id",
-        "custom_id",
-        "item_key",
-        "prompt_version",
-        "attempt",
-        "outcome",
-        "discarded",
-        "cost_nusd",
-    )
+#: The columns :meth:`Ledger.upsert_items` fills for a new item, in order.
+_NEW_ITEM_COLUMNS: Final = (
+    "workload",
+    "item_key",
+    "prompt_version",
+    "app_id",
+    "model",
+    "input_hash",
+    "request_json",
+    "state",
+    "attempts",
+    "run_id",
+    "created_at",
+    "updated_at",
+)
+
+#: What one result line writes to its attempt row (from the staging table's columns of that name).
+_ATTEMPT_RESULT_COLUMNS: Final = (
+    "outcome",
+    "discarded",
+    "error_code",
+    "error_message",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "cost_nusd",
 )
 
 
@@ -218,6 +244,145 @@ def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, 
         groups.setdefault(tuple(sorted(k for k in row if not k.startswith("b_"))), []).append(row)
     for columns, group in groups.items():
         conn.execute(table.update().where(where).values({c: bindparam(c) for c in columns}), group)
+
+
+#: Lines of one :meth:`Ledger.apply_results` transaction (staged in a temporary table, applied
+#: set-based); bounded so that memory stays flat however long the result file is.
+APPLY_SLICE = 5000
+
+_staging_meta = MetaData()
+#: Per-connection staging table of :meth:`Ledger.apply_results`: one row per result line, holding
+#: what the line writes to its attempt and (``state`` not null) to its item.
+RESULTS_STAGE = Table(
+    "abp_stage_results",
+    _staging_meta,
+    Column("custom_id", String(64), primary_key=True),
+    Column("att_write", String(8)),  # 'full': outcome, usage and cost; 'discard': discarded only
+    Column("outcome", String(32)),
+    Column("discarded", Boolean),
+    Column("error_code", String(100)),
+    Column("error_message", Text),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("cached_input_tokens", BigInteger),
+    Column("cache_write_tokens", BigInteger),
+    Column("cost_nusd", BigInteger),
+    Column("b_key", String(64)),
+    Column("b_version", String(100)),
+    Column("b_from", String(32)),
+    Column("state", String(32)),
+    Column("output_json", Text),
+    Column("succeeded_hash", String(64)),
+    Column("route", String(32)),
+    Column("job_id", String(250)),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+#: Per-connection staging table of :meth:`Ledger.upsert_items`: one row per item a new run takes
+#: over (``kind``: ``held`` in review, ``unchanged``, or ``changed`` and sent again).
+ITEMS_STAGE = Table(
+    "abp_stage_items",
+    _staging_meta,
+    Column("b_key", String(64)),  # no key: a key given twice is refused by the move, as before
+    Column("b_version", String(100)),
+    Column("b_from", String(32)),
+    Column("state", String(32)),
+    Column("kind", String(16)),
+    Column("run_id", String(250)),
+    Column("app_id", Text),
+    Column("model", String(200)),
+    Column("input_hash", String(64)),
+    Column("request_json", Text),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+#: The columns a changed item starts over without (its last attempt's news).
+_CLEARED_ON_CHANGE: Final = (
+    "job_id",
+    "custom_id",
+    "output_json",
+    "error_code",
+    "error_message",
+    "review_action",
+    "review_note",
+)
+
+
+def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Fill a per-connection temporary table with ``rows`` (tuples in column order), emptied first.
+
+    The floor of each database: PostgreSQL gets ``COPY ... FROM STDIN``, SQLite one prepared
+    ``executemany`` on the driver's cursor (no per-row SQLAlchemy work). Values must be ``None``,
+    ``bool``, ``int`` or ``str``.
+
+    :param conn: an open transaction
+    :param table: the staging table (``TEMPORARY``)
+    :param rows: the rows
+    """
+    conn.execute(CreateTable(table, if_not_exists=True))
+    conn.execute(table.delete())
+    _insert_rows(conn, table, [c.name for c in table.c], rows)
+    if conn.dialect.name == "postgresql":
+        # Autovacuum never sees a temporary table: without statistics the planner may pick a
+        # hash join that scans the whole items table for a slice of a few thousand rows.
+        conn.execute(text(f"ANALYZE {table.name}"))
+
+
+def _insert_rows(
+    conn: Connection, table: Table, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """Insert ``rows`` (tuples in ``columns`` order) at the database's floor, in the caller's transaction.
+
+    PostgreSQL: ``COPY ... FROM STDIN`` (text format); SQLite: one prepared ``executemany`` on the
+    driver's cursor. Values are ``None``, ``bool``, ``int``, ``str``, or a timestamp as
+    :func:`_db_stamp` gives it.
+
+    :param conn: an open transaction
+    :param table: the table
+    :param columns: the columns the tuples fill
+    :param rows: the rows
+    """
+    if not rows:
+        return
+    names = ", ".join(columns)
+    cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if conn.dialect.name == "postgresql":
+            buf = io.StringIO()
+            buf.writelines("\t".join(map(_copy_text, row)) + "\n" for row in rows)
+            buf.seek(0)
+            cur.copy_expert(f"COPY {table.name} ({names}) FROM STDIN", buf)
+        else:
+            marks = ", ".join("?" for _ in columns)
+            cur.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
+    finally:
+        cur.close()
+
+
+def _db_stamp(conn: Connection, moment: datetime) -> Any:
+    """``moment`` as a bulk insert passes it.
+
+    SQLite gets the DATETIME text of the UTC wall clock (what ``UTCDateTime`` writes), PostgreSQL
+    the aware datetime itself.
+    """
+    utc = moment.astimezone(timezone.utc)
+    return utc if conn.dialect.name == "postgresql" else utc.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: Any) -> str:
+    """One value in PostgreSQL's COPY text format."""
+    if value is None:
+        return "\\N"
+    if value is True:
+        return "t"
+    if value is False:
+        return "f"
+    if isinstance(value, int):
+        return str(value)
+    return str(value).translate(_COPY_ESCAPES)
 
 
 @dataclass(frozen=True)
@@ -274,10 +439,19 @@ def _transition(
     rows: Sequence[Mapping[str, Any]] | None = None,
     from_states: Iterable[str] | None = None,
     reopen: bool = False,
+    staged: Table | None = None,
+    workload: str | None = None,
+    targets: Iterable[str] = (),
 ) -> Moved:
     """The one place that writes ``abp_items.state``; the move is guarded in SQL.
 
-    Two forms. Set form (``target``, ``where``, ``values``): one ``UPDATE ... WHERE <where> AND state
+    Three forms. Staged form (``staged``, ``workload``, ``targets``, optional ``values``): one
+    set-based ``UPDATE abp_items ... FROM <staged>`` for every staged row whose ``state`` is not
+    null; the staged table has ``b_key``, ``b_version``, ``b_from`` (a compare-and-set on the state
+    the caller read) and ``state`` (the target, one of ``targets``), at most one row per item;
+    ``values`` maps other columns to SQL expressions over both tables. The guard is in the
+    statement: ``state = b_from`` and, per target, ``state IN <sources of the target>``;
+    ``refused`` counts the staged rows that did not move. Set form (``target``, ``where``, ``values``): one ``UPDATE ... WHERE <where> AND state
     IN <sources of target>``; ``refused`` counts the rows ``where`` addresses that stayed out. Row
     form (``rows``): one ``executemany`` per target and set of columns; each row carries ``state``
     (its target), its address as ``b_workload``/``b_key``/``b_version`` (and any other ``b_*``
@@ -294,9 +468,39 @@ def _transition(
     :param rows: row form: one dict per item
     :param from_states: only from these states (each must reach the target)
     :param reopen: a new run's prepare: the item goes back to ``pending`` and on in one write
+    :param staged: staged form: the temporary table of moves
+    :param workload: staged form: the workload of every staged item
+    :param targets: staged form: the target states the staged rows use
     :raises InvalidTransitionError: a state in ``from_states`` cannot reach the target
     """
     c = s.items.c
+    if staged is not None:
+        if workload is None:
+            raise TypeError("_transition's staged form needs the workload")
+        t = staged.c
+        chosen = sorted(set(targets))
+        if not chosen:
+            return Moved()
+        guard = or_(
+            *(and_(t.state == literal_column(f"'{tg}'"), _guard(tg, from_states, reopen)) for tg in chosen)
+        )
+        res = conn.execute(
+            s.items.update()
+            .where(
+                c.workload == workload,
+                c.item_key == t.b_key,
+                c.prompt_version == t.b_version,
+                t.state.is_not(None),
+                c.state == t.b_from,
+                guard,
+            )
+            .values(**(values or {}), state=t.state, updated_at=now)
+        )
+        moved = int(res.rowcount or 0)
+        addressed = conn.execute(
+            select(func.count()).select_from(staged).where(t.state.is_not(None))
+        ).scalar_one()
+        return Moved(moved, int(addressed) - moved)
     if rows is None:
         if target is None or where is None:
             raise TypeError("_transition needs target and where, or rows")
@@ -594,8 +798,9 @@ class Ledger:
                         if r["state"] == "staged" and r["run_id"] != run_id and r["job_id"]
                     },
                 )
-                inserts: list[dict[str, Any]] = []
-                reopened: list[dict[str, Any]] = []
+                inserts: list[tuple[Any, ...]] = []
+                stamp = _db_stamp(conn, now)
+                reopened: list[tuple[Any, ...]] = []
                 first_ids: dict[tuple[str, str], str] = {}
                 for it in batch:
                     req = it.request
@@ -612,27 +817,22 @@ class Ledger:
                         )
                     input_hash = req.input_hash  # computed once: it serialises the request
 
-                    def values(req: CanonicalRequest = req, input_hash: str = input_hash) -> dict[str, Any]:
-                        return {
-                            "app_id": req.app_id,
-                            "model": req.model,
-                            "input_hash": input_hash,
-                            "request_json": json.dumps(req.to_dict(), ensure_ascii=False),
-                            "run_id": run_id,
-                        }
-
                     if row is None:
                         inserts.append(
-                            {
-                                **values(),
-                                "workload": workload,
-                                "item_key": it.key,
-                                "prompt_version": req.prompt_version,
-                                "state": "pending",
-                                "attempts": 0,
-                                "created_at": now,
-                                "updated_at": now,
-                            }
+                            (
+                                workload,
+                                it.key,
+                                req.prompt_version,
+                                req.app_id,
+                                req.model,
+                                input_hash,
+                                json.dumps(req.to_dict(), ensure_ascii=False),
+                                "pending",
+                                0,
+                                run_id,
+                                stamp,
+                                stamp,
+                            )
                         )
                         stats["new"] += 1
                         continue
@@ -640,55 +840,68 @@ class Ledger:
                         stats["already_in_run"] += 1
                         continue
                     state = row["state"]
-                    address = {
-                        "b_workload": workload,
-                        "b_key": it.key,
-                        "b_version": req.prompt_version,
-                        "b_from": state,
-                    }
                     if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
                         stats["in_flight_elsewhere"] += 1
                         continue
+                    address = (it.key, req.prompt_version, state)
                     same_input = row["input_hash"] == input_hash
                     if same_input and (
                         state in ("review", "failed_permanent") or row["review_action"] is not None
                     ):
                         held = "review" if state == "failed_permanent" else state
-                        reopened.append({**address, "state": held, "run_id": run_id})
+                        reopened.append((*address, held, "held", run_id, None, None, None, None))
                         stats["in_review"] += 1
                     elif row["succeeded_hash"] == input_hash and state in USABLE_STATES:
-                        reopened.append(
-                            {**address, "state": "unchanged", "run_id": run_id, "route": "unchanged"}
-                        )
+                        reopened.append((*address, "unchanged", "unchanged", run_id, None, None, None, None))
                         stats["unchanged"] += 1
                     else:
                         reopened.append(
-                            {
-                                **address,
-                                **values(),
-                                "state": "pending",
-                                "attempts": 0,
-                                "job_id": None,
-                                "custom_id": None,
-                                "route": None,
-                                "output_json": None,
-                                "error_code": None,
-                                "error_message": None,
-                                "review_action": None,
-                                "review_note": None,
-                            }
+                            (
+                                *address,
+                                "pending",
+                                "changed",
+                                run_id,
+                                req.app_id,
+                                req.model,
+                                input_hash,
+                                json.dumps(req.to_dict(), ensure_ascii=False),
+                            )
                         )
                         stats["changed"] += 1
                 if reopened:
-                    moved = _transition(conn, now, rows=reopened, reopen=True)
+                    _stage(conn, ITEMS_STAGE, reopened)
+                    t = ITEMS_STAGE.c
+                    changed = t.kind == literal_column("'changed'")
+                    moved = _transition(
+                        conn,
+                        now,
+                        staged=ITEMS_STAGE,
+                        workload=workload,
+                        targets={r[3] for r in reopened},
+                        reopen=True,
+                        values={
+                            "run_id": t.run_id,
+                            "route": case(
+                                (t.kind == literal_column("'unchanged'"), literal_column("'unchanged'")),
+                                (changed, None),
+                                else_=c.route,
+                            ),
+                            "attempts": case((changed, 0), else_=c.attempts),
+                            **{
+                                name: case((changed, t[name]), else_=c[name])
+                                for name in ("app_id", "model", "input_hash", "request_json")
+                            },
+                            **{name: case((changed, None), else_=c[name]) for name in _CLEARED_ON_CHANGE},
+                        },
+                    )
                     if moved.refused:
                         raise LedgerError(
                             f"{moved.refused} item(s) of workload {workload!r} changed state while run "
                             f"{run_id!r} was preparing them (another run of the workload is active?); "
                             "retry the task, and let one run hold the workload at a time."
                         )
-                if inserts:
-                    conn.execute(s.items.insert(), inserts)
+                # New items start pending, at the database's bulk-insert floor.
+                _insert_rows(conn, s.items, _NEW_ITEM_COLUMNS, inserts)
         if (
             self.engine.dialect.name == "postgresql"
             and stats["new"] + stats["changed"] + stats["unchanged"] >= 5000
@@ -1350,32 +1563,41 @@ class Ledger:
         seen: set[str] = set()
         job = self.job(job_id)
         workload = job["workload"]
-        for batch in _chunks(results):
+        a, c, t = s.attempts.c, s.items.c, RESULTS_STAGE.c
+        # What reconcile reads per line: its attempt, and its item's state (outer: may be gone).
+        read = select(
+            a.custom_id,
+            a.item_key,
+            a.prompt_version,
+            a.attempt,
+            a.outcome,
+            a.discarded,
+            a.cost_nusd,
+            c.state,
+            c.custom_id,
+            c.input_hash,
+        ).select_from(
+            s.attempts.outerjoin(
+                s.items,
+                and_(c.workload == workload, c.item_key == a.item_key, c.prompt_version == a.prompt_version),
+            )
+        )
+        for batch in _chunks(results, APPLY_SLICE):
             now = utcnow()
             with self.engine.begin() as conn:
-                cids = list({r.custom_id for r in batch})
+                cids = list({r.custom_id for r in batch} - seen)
                 known = {
-                    r["custom_id"]: r
-                    for r in conn.execute(
-                        select(*_RECONCILE_ATTEMPT_COLUMNS).where(
-                            s.attempts.c.job_id == job_id, s.attempts.c.custom_id.in_(cids)
-                        )
-                    ).mappings()
+                    r[0]: r
+                    for r in (
+                        conn.execute(read.where(a.job_id == job_id, a.custom_id.in_(cids))) if cids else ()
+                    )
                 }
-                pairs = {(a["item_key"], a["prompt_version"]) for a in known.values()}
                 items: dict[tuple[str, str], dict[str, Any]] = {}
-                if pairs:
-                    c = s.items.c
-                    items = {
-                        (r["item_key"], r["prompt_version"]): dict(r)
-                        for r in conn.execute(
-                            select(c.item_key, c.prompt_version, c.state, c.custom_id, c.input_hash).where(
-                                c.workload == workload, _pairs(c.item_key, c.prompt_version, pairs)
-                            )
-                        ).mappings()
-                    }
-                attempt_rows: list[dict[str, Any]] = []
-                item_rows: list[dict[str, Any]] = []
+                staged: list[tuple[Any, ...]] = []
+                again: list[dict[str, Any]] = []  # a second move of one item in this slice
+                moved_here: set[tuple[str, str]] = set()
+                targets: set[str] = set()
+                writes = Counter[str]()
                 for res in batch:
                     if res.custom_id in seen:
                         stats.duplicates += 1
@@ -1385,48 +1607,108 @@ class Ledger:
                     if att is None:
                         stats.unknown += 1
                         continue
+                    _, key, version, attempt, outcome, discarded, cost_nusd, state, item_cid, input_hash = att
                     stats.outcomes[res.outcome] += 1
                     cost = to_nusd(cost_of(res.usage))
-                    address = {"b_job": job_id, "b_cid": res.custom_id}
-                    # A pass that already recorded this line writes nothing for it again.
-                    if not (att["outcome"] == res.outcome and att["cost_nusd"] == cost):
-                        attempt_rows.append(
-                            {
-                                **address,
-                                "outcome": res.outcome,
-                                "discarded": res.outcome == "invalid_output",
-                                "error_code": res.error_code,
-                                "error_message": res.error_message,
-                                "input_tokens": res.usage.input_tokens,
-                                "output_tokens": res.usage.output_tokens,
-                                "cached_input_tokens": res.usage.cached_input_tokens,
-                                "cache_write_tokens": res.usage.cache_write_tokens,
-                                "cost_nusd": cost,
-                                "updated_at": now,
-                            }
-                        )
-                    item = items.get((att["item_key"], att["prompt_version"]))
-                    verdict, values = _item_change(item, att, res)
+                    pair = (key, version)
+                    item = items.get(pair)
+                    if item is None and state is not None:
+                        item = items[pair] = {"state": state, "custom_id": item_cid, "input_hash": input_hash}
+                    verdict, values = _item_change(item, {"attempt": attempt, "job_id": job_id}, res)
                     if verdict == "applied":
                         stats.applied += 1
                     else:
                         stats.late += 1
+                    # A pass that already recorded this line writes nothing for it again.
+                    att_write = None if (outcome == res.outcome and cost_nusd == cost) else "full"
+                    if att_write is None and verdict == "discard" and not discarded:
+                        att_write = "discard"
+                    move: tuple[Any, ...] = (None,) * 8
                     if values and item is not None:
-                        item_rows.append(
-                            {
-                                "b_workload": workload,
-                                "b_key": att["item_key"],
-                                "b_version": att["prompt_version"],
-                                "b_from": item["state"],
-                                **values,
-                            }
-                        )
+                        if pair in moved_here:
+                            again.append(
+                                {
+                                    "b_workload": workload,
+                                    "b_key": key,
+                                    "b_version": version,
+                                    "b_from": item["state"],
+                                }
+                                | values
+                            )
+                        else:
+                            moved_here.add(pair)
+                            targets.add(values["state"])
+                            move = (
+                                key,
+                                version,
+                                item["state"],
+                                values["state"],
+                                values.get("output_json"),
+                                values.get("succeeded_hash"),
+                                values.get("route"),
+                                values.get("job_id"),
+                            )
                         item.update(values)  # later lines of this slice see the new state
-                    if verdict == "discard" and not att["discarded"]:
-                        attempt_rows.append({**address, "discarded": True, "updated_at": now})
-                _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" in r])
-                _bulk_update(conn, s.attempts, _ATTEMPT_ROW, [r for r in attempt_rows if "outcome" not in r])
-                _transition(conn, now, rows=item_rows)
+                    if att_write is None and move[3] is None:
+                        continue
+                    if att_write:
+                        writes[att_write] += 1
+                    usage = res.usage
+                    staged.append(
+                        (
+                            res.custom_id,
+                            att_write,
+                            res.outcome,
+                            res.outcome == "invalid_output" or verdict == "discard",
+                            res.error_code,
+                            res.error_message,
+                            usage.input_tokens,
+                            usage.output_tokens,
+                            usage.cached_input_tokens,
+                            usage.cache_write_tokens,
+                            cost,
+                            *move,
+                        )
+                    )
+                if not staged:
+                    continue
+                _stage(conn, RESULTS_STAGE, staged)
+                # On SQLite, an expression (``custom_id || ''``) keeps the staging table's key out of
+                # the plan: otherwise SQLite may walk every attempt of the job for each slice
+                # (quadratic in the job's lines) instead of looking each staged line up by the
+                # attempts' primary key.
+                staged_cid = t.custom_id.concat("") if conn.dialect.name == "sqlite" else t.custom_id
+                this_line = and_(a.job_id == job_id, a.custom_id == staged_cid)
+                if writes["full"]:
+                    conn.execute(
+                        s.attempts.update()
+                        .where(this_line, t.att_write == "full")
+                        .values({**{name: t[name] for name in _ATTEMPT_RESULT_COLUMNS}, "updated_at": now})
+                    )
+                if writes["discard"]:
+                    conn.execute(
+                        s.attempts.update()
+                        .where(this_line, t.att_write == "discard")
+                        .values(discarded=True, updated_at=now)
+                    )
+                success = t.state == literal_column("'succeeded'")
+                _transition(
+                    conn,
+                    now,
+                    staged=RESULTS_STAGE,
+                    workload=workload,
+                    targets=targets,
+                    values={
+                        "error_code": t.error_code,
+                        "error_message": t.error_message,
+                        **{
+                            name: case((success, t[name]), else_=c[name])
+                            for name in ("output_json", "succeeded_hash", "route", "custom_id", "job_id")
+                        },
+                    },
+                )
+                if again:
+                    _transition(conn, now, rows=again)
         return stats
 
     @staticmethod

@@ -1458,3 +1458,71 @@ def test_many_processes_opening_a_new_ledger_at_once_all_find_one_schema(ledger_
     assert {ledger.schema_version for ledger in opened} == {opened[0].schema_version}
     for ledger in opened:
         ledger.engine.dispose()
+
+
+# ---------------------------------------------------------------------------------------------- bulk paths
+HOSTILE = "tab\there, new\nline, cr\r, backslash \\ and \\N, a quote ' and é"
+
+
+def test_a_new_item_written_in_bulk_reads_back_its_text_and_utc_timestamps_exactly(ledger: Ledger) -> None:
+    """New items bypass SQLAlchemy's per-row binding (COPY / a raw executemany): nothing may shift."""
+    before = utcnow()
+    ledger.upsert_items(WL, "r1", [prep("a", text=HOSTILE)])
+    after = utcnow()
+    row = item(ledger, "a")
+    assert CanonicalRequest.from_dict(json.loads(row["request_json"])) == prep("a", text=HOSTILE).request
+    assert row["created_at"].utcoffset() == timedelta(0)
+    assert before <= row["created_at"] == row["updated_at"] <= after
+
+
+def test_result_text_with_tabs_newlines_and_backslashes_is_stored_exactly(ledger: Ledger) -> None:
+    """Result lines go through a staging table (COPY on PostgreSQL): its escaping must be lossless."""
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    job, cids = submit(ledger, "r1", ["a", "b"])
+    bad = ItemResult(cids["b"], "failed_retryable", usage=NO_USAGE, error_code="e\t1", error_message=HOSTILE)
+    ledger.apply_results(job, [ok(cids["a"], {"text": HOSTILE}), bad], cost_of)
+    assert json.loads(item(ledger, "a")["output_json"]) == {"text": HOSTILE}
+    assert (item(ledger, "b")["error_code"], item(ledger, "b")["error_message"]) == ("e\t1", HOSTILE)
+    assert attempts_of(ledger, "b")[0]["error_message"] == HOSTILE
+
+
+def test_results_applied_over_many_staging_slices_leave_nothing_behind_between_slices(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staging table lives on the connection: rows of one slice must never be applied again."""
+    monkeypatch.setattr(store, "APPLY_SLICE", 2)
+    ids = [f"i{n}" for n in range(7)]
+    ledger.upsert_items(WL, "r1", [prep(a) for a in ids])
+    job, cids = submit(ledger, "r1", ids)
+    results = [ok(cids[a]) if n % 2 else fail(cids[a], "failed_permanent") for n, a in enumerate(ids)]
+    stats = ledger.apply_results(job, results, cost_of)
+    assert (stats.applied, stats.late, stats.duplicates) == (7, 0, 0)
+    assert ledger.count_states(WL, "r1") == {"succeeded": 3, "failed_permanent": 4}
+    assert [a["cost_nusd"] for a in attempts_of(ledger, "i1")] == [to_nusd(cost_of(SOME_USAGE))]
+    # a rerun over the same slices writes nothing
+    before = snapshot(ledger)
+    ledger.apply_results(job, results, cost_of)
+    assert snapshot(ledger) == before
+    # a later pass on the same (pooled) connection stages one of those lines again
+    ledger.apply_results(job, [ok(cids["i6"], usage=Usage(5, 5))], cost_of)
+    assert [(a["outcome"], a["cost_nusd"]) for a in attempts_of(ledger, "i6")] == [
+        ("succeeded", to_nusd(cost_of(Usage(5, 5))))
+    ]
+
+
+def test_a_staged_transition_refuses_moves_the_states_forbid_and_stale_reads_in_sql(ledger: Ledger) -> None:
+    """The set-based form (``UPDATE ... FROM`` a staging table) is guarded like the others."""
+    first_run_all_succeeded(ledger, ["a"])
+    ledger.upsert_items(WL, "r1", [prep("b"), prep("c")])
+    staged = [
+        (item_key("a"), "v1", "succeeded", "submitted", "x", "r1", None, None, None, None),  # forbidden move
+        (item_key("b"), "v1", "pending", "staged", "x", "r1", None, None, None, None),  # allowed
+        (item_key("c"), "v1", "staged", "submitted", "x", "r1", None, None, None, None),  # stale read
+    ]
+    with ledger.engine.begin() as conn:
+        store._stage(conn, store.ITEMS_STAGE, staged)
+        moved = _transition(
+            conn, utcnow(), staged=store.ITEMS_STAGE, workload=WL, targets={"pending", "staged", "submitted"}
+        )
+    assert moved == Moved(moved=1, refused=2)
+    assert [item(ledger, k)["state"] for k in ("a", "b", "c")] == ["succeeded", "staged", "pending"]
