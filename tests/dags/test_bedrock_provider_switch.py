@@ -181,8 +181,8 @@ def test_a_chunk_below_bedrocks_minimum_goes_through_the_real_time_api_at_full_p
     assert ledger.count_states(WORKLOAD, run["run_id"]) == {"succeeded": ITEMS}
     jobs = {j.lines: j for j in ledger.get_jobs(WORKLOAD, run["run_id"])}
     assert set(jobs) == {250, 50}
-    assert jobs[50]["state"] == "sync" and jobs[50]["batch_id"] is None
-    assert jobs[250]["batch_id"].startswith("arn:aws:bedrock:")
+    assert jobs[50].state == "sync" and jobs[50].batch_id is None
+    assert jobs[250].batch_id.startswith("arn:aws:bedrock:")
     routes = ledger.count_routes(WORKLOAD, run["run_id"])
     assert routes == {("succeeded", "batch"): 250, ("succeeded", "fallback"): 50}
     assert "below bedrock's minimum of 100 per batch" in run["output"]

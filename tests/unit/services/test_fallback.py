@@ -324,7 +324,7 @@ def test_publish_can_close_interrupted_sends_without_sending_and_nothing_stays_i
     _seed(ledger, {"c0": "x", "c1": "y"})
     (cid,) = _interrupt(ledger, ["c0"]).values()
     closed = close_interrupted_sends(ledger, WORKLOAD, RUN, ANSWER_LOST)
-    assert [r["app_id"] for r in closed] == ["c0"]
+    assert [r.app_id for r in closed] == ["c0"]
     assert ledger.count_states(WORKLOAD, RUN) == {"failed_retryable": 1, "pending": 1}
     (att,) = _attempts(ledger)
     assert (att["custom_id"], att["outcome"], att["error_code"]) == (cid, "failed_retryable", ANSWER_LOST)

@@ -142,7 +142,8 @@ def test_items_of_a_job_still_in_doubt_go_to_review_with_the_code_in_doubt(tmp_p
         assert {(r["state"], r["error_code"]) for r in rows} == {("review", "in_doubt")}
         assert "the deadline came" in rows[0]["error_message"]
         assert [
-            j.job_id for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
+            j["job_id"]
+            for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
         ] == [job_id]
 
 
