@@ -209,15 +209,6 @@ class ItemOutcome:
 ITEM_SHAPES: Final = (ItemRow, OpenItem, ItemRef, ItemOutcome)
 
 
-def row_as(shape: type[_R], row: Mapping[Any, Any]) -> _R:
-    """Build the frozen record ``shape`` from a mapping that has (at least) its fields.
-
-    :param shape: a frozen dataclass of this module
-    :param row: a database row
-    """
-    return _from_mapping(shape, row)
-
-
 @dataclass(frozen=True)
 class JobClaim:
     """A won claim on a job's create call.

@@ -38,7 +38,7 @@ from sqlalchemy import (
     text,
     tuple_,
 )
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection, Row, RowMapping
 from sqlalchemy.exc import DBAPIError
 
 from airflow_batch_provider.core.requests import CanonicalRequest
@@ -67,7 +67,6 @@ from airflow_batch_provider.ledger.records import (
     JobClaim,
     JobRow,
     WorkloadLease,
-    row_as,
     sync_job_id,
 )
 
@@ -795,7 +794,11 @@ class Ledger:
         :param columns: only these columns (the key columns are always included)
         :param page: rows per read
         """
-        return self._iter_item_pages(workload, run_id, states, columns, page)
+        wanted = list(
+            dict.fromkeys(["item_key", "prompt_version", *(columns or [col.name for col in s.items.c])])
+        )
+        for rows in self._item_pages(workload, run_id, states, wanted, page):
+            yield from (row._mapping for row in rows)
 
     @overload
     def iter_item_rows(
@@ -849,23 +852,24 @@ class Ledger:
                 f"iter_item_rows reads items as one of {[c.__name__ for c in ITEM_SHAPES]}, not "
                 f"{getattr(shape, '__name__', shape)!r}; add the shape to ledger/records.py's ITEM_SHAPES."
             )
-        columns = [f.name for f in dataclass_fields(shape)]
-        for row in self._iter_item_pages(workload, run_id, states, columns, page, job_id):
-            yield row_as(shape, row)
+        # Selected in the shape's field order, so each row builds its record positionally.
+        for rows in self._item_pages(
+            workload, run_id, states, [f.name for f in dataclass_fields(shape)], page, job_id
+        ):
+            yield from (shape(*row) for row in rows)
 
-    def _iter_item_pages(
+    def _item_pages(
         self,
         workload: str,
         run_id: str,
         states: Sequence[str] | None,
-        columns: Sequence[str] | None,
+        wanted: Sequence[str],
         page: int,
         job_id: str | None = None,
-    ) -> Iterator[RowMapping]:
+    ) -> Iterator[list[Row[Any]]]:
+        """Pages of this run's items (``wanted`` columns, which include the key), in key order."""
         c = s.items.c
-        wanted = list(
-            dict.fromkeys(["item_key", "prompt_version", *(columns or [col.name for col in s.items.c])])
-        )
+        key_at = (wanted.index("item_key"), wanted.index("prompt_version"))
         last: tuple[str, str] | None = None
         while True:
             q = select(*[c[name] for name in wanted]).where(c.workload == workload, c.run_id == run_id)
@@ -877,11 +881,11 @@ class Ledger:
                 q = q.where(tuple_(c.item_key, c.prompt_version) > tuple_(*last))
             q = q.order_by(c.item_key, c.prompt_version).limit(page)
             with self.engine.connect() as conn:
-                rows = list(conn.execute(q).mappings())
-            yield from rows
+                rows = list(conn.execute(q))
+            yield rows
             if len(rows) < page:
                 return
-            last = (rows[-1]["item_key"], rows[-1]["prompt_version"])
+            last = (rows[-1][key_at[0]], rows[-1][key_at[1]])
 
     def count_states(self, workload: str, run_id: str) -> dict[str, int]:
         """Return this run's items by state.
