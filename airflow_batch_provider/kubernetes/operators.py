@@ -41,6 +41,7 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
 from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.records import JobRow
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.staging import Staging
 
@@ -184,7 +185,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
     # -- configuration from the connection ------------------------------------------------------
 
-    def configure(self, job: Mapping[str, Any]) -> None:
+    def configure(self, job: JobRow) -> None:
         """Set the pod's fields from the connection and the job (before KPO builds the pod).
 
         :param job: the ledger job row
@@ -192,12 +193,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         from kubernetes.client import models as k8s
 
         s = self.pod_settings
-        label = job_label(job["idempotency_key"])
+        label = job_label(job.idempotency_key)
         mount = s.exchange_mount_path.rstrip("/")
         self.namespace = s.namespace
         self.image = s.image
         self.cmds = s.run_batch_args(
-            job["model"], f"{mount}/{input_name(label)}", f"{mount}/{output_name(label)}"
+            job.model, f"{mount}/{input_name(label)}", f"{mount}/{output_name(label)}"
         )
         self.arguments = []
         self.labels = {**self.labels, JOB_LABEL: label}
@@ -292,29 +293,27 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
         :param context: the task context
         """
-        job = self.ledger.job(self.job["job_id"])
+        job = self.ledger.get_job(self.job["job_id"])
         done = self.recorded_outcome(job)
         if done is not None:
-            self.log.info(
-                "job %s: its pod already ran (%s); not starting another", job["job_id"], done["state"]
-            )
+            self.log.info("job %s: its pod already ran (%s); not starting another", job.job_id, done["state"])
             return done
         self.configure(job)
         pods = self.job_pods(job)
-        if not pods and job["batch_id"] and self.wrote_output(job):
+        if not pods and job.batch_id and self.wrote_output(job):
             # Its pod ran and is gone (deleted while the task was deferred or dead): a new pod would
             # truncate the lines it wrote; keep them, and let the next round take the rest.
             return self.settle(job, None, "pod_lost: the job's pod is gone and left its output")
         finished = self.finished_pod(pods)
         if finished is not None:
             self.log.info(
-                "job %s: pod %s finished while no task watched it", job["job_id"], finished.metadata.name
+                "job %s: pod %s finished while no task watched it", job.job_id, finished.metadata.name
             )
             phase = finished.status.phase if finished.status else None
             error = None if phase == "Succeeded" else f"pod {finished.metadata.name} ended {phase}"
             self.process_pod_deletion(finished, reraise=False)
             return self.settle(job, finished, error)
-        if not job["batch_id"]:
+        if not job.batch_id:
             self.stage(job)
         try:
             super().execute(context)
@@ -328,7 +327,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         :param context: the task context
         :param event: the trigger's event
         """
-        job = self.ledger.job(self.job["job_id"])
+        job = self.ledger.get_job(self.job["job_id"])
         self.configure(job)  # a fresh operator instance: the Kubernetes client settings again
         try:
             super().trigger_reentry(context, event)
@@ -351,8 +350,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             except ApiException:
                 last = None
         super().on_kill()
-        job = self.ledger.job(self.job["job_id"])
-        if job["batch_id"] and job["batch_state"] is None:
+        job = self.ledger.get_job(self.job["job_id"])
+        if job.batch_id and job.batch_state is None:
             self.settle(job, last, "killed: the task was killed and its pod deleted")
 
     def cleanup(
@@ -366,34 +365,34 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self._final_pod = remote_pod
         super().cleanup(pod, remote_pod, xcom_result, context)
 
-    def stage(self, job: Mapping[str, Any]) -> None:
+    def stage(self, job: JobRow) -> None:
         """Copy the job's chunk into the exchange volume and mark the job submitted.
 
         :param job: the ledger job row
         """
         staging = Staging(self.staging_root, self.staging_conn_id)
-        path = staging.at(job["staged_path"])
-        staging.verify(path, job["input_sha256"])
-        key = job["idempotency_key"]
+        path = staging.at(job.staged_path)
+        staging.verify(path, job.input_sha256)
+        key = job.idempotency_key
         with path.open("rb") as fh:
-            ref = self.vllm_adapter.stage(fh, input_name(key), int(job["size_bytes"]))
-        self.ledger.mark_submitted(job["job_id"], f"pod:{key}", ref.value)
-        self.log.info("job %s: %d lines staged at %s", job["job_id"], job["lines"], ref.value)
+            ref = self.vllm_adapter.stage(fh, input_name(key), int(job.size_bytes))
+        self.ledger.mark_submitted(job.job_id, f"pod:{key}", ref.value)
+        self.log.info("job %s: %d lines staged at %s", job.job_id, job.lines, ref.value)
 
-    def job_pods(self, job: Mapping[str, Any]) -> list[k8s.V1Pod]:
+    def job_pods(self, job: JobRow) -> list[k8s.V1Pod]:
         """Every pod that exists for this job (by its label).
 
         :param job: the ledger job row
         """
-        selector = f"{JOB_LABEL}={job_label(job['idempotency_key'])}"
+        selector = f"{JOB_LABEL}={job_label(job.idempotency_key)}"
         return list(self.client.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
-    def wrote_output(self, job: Mapping[str, Any]) -> bool:
+    def wrote_output(self, job: JobRow) -> bool:
         """Whether a pod of this job already wrote output lines into the exchange volume.
 
         :param job: the ledger job row
         """
-        path = self.vllm_adapter_folder() / output_name(job["idempotency_key"])
+        path = self.vllm_adapter_folder() / output_name(job.idempotency_key)
         return bool(path.exists() and path.stat().st_size > 0)
 
     @staticmethod
@@ -410,18 +409,18 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         ]
         return terminal[0] if terminal and len(terminal) == len(pods) else None
 
-    def recorded_outcome(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+    def recorded_outcome(self, job: JobRow) -> dict[str, Any] | None:
         """The task's result if the ledger already holds the outcome of this job's pod.
 
         :param job: the ledger job row
         """
-        if job["batch_state"] not in ("completed", "failed"):
+        if job.batch_state not in ("completed", "failed"):
             return None
-        costs = {r["job_id"]: r for r in self.ledger.infra_costs(job["workload"], job["run_id"])}
-        row = costs.get(job["job_id"], {})
-        return self.result(job, job["batch_state"], job["error"], row.get("pod_name"), row)
+        costs = {r["job_id"]: r for r in self.ledger.infra_costs(job.workload, job.run_id)}
+        row = costs.get(job.job_id, {})
+        return self.result(job, job.batch_state, job.error, row.get("pod_name"), row)
 
-    def settle(self, job: Mapping[str, Any], pod: k8s.V1Pod | None, error: str | None) -> dict[str, Any]:
+    def settle(self, job: JobRow, pod: k8s.V1Pod | None, error: str | None) -> dict[str, Any]:
         """Record the pod's outcome and GPU cost; return the task's result (download reads it).
 
         :param job: the ledger job row
@@ -433,10 +432,10 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         reason = None if error is None else failure_reason(pod, error)
         started, finished = _times(pod)
         seconds = max(0, math.ceil((finished - started).total_seconds())) if started and finished else 0
-        row = {
-            "job_id": job["job_id"],
-            "workload": job["workload"],
-            "run_id": job["run_id"],
+        row: dict[str, Any] = {
+            "job_id": job.job_id,
+            "workload": job.workload,
+            "run_id": job.run_id,
             "pod_name": pod.metadata.name if pod is not None and pod.metadata else None,
             "gpu_type": s.gpu_type,
             "gpu_count": s.gpu_count,
@@ -450,13 +449,13 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         }
         self.ledger.record_infra_cost(row)
         message = None if error is None else f"{reason}: {error[:2000]}"
-        self.ledger.update_job(job["job_id"], batch_state=state, error=message, finished_at=utcnow())
+        self.ledger.update_job(job.job_id, batch_state=state, error=message, finished_at=utcnow())
         if error is None:
-            self.log.info("job %s: pod succeeded; %d GPU-seconds", job["job_id"], seconds * s.gpu_count)
+            self.log.info("job %s: pod succeeded; %d GPU-seconds", job.job_id, seconds * s.gpu_count)
         else:
             self.log.warning(
                 "job %s: pod failed (%s); the lines it wrote are kept and the rest go to the next round: %s",
-                job["job_id"],
+                job.job_id,
                 reason,
                 error[:500],
             )
@@ -464,7 +463,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
     @staticmethod
     def result(
-        job: Mapping[str, Any], state: str, reason: str | None, pod_name: str | None, cost: Mapping[str, Any]
+        job: JobRow, state: str, reason: str | None, pod_name: str | None, cost: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The XCom result, shaped like the sensor's (download and reconcile read ``job_id``).
 
@@ -475,10 +474,10 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         :param cost: the infra cost row
         """
         return {
-            "job_id": job["job_id"],
+            "job_id": job.job_id,
             "provider": VllmKubernetesAdapter.name,
-            "batch_id": f"pod:{job['idempotency_key']}",
-            "idempotency_key": job["idempotency_key"],
+            "batch_id": f"pod:{job.idempotency_key}",
+            "idempotency_key": job.idempotency_key,
             "state": state,
             "reason": reason,
             "pod": pod_name,

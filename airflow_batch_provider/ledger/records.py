@@ -10,7 +10,10 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+if TYPE_CHECKING:
+    from airflow_batch_provider.core.requests import RequestKind
 
 #: Length of the ``job_id`` columns (``abp_jobs``, ``abp_items``, ``abp_attempts``).
 JOB_ID_MAX: Final = 250
@@ -80,7 +83,7 @@ class JobRow:
     chunk_index: int
     provider: str
     model: str
-    kind: str
+    kind: RequestKind
     idempotency_key: str
     state: str
     staged_path: str
@@ -155,6 +158,55 @@ class ItemRow:
         :param row: a database row
         """
         return _from_mapping(cls, row)
+
+
+@dataclass(frozen=True)
+class OpenItem:
+    """The columns of an ``abp_items`` row that sending it needs (staging, budget, real-time path).
+
+    Read with ``Ledger.iter_item_rows(..., shape=OpenItem)``: only these columns travel.
+    """
+
+    item_key: str
+    prompt_version: str
+    app_id: str
+    state: str
+    attempts: int
+    job_id: str | None
+    custom_id: str | None
+    error_code: str | None
+    request_json: str
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """Which job and line an ``abp_items`` row is on, without its bodies (cheap to stream)."""
+
+    item_key: str
+    prompt_version: str
+    app_id: str
+    state: str
+    job_id: str | None
+    custom_id: str | None
+    error_code: str | None
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """What became of an ``abp_items`` row: the columns a run's results file carries."""
+
+    item_key: str
+    prompt_version: str
+    app_id: str
+    state: str
+    route: str | None
+    output_json: str | None
+    error_code: str | None
+    error_message: str | None
+
+
+#: The shapes ``Ledger.iter_item_rows`` reads items as; each one's fields are columns of ``abp_items``.
+ITEM_SHAPES: Final = (ItemRow, OpenItem, ItemRef, ItemOutcome)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
 
 from sqlalchemy import (
     BigInteger,
@@ -48,7 +49,7 @@ from sqlalchemy import (
     text,
     tuple_,
 )
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection, Row, RowMapping
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateTable
 
@@ -72,6 +73,7 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.records import (
+    ITEM_SHAPES,
     AuditRow,
     ItemRow,
     JobClaim,
@@ -81,6 +83,7 @@ from airflow_batch_provider.ledger.records import (
 )
 
 BATCH = 1000
+_Shape = TypeVar("_Shape")
 #: At most this many item keys (and application ids) of one action are written to the audit row.
 AUDIT_KEYS_SHOWN = 1000
 NANO = Decimal(1_000_000_000)
@@ -1004,24 +1007,98 @@ class Ledger:
         :param columns: only these columns (the key columns are always included)
         :param page: rows per read
         """
-        c = s.items.c
         wanted = list(
             dict.fromkeys(["item_key", "prompt_version", *(columns or [col.name for col in s.items.c])])
         )
+        for rows in self._item_pages(workload, run_id, states, wanted, page):
+            yield from (row._mapping for row in rows)
+
+    @overload
+    def iter_item_rows(
+        self,
+        workload: str,
+        run_id: str,
+        states: Sequence[str] | None = None,
+        *,
+        job_id: str | None = None,
+        page: int = BATCH,
+    ) -> Iterator[ItemRow]: ...
+
+    @overload
+    def iter_item_rows(
+        self,
+        workload: str,
+        run_id: str,
+        states: Sequence[str] | None = None,
+        *,
+        shape: type[_Shape],
+        job_id: str | None = None,
+        page: int = BATCH,
+    ) -> Iterator[_Shape]: ...
+
+    def iter_item_rows(
+        self,
+        workload: str,
+        run_id: str,
+        states: Sequence[str] | None = None,
+        *,
+        shape: type[Any] = ItemRow,
+        job_id: str | None = None,
+        page: int = BATCH,
+    ) -> Iterator[Any]:
+        """Stream this run's items as typed, frozen rows, in key order, a page per short read.
+
+        Only the columns of ``shape`` are read (``OpenItem`` for sending, ``ItemRef`` without the
+        bodies, ``ItemOutcome`` for results, ``ItemRow`` for all). No cursor stays open between
+        pages, so the caller may write to the ledger while iterating.
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param states: only these states
+        :param shape: the record to build (one of ``ledger.records.ITEM_SHAPES``)
+        :param job_id: only the items placed on this job
+        :param page: rows per read
+        :raises LedgerError: ``shape`` is not one of the item shapes
+        """
+        if shape not in ITEM_SHAPES:
+            raise LedgerError(
+                f"iter_item_rows reads items as one of {[c.__name__ for c in ITEM_SHAPES]}, not "
+                f"{getattr(shape, '__name__', shape)!r}; add the shape to ledger/records.py's ITEM_SHAPES."
+            )
+        # Selected in the shape's field order, so each row builds its record positionally.
+        for rows in self._item_pages(
+            workload, run_id, states, [f.name for f in dataclass_fields(shape)], page, job_id
+        ):
+            yield from (shape(*row) for row in rows)
+
+    def _item_pages(
+        self,
+        workload: str,
+        run_id: str,
+        states: Sequence[str] | None,
+        wanted: Sequence[str],
+        page: int,
+        job_id: str | None = None,
+    ) -> Iterator[list[Row[Any]]]:
+        """Pages of this run's items (``wanted`` columns, which include the key), in key order."""
+        c = s.items.c
+        key_at = (wanted.index("item_key"), wanted.index("prompt_version"))
         last: tuple[str, str] | None = None
         while True:
             q = select(*[c[name] for name in wanted]).where(c.workload == workload, c.run_id == run_id)
             if states is not None:
                 q = q.where(c.state.in_(list(states)))
+            if job_id is not None:
+                q = q.where(c.job_id == job_id)
             if last is not None:
                 q = q.where(tuple_(c.item_key, c.prompt_version) > tuple_(*last))
             q = q.order_by(c.item_key, c.prompt_version).limit(page)
             with self.engine.connect() as conn:
-                rows = list(conn.execute(q).mappings())
-            yield from rows
+                rows = list(conn.execute(q))
+            yield rows
             if len(rows) < page:
                 return
-            last = (rows[-1]["item_key"], rows[-1]["prompt_version"])
+            last = (rows[-1][key_at[0]], rows[-1][key_at[1]])
 
     def count_states(self, workload: str, run_id: str) -> dict[str, int]:
         """Return this run's items by state.
@@ -1139,22 +1216,8 @@ class Ledger:
                         "recorded. Clear the prepare task so that it chunks the open items again."
                     )
 
-    def jobs_for(self, workload: str, run_id: str, round_: int | None = None) -> list[dict[str, Any]]:
-        """Return this run's jobs (optionally one round's), by round and chunk.
-
-        :param workload: workload name
-        :param run_id: the Airflow run id
-        :param round_: only this round
-        """
-        q = select(s.jobs).where(s.jobs.c.workload == workload, s.jobs.c.run_id == run_id)
-        if round_ is not None:
-            q = q.where(s.jobs.c.round == round_)
-        q = q.order_by(s.jobs.c.round, s.jobs.c.chunk_index)
-        with self.engine.connect() as conn:
-            return [dict(r) for r in conn.execute(q).mappings()]
-
     def job(self, job_id: str) -> dict[str, Any]:
-        """Return one job.
+        """Return one job as a dict, for the ledger's own code (the glue reads :meth:`get_job`).
 
         :param job_id: the job id
         :raises LedgerError: no such job
@@ -1182,7 +1245,12 @@ class Ledger:
         :param run_id: the Airflow run id
         :param round_: only this round
         """
-        return [JobRow.from_row(r) for r in self.jobs_for(workload, run_id, round_)]
+        q = select(s.jobs).where(s.jobs.c.workload == workload, s.jobs.c.run_id == run_id)
+        if round_ is not None:
+            q = q.where(s.jobs.c.round == round_)
+        q = q.order_by(s.jobs.c.round, s.jobs.c.chunk_index)
+        with self.engine.connect() as conn:
+            return [JobRow.from_row(r) for r in conn.execute(q).mappings()]
 
     # ------------------------------------------------------------------ job claims
     def claim_job(self, job_id: str, owner: str, lease_s: float) -> JobClaim:

@@ -26,6 +26,7 @@ from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceEr
 from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
@@ -36,7 +37,6 @@ from airflow_batch_provider.staging import Staging
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from sqlalchemy.engine import RowMapping
 
     from airflow_batch_provider.notifications import BatchAlerts, BatchEvent
     from airflow_batch_provider.services.records import SourceRecord
@@ -111,7 +111,7 @@ def persist_links(context: Mapping[str, Any], provider: str, batch_ids: Sequence
 
 def in_doubt_alert(
     alerts: BatchAlerts | None, context: Mapping[str, Any], provider: str
-) -> Callable[[Mapping[str, Any], str], None]:
+) -> Callable[[JobRow, str], None]:
     """The ``on_in_doubt`` callback of :func:`~airflow_batch_provider.services.submit.submit_job` for a task.
 
     :param alerts: the group's alerts
@@ -120,13 +120,13 @@ def in_doubt_alert(
     """
     from airflow_batch_provider import notifications
 
-    def send(job: Mapping[str, Any], reason: str) -> None:
+    def send(job: JobRow, reason: str) -> None:
         event = notifications.batch_in_doubt(
-            str(job["workload"]),
-            str(job["run_id"]),
-            job_id=str(job["job_id"]),
+            str(job.workload),
+            str(job.run_id),
+            job_id=str(job.job_id),
             provider=provider,
-            lines=int(job["lines"] or 0),
+            lines=int(job.lines or 0),
             reason=reason,
             dag_id=_dag_id(context),
         )
@@ -135,7 +135,7 @@ def in_doubt_alert(
     return send
 
 
-def known_job(ledger: Ledger, job_id: str) -> Mapping[str, Any] | None:
+def known_job(ledger: Ledger, job_id: str) -> JobRow | None:
     """The job row, or ``None`` for a batch the ledger does not know (a hand-made wait).
 
     :param ledger: the ledger
@@ -144,7 +144,7 @@ def known_job(ledger: Ledger, job_id: str) -> Mapping[str, Any] | None:
     from airflow_batch_provider.exceptions import LedgerError
 
     try:
-        return ledger.job(job_id)
+        return ledger.get_job(job_id)
     except LedgerError:
         return None
 
@@ -152,7 +152,7 @@ def known_job(ledger: Ledger, job_id: str) -> Mapping[str, Any] | None:
 def batch_ended(
     alerts: BatchAlerts | None,
     context: Mapping[str, Any],
-    job: Mapping[str, Any],
+    job: JobRow,
     state: str,
     provider: str,
     error_code: str | None = None,
@@ -172,18 +172,18 @@ def batch_ended(
     from airflow_batch_provider import metrics, notifications
 
     try:
-        metrics.record_batch(state, workload=str(job["workload"]), provider=provider)
+        metrics.record_batch(state, workload=str(job.workload), provider=provider)
     except Exception as exc:
-        log.warning("metric of batch %s not recorded: %s", job["batch_id"], exc)
+        log.warning("metric of batch %s not recorded: %s", job.batch_id, exc)
     if state != "failed":
         return
     event = notifications.batch_failed(
-        str(job["workload"]),
-        str(job["run_id"]),
-        job_id=str(job["job_id"]),
-        batch_id=job["batch_id"],
+        str(job.workload),
+        str(job.run_id),
+        job_id=str(job.job_id),
+        batch_id=job.batch_id,
         provider=provider,
-        lines=int(job["lines"] or 0),
+        lines=int(job.lines or 0),
         error_code=error_code or harvest.BATCH_FAILED,
         dag_id=_dag_id(context),
     )
@@ -392,7 +392,7 @@ class BatchBaseOperator(BaseOperator):
         """The staging area."""
         return Staging(self.staging_root, self.staging_conn_id)
 
-    def job_manifest(self, job: Mapping[str, Any]) -> dict[str, Any]:
+    def job_manifest(self, job: JobRow) -> dict[str, Any]:
         """The small dict that travels through XCom for one job.
 
         :param job: a ledger job row
@@ -403,7 +403,7 @@ class BatchBaseOperator(BaseOperator):
         self,
         context: Context,
         round_: int,
-        items: Iterable[Mapping[Any, Any]],
+        items: Iterable[OpenItem],
         max_requests: int | None,
         max_bytes: int | None = None,
     ) -> list[dict[str, Any]]:
@@ -413,8 +413,7 @@ class BatchBaseOperator(BaseOperator):
 
         :param context: the task context
         :param round_: round number (1 for the first submission)
-        :param items: ledger rows with ``item_key``, ``prompt_version``, ``app_id``, ``attempts``,
-            ``request_json``
+        :param items: the items to stage (streamed from ``Ledger.iter_item_rows``)
         :param max_requests: a tighter per-chunk request limit
         :param max_bytes: a tighter per-chunk byte limit
         """
@@ -526,8 +525,8 @@ class BatchPrepareOperator(BatchBaseOperator):
         from airflow_batch_provider.core.cost import check_budget, estimate_cost
         from airflow_batch_provider.exceptions import PricingError
 
-        rows = self.ledger.iter_items(self.workload, run_id, states=["staged"], columns=["request_json"])
-        requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+        rows = self.ledger.iter_item_rows(self.workload, run_id, states=["staged"], shape=OpenItem)
+        requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
         try:
             estimate = estimate_cost(
                 requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
@@ -628,12 +627,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"early: {result.source_error}. The {result.read} records read are in the ledger "
                 f"({result.rejected} rejected) and nothing was staged; fix the source and retry the task."
             )
-        pending = ledger.iter_items(
-            self.workload,
-            run_id,
-            states=["pending"],
-            columns=["app_id", "attempts", "request_json"],
-        )
+        pending = ledger.iter_item_rows(self.workload, run_id, states=["pending"], shape=OpenItem)
         manifests = self.stage_round(
             context, 1, pending, self.max_requests_per_chunk, self.max_bytes_per_chunk
         )
@@ -695,20 +689,18 @@ class BatchSubmitOperator(BatchBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_batch_provider.services import submit
 
-        job = self.ledger.job(self.job["job_id"])
-        key = job["idempotency_key"]
-        if job["state"] == "sync" or (
-            not job["batch_id"] and job["lines"] < self.adapter.limits.min_requests
-        ):
-            out = {"job_id": job["job_id"], "provider": self.adapter.name, "idempotency_key": key}
+        job = self.ledger.get_job(self.job["job_id"])
+        key = job.idempotency_key
+        if job.state == "sync" or (not job.batch_id and job.lines < self.adapter.limits.min_requests):
+            out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
-        self._claim = (job["job_id"], attempt_owner(context))
+        self._claim = (job.job_id, attempt_owner(context))
         try:
             done = submit.submit_job(
                 ledger=self.ledger,
                 adapter=self.adapter,
                 staging=self.staging,
-                job_id=job["job_id"],
+                job_id=job.job_id,
                 owner=self._claim[1],
                 lease_s=self.claim_lease_s,
                 on_in_doubt=in_doubt_alert(self.alerts, context, self.adapter.name),
@@ -728,7 +720,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         """
         kill_claim(self)
 
-    def send_synchronously(self, context: Context, job: Mapping[str, Any]) -> dict[str, Any]:
+    def send_synchronously(self, context: Context, job: JobRow) -> dict[str, Any]:
         """Send a below-minimum chunk's items through the real-time API (idempotent per item).
 
         :param context: the task context
@@ -740,7 +732,7 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         if self.prompt is None:
             raise ConfigurationError(
-                f"job {job['job_id']} has {job['lines']} lines, below {self.adapter.name}'s minimum of "
+                f"job {job.job_id} has {job.lines} lines, below {self.adapter.name}'s minimum of "
                 f"{self.adapter.limits.min_requests} per batch, and must go through the real-time API, which "
                 "needs the prompt: pass prompt= to BatchSubmitOperator (batch_inference_group does)."
             )
@@ -748,18 +740,21 @@ class BatchSubmitOperator(BatchBaseOperator):
         self.log.warning(
             "job %s has %d lines, below %s's minimum of %d per batch: sending them through the real-time "
             "API at full price instead of padding the batch",
-            job["job_id"],
-            job["lines"],
+            job.job_id,
+            job.lines,
             self.adapter.name,
             self.adapter.limits.min_requests,
         )
-        self.ledger.update_job(job["job_id"], state="sync")
-        columns = ["app_id", "request_json", "state", "job_id"]
-        rows = [
-            r
-            for r in self.ledger.iter_items(self.workload, context["run_id"], columns=columns)
-            if r["job_id"] == job["job_id"] and r["state"] in ("staged", "fallback")
-        ]
+        self.ledger.update_job(job.job_id, state="sync")
+        rows = list(
+            self.ledger.iter_item_rows(
+                self.workload,
+                context["run_id"],
+                states=["staged", "fallback"],
+                shape=OpenItem,
+                job_id=job.job_id,
+            )
+        )
         summary = asyncio.run(
             run_fallback(
                 ledger=self.ledger,
@@ -773,7 +768,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 prices=load_prices(self.pricing_override),
             )
         )
-        self.log.info("synchronous path for job %s: %s", job["job_id"], summary)
+        self.log.info("synchronous path for job %s: %s", job.job_id, summary)
         return {"batch_id": None, "route": "sync", "submitted_at": time.time()}
 
 
@@ -794,10 +789,10 @@ class BatchDownloadOperator(BatchBaseOperator):
         self.batch = batch
 
     def execute(self, context: Context) -> dict[str, Any]:
-        job = self.ledger.job(self.batch["job_id"])
-        if job["state"] == "sync" or not job["batch_id"]:
+        job = self.ledger.get_job(self.batch["job_id"])
+        if job.state == "sync" or not job.batch_id:
             return dict(self.batch)  # real-time API (no files), or still in doubt (no batch)
-        got = harvest.download_job(self.ledger, self.adapter, self.staging, job["job_id"])
+        got = harvest.download_job(self.ledger, self.adapter, self.staging, job.job_id)
         return {**dict(self.batch), **got.paths, "files_complete": got.complete}
 
 
@@ -829,14 +824,14 @@ class BatchReconcileOperator(BatchBaseOperator):
         self.pricing_override = pricing_override
 
     def execute(self, context: Context) -> dict[str, Any]:
-        job = self.ledger.job(self.batch["job_id"])
+        job = self.ledger.get_job(self.batch["job_id"])
         return harvest.reconcile_job(
             self.ledger,
             self.adapter,
             self.staging,
-            job["job_id"],
+            job.job_id,
             load_prompt(self.prompt, context),
-            report.batch_pricer(self.adapter.name, job["model"], self.pricing_override),
+            report.batch_pricer(self.adapter.name, job.model, self.pricing_override),
         )
 
 
@@ -903,14 +898,11 @@ class BatchResubmitOperator(BatchBaseOperator):
         self.log.info(
             "round %d: %d items to resubmit, %d sent to review", self.round_number, retry, to_review
         )
-        items = self.ledger.iter_items(
-            self.workload,
-            run_id,
-            states=sorted(RETRYABLE_STATES),
-            columns=["app_id", "attempts", "request_json", "error_code"],
+        items = self.ledger.iter_item_rows(
+            self.workload, run_id, states=sorted(RETRYABLE_STATES), shape=OpenItem
         )
-        eligible = [r for r in items if int(r["attempts"]) < self.max_attempts]
-        started = self.ledger.jobs_for(self.workload, run_id, self.round_number)
+        eligible = [r for r in items if r.attempts < self.max_attempts]
+        started = self.ledger.get_jobs(self.workload, run_id, self.round_number)
         if (
             self.budget_usd is not None
             and eligible
@@ -923,7 +915,7 @@ class BatchResubmitOperator(BatchBaseOperator):
         )
         return self.stage_round(context, self.round_number, eligible, max_requests, self.max_bytes_per_chunk)
 
-    def over_budget(self, run_id: str, rows: Sequence[RowMapping], context: Context | None = None) -> bool:
+    def over_budget(self, run_id: str, rows: Sequence[OpenItem], context: Context | None = None) -> bool:
         """Say whether this round would take the run over its budget; if so, send its items to review.
 
         A refused round is a ``budget_refused`` alert.
@@ -934,7 +926,7 @@ class BatchResubmitOperator(BatchBaseOperator):
         """
         from airflow_batch_provider.core.cost import estimate_cost
 
-        requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+        requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
         estimate = estimate_cost(
             requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
         )
@@ -972,7 +964,7 @@ class BatchResubmitOperator(BatchBaseOperator):
             run_id,
             "review",
             sorted(RETRYABLE_STATES),
-            keys=[(r["item_key"], r["prompt_version"]) for r in rows],
+            keys=[(r.item_key, r.prompt_version) for r in rows],
             error_code="budget_exceeded",
             error_message=message,
         )
@@ -1080,18 +1072,14 @@ class BatchPublishOperator(BatchBaseOperator):
         published = ledger.publish(self.workload, run_id)
         folder = self.staging.run_dir(self.workload, run_id)
         with self.staging.writer(folder / "results.jsonl") as fh:
-            for row in ledger.iter_items(
-                self.workload,
-                run_id,
-                columns=["app_id", "state", "route", "output_json", "error_code", "error_message"],
-            ):
+            for row in ledger.iter_item_rows(self.workload, run_id, shape=ItemOutcome):
                 line = {
-                    "id": row["app_id"],
-                    "state": row["state"],
-                    "route": row["route"],
-                    "output": json.loads(row["output_json"]) if row["output_json"] else None,
-                    "error_code": row["error_code"],
-                    "error_message": row["error_message"],
+                    "id": row.app_id,
+                    "state": row.state,
+                    "route": row.route,
+                    "output": json.loads(row.output_json) if row.output_json else None,
+                    "error_code": row.error_code,
+                    "error_message": row.error_message,
                 }
                 fh.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
         with self.staging.writer(folder / "report.json") as fh:
@@ -1159,19 +1147,19 @@ class BatchPublishOperator(BatchBaseOperator):
         run_id = context["run_id"]
         rows = [
             r
-            for r in self.ledger.iter_items(
+            for r in self.ledger.iter_item_rows(
                 self.workload,
                 run_id,
                 states=[s for s in sorted(RETRYABLE_STATES) if s in FALLBACK_FROM],
-                columns=["app_id", "attempts", "request_json", "state"],
+                shape=OpenItem,
             )
-            if int(r["attempts"]) >= self.max_attempts
+            if r.attempts >= self.max_attempts
         ]
         if not rows:
             return {"items": 0}
         prices = load_prices(self.pricing_override)
         if self.budget_usd is not None:
-            requests = (CanonicalRequest.from_dict(json.loads(r["request_json"])) for r in rows)
+            requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
             estimate = estimate_cost(requests, prices, "sync", provider=self.adapter.name)
             spent = self.ledger.run_cost(self.workload, run_id)
             budget = Decimal(str(self.budget_usd))
@@ -1231,21 +1219,21 @@ class BatchPublishOperator(BatchBaseOperator):
         """
         late = [
             j
-            for j in self.ledger.jobs_for(self.workload, run_id)
-            if j["batch_id"] and j["state"] not in (*harvest.COMPLETE_STATES, "sync")
+            for j in self.ledger.get_jobs(self.workload, run_id)
+            if j.batch_id and j.state not in (*harvest.COMPLETE_STATES, "sync")
         ]
         if not late or template is None:
             return
         for job in late:
-            cost_of = report.batch_pricer(self.adapter.name, job["model"], self.pricing_override)
+            cost_of = report.batch_pricer(self.adapter.name, job.model, self.pricing_override)
             done = harvest.reconcile_job(
-                self.ledger, self.adapter, self.staging, job["job_id"], template, cost_of
+                self.ledger, self.adapter, self.staging, job.job_id, template, cost_of
             )
-            self.log.info("late harvest of job %s: %s", job["job_id"], done)
-            after = self.ledger.job(job["job_id"])
-            state = after["batch_state"]
-            if context is not None and state in TERMINAL_BATCH_STATES and state != job["batch_state"]:
-                code = str(after["error"] or "").partition(":")[0] or None
+            self.log.info("late harvest of job %s: %s", job.job_id, done)
+            after = self.ledger.get_job(job.job_id)
+            state = after.batch_state
+            if context is not None and state in TERMINAL_BATCH_STATES and state != job.batch_state:
+                code = str(after.error or "").partition(":")[0] or None
                 batch_ended(self.alerts, context, job, state, self.adapter.name, code)
 
 

@@ -149,7 +149,7 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
             before is not None
             and status is not None
             and status.terminal
-            and before["batch_state"] != status.state
+            and before.batch_state != status.state
         ):
             batch_ended(
                 self.alerts, context, before, status.state, self.adapter.name, harvest.error_code_of(status)

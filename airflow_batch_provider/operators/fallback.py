@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_batch_provider.core.ratelimit import RetryPolicy
+from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.operators.batch import BatchBaseOperator, PromptSource, load_prompt
 from airflow_batch_provider.services.fallback import (
     FALLBACK_FROM,
@@ -77,11 +78,7 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
         template = load_prompt(self.prompt, context)
-        rows = list(
-            self.ledger.iter_items(
-                self.workload, run_id, states=FALLBACK_FROM, columns=["app_id", "request_json", "state"]
-            )
-        )
+        rows = list(self.ledger.iter_item_rows(self.workload, run_id, states=FALLBACK_FROM, shape=OpenItem))
         if not rows:
             self.log.info("no open items: nothing to send synchronously")
             return {"items": 0}

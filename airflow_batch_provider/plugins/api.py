@@ -543,11 +543,11 @@ def run_detail(ledger: Ledger, run: RunView) -> dict[str, Any]:
                 routes[route] = routes.get(route, 0) + n
     templates = console_templates()
     jobs = []
-    for job in ledger.jobs_for(run.workload, run.run_id):
-        shown = {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in job.items() if k in JOB_FIELDS}
-        batch_id = job.get("batch_id")
+    for job in ledger.get_jobs(run.workload, run.run_id):
+        values = {k: getattr(job, k) for k in JOB_FIELDS}
+        shown = {k: (_iso(v) if isinstance(v, datetime) else v) for k, v in values.items()}
         shown["console_url"] = (
-            console_url(str(job["provider"]), str(batch_id), templates=templates) if batch_id else None
+            console_url(job.provider, job.batch_id, templates=templates) if job.batch_id else None
         )
         jobs.append(shown)
     attention_total = sum(run.states.get(st, 0) for st in ATTENTION_STATES)

@@ -275,7 +275,7 @@ class BatchStatusSensor(BaseSensorOperator):
 
     def _workload(self, job_id: str) -> str:
         try:
-            return str(self.ledger.job(job_id)["workload"])
+            return self.ledger.get_job(job_id).workload
         except Exception:  # a tag only: never fail the wait for it
             return ""
 
@@ -370,7 +370,7 @@ class BatchStatusSensor(BaseSensorOperator):
             )
         job = known_job(self.ledger, job_id)
         self.ledger.update_job(job_id, **values)
-        if job is not None and status.terminal and job["batch_state"] != status.state:  # once per job
+        if job is not None and status.terminal and job.batch_state != status.state:  # once per job
             batch_ended(
                 self.alerts, context, job, status.state, self.adapter.name, harvest.error_code_of(status)
             )

@@ -46,12 +46,10 @@ from airflow_batch_provider.core.results import ItemResult
 from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
-from airflow_batch_provider.ledger.records import sync_job_id
+from airflow_batch_provider.ledger.records import OpenItem, sync_job_id
 from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import RowMapping
-
     from airflow_batch_provider.adapters.base import AsyncRealtimeClient, RealtimeReply
     from airflow_batch_provider.ledger import Ledger
 
@@ -122,7 +120,7 @@ async def run_fallback(
     run_id: str,
     provider: str,
     client: AsyncRealtimeClient,
-    rows: Sequence[RowMapping],
+    rows: Sequence[OpenItem],
     template: PromptTemplate,
     settings: FallbackSettings,
     prices: PriceTable,
@@ -139,7 +137,7 @@ async def run_fallback(
     :param run_id: the Airflow run id
     :param provider: the adapter name (for prices)
     :param client: the real-time client
-    :param rows: ledger rows (``item_key``, ``prompt_version``, ``request_json``); may be stale
+    :param rows: the items to send (``Ledger.iter_item_rows(..., shape=OpenItem)``); may be stale
     :param template: the prompt, for output validation
     :param settings: limits and concurrency
     :param prices: the price table
@@ -153,8 +151,8 @@ async def run_fallback(
     resumed = close_interrupted_sends(ledger, workload, run_id)
     if resumed:
         counts[POSSIBLY_PAID_TWICE] = len(resumed)
-        listed = {(r["item_key"], r["prompt_version"]) for r in rows}
-        rows = [*rows, *(r for r in resumed if (r["item_key"], r["prompt_version"]) not in listed)]
+        listed = {(r.item_key, r.prompt_version) for r in rows}
+        rows = [*rows, *(r for r in resumed if (r.item_key, r.prompt_version) not in listed)]
     paid_nusd = 0
     price_cache: dict[str, ModelPrice] = {}
     rng = random.Random()
@@ -164,16 +162,16 @@ async def run_fallback(
             price_cache[model] = prices.price(provider, model)
         return price_cache[model]
 
-    async def one(row: RowMapping) -> None:
+    async def one(row: OpenItem) -> None:
         nonlocal paid_nusd
         async with semaphore:
             custom_id = ledger.begin_sync_attempt(
-                workload, run_id, row["item_key"], row["prompt_version"], FALLBACK_FROM
+                workload, run_id, row.item_key, row.prompt_version, FALLBACK_FROM
             )
             if custom_id is None:
                 counts["already_done"] += 1
                 return
-            request = CanonicalRequest.from_dict(json.loads(row["request_json"]))
+            request = CanonicalRequest.from_dict(json.loads(row.request_json))
             estimate = estimate_request_tokens(request)
             tries = 0
             while True:
@@ -239,7 +237,7 @@ def count_request(error_code: str | None, workload: str, provider: str) -> None:
 
 def close_interrupted_sends(
     ledger: Ledger, workload: str, run_id: str, error_code: str = POSSIBLY_PAID_TWICE
-) -> list[RowMapping]:
+) -> list[OpenItem]:
     """Close the run's synchronous attempts that were sent and never recorded; return their items.
 
     Such an item is in ``fallback`` with an open attempt (a crash between the call and the
@@ -255,15 +253,12 @@ def close_interrupted_sends(
     :param error_code: ``possibly_paid_twice`` (it will be sent again) or ``answer_lost``
     """
     job_id = sync_job_id(workload, run_id)
-    columns = ["app_id", "request_json", "state", "job_id", "custom_id", "error_code"]
     interrupted = [
         row
-        for row in ledger.iter_items(
-            workload, run_id, states=["fallback", "failed_retryable"], columns=columns
+        for row in ledger.iter_item_rows(
+            workload, run_id, states=["fallback", "failed_retryable"], shape=OpenItem, job_id=job_id
         )
-        if row["job_id"] == job_id
-        and row["custom_id"]
-        and (row["state"] == "fallback" or row["error_code"] in (POSSIBLY_PAID_TWICE, ANSWER_LOST))
+        if row.custom_id and (row.state == "fallback" or row.error_code in (POSSIBLY_PAID_TWICE, ANSWER_LOST))
     ]
     message = (
         "sent through the real-time API before a crash; the answer was never recorded, so the provider "
@@ -276,12 +271,15 @@ def close_interrupted_sends(
             run_id,
             "failed_retryable",
             ["fallback"],
-            keys=[(row["item_key"], row["prompt_version"])],
+            keys=[(row.item_key, row.prompt_version)],
             error_code=error_code,
             error_message=message,
         )
         closed = ItemResult(
-            row["custom_id"], "failed_retryable", error_code=error_code, error_message=message
+            str(row.custom_id),  # not None: filtered above
+            "failed_retryable",
+            error_code=error_code,
+            error_message=message,
         )
         ledger.record_sync_result(workload, run_id, closed, 0)
     return interrupted

@@ -31,6 +31,7 @@ from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.core.states import HARVESTED_JOB_STATES, TERMINAL_BATCH_STATES
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.staging import Staging
 
@@ -223,18 +224,21 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
     :param staging: the staging area
     :param job_id: the ledger job
     """
-    job = ledger.job(job_id)
-    recorded = {"output_path": job["output_path"], "error_path": job["error_path"]}
-    if job["state"] in COMPLETE_STATES and all(
+    job = ledger.get_job(job_id)
+    recorded = {"output_path": job.output_path, "error_path": job.error_path}
+    if job.state in COMPLETE_STATES and all(
         staging.at(p).exists() for p in recorded.values() if p is not None
     ):
-        log.info("files of batch %s already downloaded complete: %s", job["batch_id"], recorded)
+        log.info("files of batch %s already downloaded complete: %s", job.batch_id, recorded)
         return Download(True, False, recorded)
-    ref = BatchRef(adapter.name, job["batch_id"], job["idempotency_key"])
-    if job["batch_state"] in TERMINAL_BATCH_STATES:
+    if job.batch_id is None:
+        log.warning("job %s has no batch (in doubt or never created); nothing to download", job_id)
+        return Download(False, False, recorded)
+    ref = BatchRef(adapter.name, job.batch_id, job.idempotency_key)
+    if job.batch_state in TERMINAL_BATCH_STATES:
         # A terminal state never changes, and the wait step (or a pod task, whose outcome only
         # the ledger knows) recorded it with its cause: keep it, do not ask again.
-        status: BatchStatus | None = BatchStatus(job["batch_state"], raw_state="recorded")
+        status: BatchStatus | None = BatchStatus(job.batch_state, raw_state="recorded")  # type: ignore[arg-type]
         error = None
     else:
         status, error = read_status(adapter, ref)
@@ -248,10 +252,10 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         if status is not None:
             ledger.update_job(job_id, batch_state=status.state)
         return Download(False, False, recorded, status)
-    folder = staging.run_dir(job["workload"], job["run_id"]) / f"round-{job['round']}"
+    folder = staging.run_dir(job.workload, job.run_id) / f"round-{job.round}"
     paths: dict[str, str | None] = {}
     for kind, column in (("output", "output_path"), ("errors", "error_path")):
-        target = folder / f"{kind}-{job['chunk_index']:05d}.jsonl"
+        target = folder / f"{kind}-{job.chunk_index:05d}.jsonl"
         with staging.writer(target) as sink:
             size = adapter.download(ref, kind, _FailpointSink(sink))  # type: ignore[arg-type]
         log.info("downloaded %s file of batch %s: %d bytes", kind, ref.batch_id, size)
@@ -271,14 +275,14 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
 def _results(
     adapter: BatchAdapter,
     staging: Staging,
-    job: Mapping[str, Any],
+    job: JobRow,
     template: PromptTemplate,
     malformed: list[MalformedLine],
 ) -> Iterator[ItemResult]:
-    for column in ("output_path", "error_path"):
-        if not job[column]:
+    for path in (job.output_path, job.error_path):
+        if not path:
             continue
-        with staging.at(job[column]).open("rb") as fh:
+        with staging.at(path).open("rb") as fh:
             for res in adapter.parse_results(fh):
                 if isinstance(res, MalformedLine):
                     malformed.append(res)
@@ -286,17 +290,17 @@ def _results(
                 yield check_output(res, template.output_format, template.output_schema)
 
 
-def _failed_batch_results(ledger: Ledger, job: Mapping[str, Any]) -> Iterator[ItemResult]:
+def _failed_batch_results(ledger: Ledger, job: JobRow) -> Iterator[ItemResult]:
     """One result per line a failed batch never answered, carrying the batch's cause."""
-    code, _, reason = str(job["error"] or BATCH_FAILED).partition(": ")
+    code, _, reason = str(job.error or BATCH_FAILED).partition(": ")
     outcome = FAILED_BATCH_CAUSES.get(code, "failed_retryable")
-    message = f"batch {job['batch_id']} failed at the provider ({code}): {reason or 'no reason given'}"
-    rows = ledger.iter_items(
-        job["workload"], job["run_id"], states=["submitted"], columns=["job_id", "custom_id"]
+    message = f"batch {job.batch_id} failed at the provider ({code}): {reason or 'no reason given'}"
+    rows = ledger.iter_item_rows(
+        job.workload, job.run_id, states=["submitted"], shape=ItemRef, job_id=job.job_id
     )
     for row in rows:
-        if row["job_id"] == job["job_id"] and row["custom_id"]:
-            yield ItemResult(row["custom_id"], outcome, usage=Usage(), error_code=code, error_message=message)
+        if row.custom_id:
+            yield ItemResult(row.custom_id, outcome, usage=Usage(), error_code=code, error_message=message)
 
 
 def reconcile_job(
@@ -320,16 +324,16 @@ def reconcile_job(
     :param template: the workload's prompt (output validation)
     :param cost_of: prices one line's usage
     """
-    job = ledger.job(job_id)
-    if job["state"] == "sync":
+    job = ledger.get_job(job_id)
+    if job.state == "sync":
         log.info("job %s went through the real-time API; its items are settled", job_id)
         return {"job_id": job_id, "route": "sync"}
-    if not job["batch_id"]:
+    if not job.batch_id:
         log.warning("job %s has no batch (in doubt or never created); nothing to reconcile", job_id)
         return {"job_id": job_id, "complete": False}
     if not download_job(ledger, adapter, staging, job_id).complete:
         return {"job_id": job_id, "complete": False}
-    job = ledger.job(job_id)
+    job = ledger.get_job(job_id)
     malformed: list[MalformedLine] = []
     seen: set[str] = set()
     outcomes: dict[str, int] = {}
@@ -361,15 +365,15 @@ def reconcile_job(
         apply(slice_)
     # A failed batch that answered nothing (refused file, token limit): its lines carry its cause.
     # One that answered part of its lines (a vLLM pod that crashed mid-file) left the rest missing.
-    if job["batch_state"] == "failed" and not sum(outcomes.values()):
+    if job.batch_state == "failed" and not sum(outcomes.values()):
         settled = list(_failed_batch_results(ledger, job))
         if settled:
             apply(settled)
             log.warning(
                 "batch %s failed: %d items settled with its cause (%s)",
-                job["batch_id"],
+                job.batch_id,
                 len(settled),
-                job["error"],
+                job.error,
             )
     for bad in malformed[:20]:
         log.warning("malformed result line %d: %s (%s)", bad.line_number, bad.reason, bad.excerpt)
@@ -382,7 +386,7 @@ def reconcile_job(
         duplicate_lines=duplicates,
         unknown_lines=unknown,
         missing=missing,
-        reconciled_at=job["reconciled_at"] or utcnow(),
+        reconciled_at=job.reconciled_at or utcnow(),
     )
     summary = {
         "job_id": job_id,

@@ -37,20 +37,20 @@ def job_outcomes(ledger: Ledger, workload: str, run_id: str) -> dict[str, list[d
     failed: list[dict[str, Any]] = []
     doubt: list[dict[str, Any]] = []
     incomplete: list[dict[str, Any]] = []
-    for job in ledger.jobs_for(workload, run_id):
+    for job in ledger.get_jobs(workload, run_id):
         entry = {
-            "job_id": job["job_id"],
-            "round": job["round"],
-            "batch_id": job["batch_id"],
-            "lines": job["lines"],
-            "error": job["error"],
+            "job_id": job.job_id,
+            "round": job.round,
+            "batch_id": job.batch_id,
+            "lines": job.lines,
+            "error": job.error,
         }
-        if job["batch_state"] == "failed":
+        if job.batch_state == "failed":
             failed.append(entry)
-        if job["state"] == IN_DOUBT:
+        if job.state == IN_DOUBT:
             doubt.append(entry)
-        if job["batch_id"] and job["state"] not in ("downloaded", "reconciled") and job["state"] != "sync":
-            incomplete.append({**entry, "state": job["state"], "batch_state": job["batch_state"]})
+        if job.batch_id and job.state not in ("downloaded", "reconciled") and job.state != "sync":
+            incomplete.append({**entry, "state": job.state, "batch_state": job.batch_state})
     return {"failed_batches": failed, "in_doubt_jobs": doubt, "incomplete_jobs": incomplete}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_batch_provider.adapters.base import BatchAdapter
@@ -16,7 +16,7 @@ from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.exceptions import ItemError
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.records import job_id_for
+from airflow_batch_provider.ledger.records import JobRow, OpenItem, job_id_for
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.staging import Staging
 
@@ -26,17 +26,12 @@ log = logging.getLogger(__name__)
 TOKEN_LIMIT = "token_limit_exceeded"
 
 
-def job_manifest(job: Mapping[str, Any]) -> dict[str, Any]:
+def job_manifest(job: JobRow) -> dict[str, Any]:
     """The small dict that travels through XCom for one job.
 
     :param job: a ledger job row
     """
-    return {
-        "job_id": job["job_id"],
-        "round": job["round"],
-        "chunk": job["chunk_index"],
-        "lines": job["lines"],
-    }
+    return {"job_id": job.job_id, "round": job.round, "chunk": job.chunk_index, "lines": job.lines}
 
 
 def stage_round(
@@ -47,7 +42,7 @@ def stage_round(
     workload: str,
     run_id: str,
     round_: int,
-    items: Iterable[Mapping[Any, Any]],
+    items: Iterable[OpenItem],
     max_requests: int | None = None,
     max_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
@@ -63,14 +58,13 @@ def stage_round(
     :param workload: workload name
     :param run_id: the Airflow run id
     :param round_: round number (1 for the first submission)
-    :param items: ledger rows with ``item_key``, ``prompt_version``, ``app_id``, ``attempts``,
-        ``request_json``
+    :param items: the items to stage (streamed: ``Ledger.iter_item_rows(..., shape=OpenItem)``)
     :param max_requests: a tighter per-chunk request limit
     :param max_bytes: a tighter per-chunk byte limit
     """
-    existing = ledger.jobs_for(workload, run_id, round_)
+    existing = ledger.get_jobs(workload, run_id, round_)
     folder = staging.run_dir(workload, run_id) / f"round-{round_}"
-    first = max((j["chunk_index"] for j in existing), default=-1) + 1
+    first = max((j.chunk_index for j in existing), default=-1) + 1
     versions: dict[str, str] = {}
     rejected: list[tuple[PreparedItem | None, str, str, str]] = []
     model = ""
@@ -109,22 +103,22 @@ def stage_round(
         first_index=first,
     ) as chunker:
         for row in items:
-            request = CanonicalRequest.from_dict(json.loads(row["request_json"]))
+            request = CanonicalRequest.from_dict(json.loads(row.request_json))
             model, kind = request.model, request.kind
-            versions[row["item_key"]] = row["prompt_version"]
+            versions[row.item_key] = row.prompt_version
             try:
                 chunker.add(
-                    row["item_key"],
-                    row["app_id"],
-                    int(row["attempts"]) + 1,
+                    row.item_key,
+                    row.app_id,
+                    row.attempts + 1,
                     lambda cid, r=request: adapter.format_line(r, cid),  # type: ignore[misc]
                 )
             except ItemError as exc:
                 log.error("%s", exc)
-                rejected.append((PreparedItem(row["item_key"], request), row["app_id"], exc.code, str(exc)))
+                rejected.append((PreparedItem(row.item_key, request), row.app_id, exc.code, str(exc)))
     if rejected:
         ledger.reject_items(workload, run_id, rejected)
-    jobs = ledger.jobs_for(workload, run_id, round_)
+    jobs = ledger.get_jobs(workload, run_id, round_)
     manifest = {
         "workload": workload,
         "run_id": run_id,
@@ -132,12 +126,12 @@ def stage_round(
         "provider": adapter.name,
         "chunks": [
             {
-                "name": str(j["staged_path"]).rsplit("/", 1)[-1],
-                "job_id": j["job_id"],
-                "idempotency_key": j["idempotency_key"],
-                "sha256": j["input_sha256"],
-                "lines": j["lines"],
-                "bytes": j["size_bytes"],
+                "name": j.staged_path.rsplit("/", 1)[-1],
+                "job_id": j.job_id,
+                "idempotency_key": j.idempotency_key,
+                "sha256": j.input_sha256,
+                "lines": j.lines,
+                "bytes": j.size_bytes,
             }
             for j in jobs
         ],
@@ -152,7 +146,7 @@ def retry_chunk_limit(
     workload: str,
     run_id: str,
     round_: int,
-    rows: Iterable[Mapping[Any, Any]],
+    rows: Iterable[OpenItem],
     configured: int | None,
 ) -> int | None:
     """The per-chunk request limit of a resubmission round: halved after a token-limit failure.
@@ -168,10 +162,10 @@ def retry_chunk_limit(
     :param rows: the items going out again (with ``error_code``)
     :param configured: the DAG's ``max_requests_per_chunk``
     """
-    if not any(r.get("error_code") == TOKEN_LIMIT for r in rows):
+    if not any(r.error_code == TOKEN_LIMIT for r in rows):
         return configured
-    previous = ledger.jobs_for(workload, run_id, round_ - 1)
-    largest = max((int(j["lines"]) for j in previous), default=0)
+    previous = ledger.get_jobs(workload, run_id, round_ - 1)
+    largest = max((j.lines for j in previous), default=0)
     if largest <= 1:
         return configured
     halved = max(1, largest // 2)

@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final, Literal
@@ -40,6 +40,7 @@ from airflow_batch_provider.exceptions import (
     SubmitError,
 )
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
@@ -142,28 +143,28 @@ class Submitted:
         return out
 
 
-def batch_metadata(job: Mapping[str, Any]) -> dict[str, str]:
+def batch_metadata(job: JobRow) -> dict[str, str]:
     """The small labels a job's batch carries at the provider (workload, run, round, chunk, model).
 
     :param job: the ledger job row
     """
     return {
-        "workload": str(job["workload"])[:500],
-        "run_id": str(job["run_id"])[:500],
-        "round": str(job["round"]),
-        "chunk": str(job["chunk_index"]),
-        "model": str(job["model"]),
+        "workload": str(job.workload)[:500],
+        "run_id": str(job.run_id)[:500],
+        "round": str(job.round),
+        "chunk": str(job.chunk_index),
+        "model": str(job.model),
     }
 
 
-def _known(job: Mapping[str, Any]) -> Submitted | None:
-    if job["batch_id"]:
-        log.info("job %s already submitted as batch %s; re-attaching", job["job_id"], job["batch_id"])
-        at = job["submitted_at"] or job["created_at"]
-        return Submitted(job["job_id"], job["batch_id"], epoch(at), "recorded")
-    if job["state"] == IN_DOUBT:
-        log.warning("job %s is in doubt (%s); nothing is created for it", job["job_id"], job["error"])
-        return Submitted(job["job_id"], None, epoch(job["created_at"]), "in_doubt")
+def _known(job: JobRow) -> Submitted | None:
+    if job.batch_id:
+        log.info("job %s already submitted as batch %s; re-attaching", job.job_id, job.batch_id)
+        at = job.submitted_at or job.created_at
+        return Submitted(job.job_id, job.batch_id, epoch(at), "recorded")
+    if job.state == IN_DOUBT:
+        log.warning("job %s is in doubt (%s); nothing is created for it", job.job_id, job.error)
+        return Submitted(job.job_id, None, epoch(job.created_at), "in_doubt")
     return None
 
 
@@ -206,7 +207,7 @@ def _claim(
             ledger.claim_job(job_id, owner, lease_s)
             return None
         except (JobClaimedError, JobNotClaimableError) as exc:
-            known = _known(ledger.job(job_id))
+            known = _known(ledger.get_job(job_id))
             if known is not None:
                 return known
             if isinstance(exc, JobClaimedError) and holder_is_dead(exc.holder):
@@ -232,7 +233,7 @@ def submit_job(
     owner: str,
     lease_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    on_in_doubt: Callable[[Mapping[str, Any], str], None] | None = None,
+    on_in_doubt: Callable[[JobRow, str], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Submitted:
     """Create the provider batch of a staged job at most once, or re-attach to it.
@@ -249,7 +250,7 @@ def submit_job(
     :param stop: asked before the upload and before the create; ``True`` (the task is being
         killed) ends the call with :class:`SubmitError` before anything more reaches the provider
     """
-    known = _known(ledger.job(job_id))
+    known = _known(ledger.get_job(job_id))
     if known is not None:
         return known
     waited = _claim(ledger, job_id, owner, lease_s or claim_lease_s(adapter), sleep)
@@ -267,7 +268,7 @@ def _create(
     adapter: BatchAdapter,
     staging: Staging,
     job_id: str,
-    on_in_doubt: Callable[[Mapping[str, Any], str], None] | None = None,
+    on_in_doubt: Callable[[JobRow, str], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Submitted:
     def check(before: str) -> None:
@@ -277,29 +278,29 @@ def _create(
                 "Its claim is released and its retry submits it (re-attaching by key to anything sent)."
             )
 
-    job = ledger.job(job_id)  # read again under the claim: an earlier holder may have finished
+    job = ledger.get_job(job_id)  # read again under the claim: an earlier holder may have finished
     known = _known(job)
     if known is not None:
         return known
-    key = job["idempotency_key"]
-    intent = aware(job["created_at"])
+    key = job.idempotency_key
+    intent = aware(job.created_at)
     found = adapter.find(key, created_after=intent)
     if found is not None:
         log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
-        ledger.mark_submitted(job_id, found.batch_id, job["input_ref"] or "")
-        return Submitted(job_id, found.batch_id, epoch(job["created_at"]), "found")
-    path = staging.at(job["staged_path"])
-    staging.verify(path, job["input_sha256"])
+        ledger.mark_submitted(job_id, found.batch_id, job.input_ref or "")
+        return Submitted(job_id, found.batch_id, epoch(job.created_at), "found")
+    path = staging.at(job.staged_path)
+    staging.verify(path, job.input_sha256)
     ledger.update_job(job_id, state="submitting")
     check("the upload")
     with path.open("rb") as fh:
-        input_ref = adapter.stage(fh, f"{key}.jsonl", int(job["size_bytes"]))
+        input_ref = adapter.stage(fh, f"{key}.jsonl", int(job.size_bytes))
     ledger.update_job(job_id, input_ref=input_ref.value)
     failpoint("submit.after_upload")
     check("the create")
     try:
         ref: BatchRef = adapter.submit(
-            input_ref, key, batch_metadata(job), kind=job["kind"], created_after=intent
+            input_ref, key, batch_metadata(job), kind=job.kind, created_after=intent
         )
     except BatchInDoubtError as exc:
         log.error(
@@ -311,10 +312,10 @@ def _create(
                 on_in_doubt(job, exc.reason)
             except Exception:  # telling someone must never change what happened
                 log.exception("the in-doubt callback of job %s failed", job_id)
-        return Submitted(job_id, None, epoch(job["created_at"]), "in_doubt")
+        return Submitted(job_id, None, epoch(job.created_at), "in_doubt")
     failpoint("submit.after_create")
     ledger.mark_submitted(job_id, ref.batch_id, input_ref.value)
-    log.info("created batch %s for job %s (%d lines)", ref.batch_id, job_id, job["lines"])
+    log.info("created batch %s for job %s (%d lines)", ref.batch_id, job_id, job.lines)
     return Submitted(job_id, ref.batch_id, time.time(), "created")
 
 
@@ -336,20 +337,20 @@ def resolve_in_doubt(
     :param actor: who resolved it (the task attempt's owner string)
     :return: the resolution and, when found, the batch id
     """
-    job = ledger.job(job_id)
-    if job["state"] != IN_DOUBT:
-        return ("found", job["batch_id"]) if job["batch_id"] else ("absent", None)
-    created_after = aware(job["created_at"])
+    job = ledger.get_job(job_id)
+    if job.state != IN_DOUBT:
+        return ("found", job.batch_id) if job.batch_id else ("absent", None)
+    created_after = aware(job.created_at)
     custom_ids = [
-        str(r["custom_id"])
-        for r in ledger.iter_items(
-            job["workload"], job["run_id"], states=["staged"], columns=["job_id", "custom_id"]
+        r.custom_id
+        for r in ledger.iter_item_rows(
+            job.workload, job.run_id, states=["staged"], shape=ItemRef, job_id=job_id
         )
-        if r["job_id"] == job_id and r["custom_id"]
+        if r.custom_id
     ]
     try:
         ref = adapter.resolve_in_doubt(
-            job["idempotency_key"], created_after, int(job["lines"]), custom_ids=custom_ids
+            job.idempotency_key, created_after, int(job.lines), custom_ids=custom_ids
         )
     except BatchInDoubtError as exc:
         log.info("job %s still in doubt: %s", job_id, exc)
@@ -372,19 +373,20 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     :param job_id: the in-doubt job
     :param why: why waiting stopped (deadline, timeout)
     """
-    job = ledger.job(job_id)
+    job = ledger.get_job(job_id)
     keys = [
-        (r["item_key"], r["prompt_version"])
-        for r in ledger.iter_items(job["workload"], job["run_id"], states=["staged"], columns=["job_id"])
-        if r["job_id"] == job_id
+        (r.item_key, r.prompt_version)
+        for r in ledger.iter_item_rows(
+            job.workload, job.run_id, states=["staged"], shape=ItemRef, job_id=job_id
+        )
     ]
     message = (
-        f"job {job_id} is in doubt ({job['error']}): the provider may or may not have its batch, and "
+        f"job {job_id} is in doubt ({job.error}): the provider may or may not have its batch, and "
         f"nothing was created again; {why}. Resolve it with the ledger's resolve command, then re-drive."
     )
     moved = ledger.transition(
-        job["workload"],
-        job["run_id"],
+        job.workload,
+        job.run_id,
         "review",
         ["staged"],
         keys=keys,
@@ -413,12 +415,12 @@ def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:
     :param job_id: the job the attempt claimed
     :param owner: the attempt's claim owner
     """
-    job = ledger.job(job_id)
-    if job["state"] not in NOTHING_SENT or job["batch_id"]:
+    job = ledger.get_job(job_id)
+    if job.state not in NOTHING_SENT or job.batch_id:
         log.warning(
             "killed while job %s is %s: its claim is kept until its lease ends (a create may be in flight)",
             job_id,
-            job["state"],
+            job.state,
         )
         return False
     return ledger.release_job_claim(job_id, owner)

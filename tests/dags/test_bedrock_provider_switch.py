@@ -123,12 +123,12 @@ def test_both_providers_label_every_item(switch: Switch) -> None:
 def test_each_run_went_through_its_own_provider_with_its_own_model(switch: Switch) -> None:
     for provider, model in (("openai", OPENAI_MODEL), ("bedrock", BEDROCK_MODEL)):
         run = switch.runs[provider]
-        jobs = run["ledger"].jobs_for(WORKLOAD, run["run_id"])
-        assert len(jobs) == 2 and all(j["lines"] == 150 for j in jobs)
-        assert {j["provider"] for j in jobs} == {provider}
-        assert {j["model"] for j in jobs} == {model}
-    bedrock_jobs = switch.runs["bedrock"]["ledger"].jobs_for(WORKLOAD, switch.runs["bedrock"]["run_id"])
-    assert all(j["batch_id"].startswith("arn:aws:bedrock:us-east-1:") for j in bedrock_jobs)
+        jobs = run["ledger"].get_jobs(WORKLOAD, run["run_id"])
+        assert len(jobs) == 2 and all(j.lines == 150 for j in jobs)
+        assert {j.provider for j in jobs} == {provider}
+        assert {j.model for j in jobs} == {model}
+    bedrock_jobs = switch.runs["bedrock"]["ledger"].get_jobs(WORKLOAD, switch.runs["bedrock"]["run_id"])
+    assert all(j.batch_id.startswith("arn:aws:bedrock:us-east-1:") for j in bedrock_jobs)
     counters = switch.runs["stats"]["counters"]
     # 2 for the OpenAI run; 2 for the Bedrock run and 1 (the 250-line chunk) for the small-remainder run
     assert counters["openai.batches_created"] == 2 and counters["bedrock.batches_created"] == 3
@@ -179,10 +179,10 @@ def test_a_chunk_below_bedrocks_minimum_goes_through_the_real_time_api_at_full_p
     run = switch.runs["bedrock_small"]
     ledger = run["ledger"]
     assert ledger.count_states(WORKLOAD, run["run_id"]) == {"succeeded": ITEMS}
-    jobs = {j["lines"]: j for j in ledger.jobs_for(WORKLOAD, run["run_id"])}
+    jobs = {j.lines: j for j in ledger.get_jobs(WORKLOAD, run["run_id"])}
     assert set(jobs) == {250, 50}
-    assert jobs[50]["state"] == "sync" and jobs[50]["batch_id"] is None
-    assert jobs[250]["batch_id"].startswith("arn:aws:bedrock:")
+    assert jobs[50].state == "sync" and jobs[50].batch_id is None
+    assert jobs[250].batch_id.startswith("arn:aws:bedrock:")
     routes = ledger.count_routes(WORKLOAD, run["run_id"])
     assert routes == {("succeeded", "batch"): 250, ("succeeded", "fallback"): 50}
     assert "below bedrock's minimum of 100 per batch" in run["output"]

@@ -160,8 +160,8 @@ def _check_common(ledger: Ledger, workload: str, run_id: str, tmp_path: Path) ->
     assert report["items"] == ITEMS
     assert sum(report["items_by_state"].values()) == ITEMS
     # The deadline fell mid-batch: the batch finished some items and was cancelled for the rest.
-    jobs = ledger.jobs_for(workload, run_id)
-    assert jobs and jobs[0]["batch_state"] == "cancelled", jobs
+    jobs = ledger.get_jobs(workload, run_id)
+    assert jobs and jobs[0].batch_state == "cancelled", jobs
     batch_done = sum(
         1 for a in attempts if a["mode"] == "batch" and a["outcome"] == "succeeded" and not a["discarded"]
     )

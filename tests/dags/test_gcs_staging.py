@@ -79,9 +79,9 @@ def _names(endpoint: str, bucket: str) -> list[str]:
 
 def test_every_item_is_labelled_through_vertex(run: dict[str, Any]) -> None:
     assert run["ledger"].count_states(WORKLOAD, run["run_id"]) == {"succeeded": ITEMS}
-    jobs = run["ledger"].jobs_for(WORKLOAD, run["run_id"])
-    assert len(jobs) == 2 and {j["provider"] for j in jobs} == {"gemini"}
-    assert all("/batchPredictionJobs/" in j["batch_id"] for j in jobs)
+    jobs = run["ledger"].get_jobs(WORKLOAD, run["run_id"])
+    assert len(jobs) == 2 and {j.provider for j in jobs} == {"gemini"}
+    assert all("/batchPredictionJobs/" in j.batch_id for j in jobs)
     counters = run["stats"]["counters"]
     assert counters["vertex.batches_created"] == 2 and counters["vertex.outputs_written"] == 2
     assert counters["vertex.tokens_issued"] >= 1  # the service-account key of the connection was used

@@ -113,16 +113,16 @@ def test_round_two_runs_exactly_the_lines_lost_in_the_crash_and_the_retryable_er
     finished: dict[str, Any],
 ) -> None:
     ledger: Ledger = finished["ledger"]
-    jobs = [ledger.job(j) for j in _job_ids(ledger)]
+    jobs = [ledger.get_job(j) for j in _job_ids(ledger)]
     by_round: dict[int, int] = {}
     for job in jobs:
-        by_round[job["round"]] = by_round.get(job["round"], 0) + job["lines"]
+        by_round[job.round] = by_round.get(job.round, 0) + job.lines
     lost_in_crash = CHUNK - CRASH_AFTER
     null_bodies = 2  # lines 7 and 14 of chunk 0
     assert by_round == {1: EVAL_ITEMS, 2: lost_in_crash + null_bodies}, by_round
-    crashed = [j for j in jobs if j["round"] == 1 and j["batch_state"] == "failed"]
-    assert len(crashed) == 1 and crashed[0]["error"].startswith("exit_1")
-    assert crashed[0]["missing"] == lost_in_crash
+    crashed = [j for j in jobs if j.round == 1 and j.batch_state == "failed"]
+    assert len(crashed) == 1 and crashed[0].error.startswith("exit_1")
+    assert crashed[0].missing == lost_in_crash
 
 
 def test_the_api_server_saw_one_pod_per_job_and_every_pod_was_deleted(finished: dict[str, Any]) -> None:

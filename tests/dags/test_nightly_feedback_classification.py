@@ -159,16 +159,16 @@ def test_retryable_items_were_resubmitted_with_their_item_key_and_a_new_attempt(
 
 
 def test_one_provider_batch_per_job_was_created(run: Run) -> None:
-    jobs = run.ledger.jobs_for(WORKLOAD, run.run_id)
+    jobs = run.ledger.get_jobs(WORKLOAD, run.run_id)
     assert run.stats()["batches_created"] == len(jobs)
-    assert len({j["batch_id"] for j in jobs}) == len(jobs)
+    assert len({j.batch_id for j in jobs}) == len(jobs)
 
 
 def test_duplicates_and_malformed_lines_are_counted_on_their_jobs(run: Run) -> None:
-    jobs = run.ledger.jobs_for(WORKLOAD, run.run_id)
-    assert sum(j["duplicate_lines"] for j in jobs) > 0
-    assert sum(j["malformed_lines"] for j in jobs) > 0
-    assert sum(j["missing"] for j in jobs) > 0
+    jobs = run.ledger.get_jobs(WORKLOAD, run.run_id)
+    assert sum(j.duplicate_lines for j in jobs) > 0
+    assert sum(j.malformed_lines for j in jobs) > 0
+    assert sum(j.missing for j in jobs) > 0
 
 
 def test_the_run_publishes_results_and_a_cost_report(run: Run) -> None:
@@ -182,8 +182,8 @@ def test_the_run_publishes_results_and_a_cost_report(run: Run) -> None:
     assert float(report["sync_equivalent"]) > float(report["paid"])
     assert "cost per usable result" in run.output
     manifest = json.loads((folder / "round-1" / "manifest.json").read_text())
-    jobs = run.ledger.jobs_for(WORKLOAD, run.run_id, 1)
-    assert [c["sha256"] for c in manifest["chunks"]] == [j["input_sha256"] for j in jobs]
+    jobs = run.ledger.get_jobs(WORKLOAD, run.run_id, 1)
+    assert [c["sha256"] for c in manifest["chunks"]] == [j.input_sha256 for j in jobs]
     for chunk in manifest["chunks"]:
         data = (folder / "round-1" / chunk["name"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == chunk["sha256"]
@@ -208,16 +208,16 @@ def test_clearing_submit_download_and_reconcile_changes_nothing(run: Run) -> Non
 
 
 def test_a_submit_whose_reply_was_lost_re_attaches_instead_of_paying_twice(run: Run) -> None:
-    job = run.ledger.jobs_for(WORKLOAD, run.run_id, 1)[0]
+    job = run.ledger.get_jobs(WORKLOAD, run.run_id, 1)[0]
     batches = run.stats()["batches_created"]
     with run.ledger.engine.begin() as conn:  # as if the worker died right after the create call
         conn.execute(
-            update(s.jobs).where(s.jobs.c.job_id == job["job_id"]).values(batch_id=None, state="staged")
+            update(s.jobs).where(s.jobs.c.job_id == job.job_id).values(batch_id=None, state="staged")
         )
     proc = run_airflow(run.env, "tasks", "test", DAG_ID, f"{WORKLOAD}.submit", run.run_id, "--map-index", "0")
     assert proc.returncode == 0, tail(proc)
     assert "re-attaching" in proc.stdout + proc.stderr
-    assert run.ledger.job(job["job_id"])["batch_id"] == job["batch_id"]
+    assert run.ledger.get_job(job.job_id).batch_id == job.batch_id
     assert run.stats()["batches_created"] == batches
 
 
@@ -234,6 +234,6 @@ def test_a_second_run_skips_every_unchanged_item_and_keeps_review_items_in_revie
     assert states["unchanged"] == before["succeeded"]
     assert states["review"] == before["review"] > 0
     assert sum(states.values()) == 3000
-    assert run.ledger.jobs_for(WORKLOAD, latest) == []
+    assert run.ledger.get_jobs(WORKLOAD, latest) == []
     assert run.stats()["batches_created"] == batches
     assert run.ledger.workload_lease(WORKLOAD) is None  # each run's publish gave the workload back

@@ -58,5 +58,5 @@ def test_the_nightly_dag_stages_chunks_outputs_and_reports_on_s3(
     run_id = ledger.runs("feedback_classification", limit=1)[0]["run_id"]
     assert ledger.count_states("feedback_classification", run_id) == {"succeeded": 3000}
     # ObjectStoragePath writes the connection id into the URL: s3://<conn_id>@<bucket>/<key>
-    paths = [j["staged_path"] for j in ledger.jobs_for("feedback_classification", run_id)]
+    paths = [j.staged_path for j in ledger.get_jobs("feedback_classification", run_id)]
     assert paths and all(p.startswith("s3://staging_s3@abp-staging/llm-batch/") for p in paths), paths

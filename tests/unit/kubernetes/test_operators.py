@@ -162,8 +162,8 @@ def test_a_job_runs_in_one_gpu_pod_that_is_deleted_and_its_gpu_time_is_recorded(
     [token] = [e for e in base["env"] if e["name"] == "HF_TOKEN"]
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in spec["volumes"])
-    job = ledger.job(JOB_ID)
-    assert (job["state"], job["batch_state"], job["batch_id"]) == ("submitted", "completed", f"pod:{KEY}")
+    job = ledger.get_job(JOB_ID)
+    assert (job.state, job.batch_state, job.batch_id) == ("submitted", "completed", f"pod:{KEY}")
     [cost] = ledger.infra_costs("w", RUN)
     assert cost["gpu_count"] == 2 and cost["outcome"] == "completed"
     assert cost["cost_nusd"] == gpu_cost_nusd(cost["gpu_seconds"], 2, 3.6)
@@ -200,8 +200,8 @@ def test_a_failed_pod_fails_its_job_with_a_reason_keeps_its_lines_and_is_deleted
     lines = output_lines(tmp_path)
     if fault.kind in ("env", "oom_killed", "evicted"):
         assert 2 <= len(lines) < LINES  # the finished prefix stays for reconcile
-    job = ledger.job(JOB_ID)
-    assert job["batch_state"] == "failed" and job["error"].startswith(reason)
+    job = ledger.get_job(JOB_ID)
+    assert job.batch_state == "failed" and job.error.startswith(reason)
     [cost] = ledger.infra_costs("w", RUN)
     assert cost["outcome"] == "failed" and cost["reason"] == reason
 
@@ -287,8 +287,8 @@ def test_killing_the_task_deletes_its_pod_and_the_job_keeps_the_lines_already_wr
     assert api.live_pods() == []
     written = len(output_lines(tmp_path))
     assert 1 <= written < LINES
-    job = ledger.job(JOB_ID)
-    assert job["batch_state"] == "failed" and job["error"].startswith("killed")
+    job = ledger.get_job(JOB_ID)
+    assert job.batch_state == "failed" and job.error.startswith("killed")
     cleared = operator(tmp_path).execute(context(try_number=2))  # type: ignore[arg-type]
     assert (cleared["state"], len(api.created_for(JOB_LABEL, KEY))) == ("failed", 1)
     assert len(output_lines(tmp_path)) == written  # no second pod truncated and rewrote it

@@ -5,7 +5,14 @@ from dataclasses import FrozenInstanceError, fields
 import pytest
 
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.records import JOB_ID_MAX, ItemRow, JobRow, job_id_for, sync_job_id
+from airflow_batch_provider.ledger.records import (
+    ITEM_SHAPES,
+    JOB_ID_MAX,
+    ItemRow,
+    JobRow,
+    job_id_for,
+    sync_job_id,
+)
 
 
 def test_a_short_job_id_keeps_the_readable_form_of_earlier_versions() -> None:
@@ -50,3 +57,11 @@ def test_a_typed_row_is_frozen_and_built_from_a_mapping_with_extra_keys() -> Non
     assert row.state == "review"
     with pytest.raises(FrozenInstanceError):
         row.state = "pending"  # type: ignore[misc]
+
+
+def test_every_item_shape_names_only_columns_of_the_items_table_and_its_key() -> None:
+    columns = {c.name for c in s.items.columns}
+    for shape in ITEM_SHAPES:
+        names = {f.name for f in fields(shape)}
+        assert names <= columns, shape.__name__
+        assert {"item_key", "prompt_version"} <= names, shape.__name__

@@ -30,7 +30,7 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import Ledger, store
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.records import ItemRow, JobRow, job_id_for
+from airflow_batch_provider.ledger.records import ItemOutcome, ItemRef, ItemRow, JobRow, OpenItem, job_id_for
 from airflow_batch_provider.ledger.store import (
     Moved,
     PreparedItem,
@@ -331,7 +331,7 @@ def test_recording_a_job_twice_keeps_one_job_and_one_attempt_per_line(ledger: Le
             cids[app_id],
             1,
         )
-    assert [j["job_id"] for j in ledger.jobs_for(WL, "r1")] == [job_id]
+    assert [j.job_id for j in ledger.get_jobs(WL, "r1")] == [job_id]
 
 
 def test_the_same_placements_recorded_twice_do_not_add_attempts(ledger: Ledger) -> None:
@@ -363,7 +363,7 @@ def test_the_same_placements_recorded_twice_do_not_add_attempts(ledger: Ledger) 
 
 def test_an_unknown_job_is_an_error_that_says_what_to_check(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match="job 'nope' is not in the ledger; was the prepare task"):
-        ledger.job("nope")
+        ledger.get_job("nope")
 
 
 def test_mark_submitted_records_the_batch_and_moves_only_that_jobs_staged_items(ledger: Ledger) -> None:
@@ -371,10 +371,10 @@ def test_mark_submitted_records_the_batch_and_moves_only_that_jobs_staged_items(
     job0, _ = stage(ledger, "r1", ["a", "b"], chunk=0)
     job1, _ = stage(ledger, "r1", ["c"], chunk=1)
     ledger.mark_submitted(job0, "batch_abc", "file-xyz")
-    job = ledger.job(job0)
-    assert (job["state"], job["batch_id"], job["input_ref"]) == ("submitted", "batch_abc", "file-xyz")
-    assert job["submitted_at"] is not None
-    assert ledger.job(job1)["state"] == "staged"
+    job = ledger.get_job(job0)
+    assert (job.state, job.batch_id, job.input_ref) == ("submitted", "batch_abc", "file-xyz")
+    assert job.submitted_at is not None
+    assert ledger.get_job(job1).state == "staged"
     assert ledger.count_states(WL, "r1") == {"submitted": 2, "staged": 1}
     before = snapshot(ledger)["abp_items"]
     ledger.mark_submitted(job0, "batch_abc", "file-xyz")
@@ -721,6 +721,43 @@ def test_iter_items_yields_rows_in_key_order_and_only_of_its_run_and_states(ledg
     assert [r["app_id"] for r in ledger.iter_items(WL, "r1", page=1)] == ["a", "b", "c"]
     assert [r["app_id"] for r in ledger.iter_items(WL, "r1", states=["pending"], page=1)] == ["a", "c"]
     assert list(ledger.iter_items(WL, "r3")) == []
+
+
+def test_iter_item_rows_streams_typed_rows_of_only_the_shapes_columns_in_key_order(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in AWKWARD_IDS])
+    ledger.upsert_items(WL, "r2", [prep("other")])
+    rows = list(ledger.iter_item_rows(WL, "r1", shape=OpenItem, page=4))
+    assert all(isinstance(r, OpenItem) for r in rows)
+    assert [r.item_key for r in rows] == sorted(item_key(a) for a in AWKWARD_IDS)
+    assert {(r.state, r.attempts) for r in rows} == {("pending", 0)}
+    assert [r.app_id for r in ledger.iter_item_rows(WL, "r2", shape=ItemOutcome)] == ["other"]
+    (full,) = ledger.iter_item_rows(WL, "r2")
+    assert isinstance(full, ItemRow) and full.created_at.tzinfo is not None
+
+
+def test_iter_item_rows_keeps_its_place_while_yielded_rows_leave_the_state_filter(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in AWKWARD_IDS])
+    seen = []
+    for row in ledger.iter_item_rows(WL, "r1", states=["pending"], shape=ItemRef, page=3):
+        seen.append(row.app_id)
+        ledger.transition(WL, "r1", "fallback", ["pending"], keys=[(row.item_key, row.prompt_version)])
+    assert sorted(seen) == sorted(AWKWARD_IDS)
+    assert len(seen) == len(set(seen))
+
+
+def test_iter_item_rows_for_one_job_yields_only_that_jobs_items(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in "abcde"])
+    job0, cids = stage(ledger, "r1", ["a", "c", "e"], chunk=0)
+    job1, _ = stage(ledger, "r1", ["b", "d"], chunk=1)
+    mine = list(ledger.iter_item_rows(WL, "r1", states=["staged"], shape=ItemRef, job_id=job0, page=1))
+    assert [(r.app_id, r.job_id, r.custom_id) for r in mine] == [(a, job0, cids[a]) for a in "ace"]
+    assert [r.app_id for r in ledger.iter_item_rows(WL, "r1", shape=ItemRef, job_id=job1)] == ["b", "d"]
+    assert list(ledger.iter_item_rows(WL, "r1", states=["pending"], shape=ItemRef, job_id=job0)) == []
+
+
+def test_iter_item_rows_refuses_a_shape_that_is_not_an_item_record(ledger: Ledger) -> None:
+    with pytest.raises(LedgerError, match=r"reads items as one of .*not .JobRow.; add the shape"):
+        next(ledger.iter_item_rows(WL, "r1", shape=JobRow))
 
 
 # ---------------------------------------------------------------------------------------------- reporting

@@ -100,7 +100,7 @@ def test_a_round_that_would_pass_the_budget_is_not_started_and_its_items_go_to_r
     assert rows["i1"]["error_code"] == "budget_exceeded"
     assert "exceeds the run's budget of $0.010001; raise budget_usd" in rows["i1"]["error_message"]
     assert rows["i0"]["state"] == "succeeded"
-    assert ledger.jobs_for("w", RUN, 2) == []
+    assert ledger.get_jobs("w", RUN, 2) == []
 
 
 def test_a_round_within_the_budget_is_staged_and_a_rerun_is_not_checked_again(ledger: Ledger) -> None:
@@ -151,7 +151,7 @@ def test_prepare_keeps_what_a_failing_records_callable_yielded_stages_nothing_an
     ):
         prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
     assert ledger.count_states("p", RUN) == {"pending": 2}
-    assert ledger.jobs_for("p", RUN) == []
+    assert ledger.get_jobs("p", RUN) == []
     (summary,) = (tmp_path / "staging" / "p").glob("*/prepare_summary.json")
     counts = json.loads(summary.read_text())
     assert (counts["read"], counts["items"], counts["rejected"]) == (3, 2, 1)

@@ -27,6 +27,7 @@ from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.ledger.store import PreparedItem, sync_job_id, to_nusd
 from airflow_batch_provider.operators.batch import build_report
 from airflow_batch_provider.services.fallback import (
@@ -96,11 +97,11 @@ def _seed(ledger: Ledger, texts: dict[str, str]) -> None:
     ledger.upsert_items(WORKLOAD, RUN, items)
 
 
-def _open_rows(ledger: Ledger) -> list[Any]:
-    return list(ledger.iter_items(WORKLOAD, RUN, states=FALLBACK_FROM, columns=["app_id", "request_json"]))
+def _open_rows(ledger: Ledger) -> list[OpenItem]:
+    return list(ledger.iter_item_rows(WORKLOAD, RUN, states=FALLBACK_FROM, shape=OpenItem))
 
 
-async def _fallback(ledger: Ledger, url: str, rows: list[Any], **settings: Any) -> dict[str, Any]:
+async def _fallback(ledger: Ledger, url: str, rows: list[OpenItem], **settings: Any) -> dict[str, Any]:
     config = FallbackSettings(
         rpm=settings.get("rpm", 600),
         tpm=settings.get("tpm", 100_000),
@@ -247,8 +248,8 @@ async def test_a_result_recorded_after_a_late_batch_success_is_discarded_not_app
 ) -> None:
     _seed(ledger, {"c0": "x"})
     (row,) = _open_rows(ledger)
-    cid = ledger.begin_sync_attempt(WORKLOAD, RUN, row["item_key"], "v1", FALLBACK_FROM)
-    assert cid == f"{row['item_key']}__s1"
+    cid = ledger.begin_sync_attempt(WORKLOAD, RUN, row.item_key, "v1", FALLBACK_FROM)
+    assert cid == f"{row.item_key}__s1"
     # Meanwhile the item got a usable result elsewhere (simulated by a direct transition).
     ledger.transition(WORKLOAD, RUN, "succeeded", ["fallback"], output_json='"from batch"', route="batch")
     state = ledger.record_sync_result(
@@ -263,9 +264,9 @@ async def test_a_result_recorded_after_a_late_batch_success_is_discarded_not_app
 
 def _interrupt(ledger: Ledger, app_ids: list[str]) -> dict[str, str]:
     """Leave items as a crash between the call and the record does: in fallback, attempt open."""
-    rows = {r["app_id"]: r for r in _open_rows(ledger)}
+    rows = {r.app_id: r for r in _open_rows(ledger)}
     return {
-        a: str(ledger.begin_sync_attempt(WORKLOAD, RUN, rows[a]["item_key"], "v1", FALLBACK_FROM))
+        a: str(ledger.begin_sync_attempt(WORKLOAD, RUN, rows[a].item_key, "v1", FALLBACK_FROM))
         for a in app_ids
     }
 
@@ -276,7 +277,7 @@ async def test_items_stranded_in_fallback_are_resumed_even_when_the_caller_does_
     _seed(ledger, {f"c{i}": f"comment {i}" for i in range(4)})
     opened = _interrupt(ledger, ["c0", "c1"])
     # the caller lists only what it still sees as staged (the below-minimum path's filter)
-    rest = [r for r in _open_rows(ledger) if r["app_id"] in ("c2", "c3")]
+    rest = [r for r in _open_rows(ledger) if r.app_id in ("c2", "c3")]
     summary = await _fallback(ledger, emulator, rest)
     assert summary["sent"] == 4 and summary[POSSIBLY_PAID_TWICE] == 2
     assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 4}
@@ -301,14 +302,14 @@ async def test_a_crash_while_closing_an_interrupted_send_is_finished_by_the_next
 ) -> None:
     _seed(ledger, {"c0": "x", "c1": "y"})
     (cid,) = _interrupt(ledger, ["c0"]).values()
-    (row,) = [r for r in _open_rows(ledger) if r["app_id"] == "c0"]
+    (row,) = [r for r in _open_rows(ledger) if r.app_id == "c0"]
     # the item was moved, the attempt not yet closed: then the process died
     ledger.transition(
         WORKLOAD,
         RUN,
         "failed_retryable",
         ["fallback"],
-        keys=[(row["item_key"], "v1")],
+        keys=[(row.item_key, "v1")],
         error_code=POSSIBLY_PAID_TWICE,
     )
     summary = await _fallback(ledger, emulator, [])
@@ -323,7 +324,7 @@ def test_publish_can_close_interrupted_sends_without_sending_and_nothing_stays_i
     _seed(ledger, {"c0": "x", "c1": "y"})
     (cid,) = _interrupt(ledger, ["c0"]).values()
     closed = close_interrupted_sends(ledger, WORKLOAD, RUN, ANSWER_LOST)
-    assert [r["app_id"] for r in closed] == ["c0"]
+    assert [r.app_id for r in closed] == ["c0"]
     assert ledger.count_states(WORKLOAD, RUN) == {"failed_retryable": 1, "pending": 1}
     (att,) = _attempts(ledger)
     assert (att["custom_id"], att["outcome"], att["error_code"]) == (cid, "failed_retryable", ANSWER_LOST)

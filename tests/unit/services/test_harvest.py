@@ -32,13 +32,13 @@ def submitted(w: World, n: int, max_requests: int | None = None) -> list[str]:
     """Stage ``n`` items and create their batches (straight through the adapter)."""
     jobs = []
     for manifest in w.stage(n, max_requests):
-        job = w.ledger.job(manifest["job_id"])
-        with w.staging.at(job["staged_path"]).open("rb") as fh:
+        job = w.ledger.get_job(manifest["job_id"])
+        with w.staging.at(job.staged_path).open("rb") as fh:
             ref = w.adapter.submit(
-                w.adapter.stage(fh, "x.jsonl", int(job["size_bytes"])), job["idempotency_key"], {}
+                w.adapter.stage(fh, "x.jsonl", int(job.size_bytes)), job.idempotency_key, {}
             )
-        w.ledger.mark_submitted(job["job_id"], ref.batch_id, "file")
-        jobs.append(job["job_id"])
+        w.ledger.mark_submitted(job.job_id, ref.batch_id, "file")
+        jobs.append(job.job_id)
     return jobs
 
 
@@ -49,7 +49,7 @@ def test_a_batch_not_yet_terminal_is_not_downloaded_and_a_later_reconcile_fetche
         (job_id,) = submitted(w, 4)
         early = download_job(w.ledger, w.adapter, w.staging, job_id)
         assert (early.complete, early.fetched) == (False, False)
-        assert w.ledger.job(job_id)["output_path"] is None
+        assert w.ledger.get_job(job_id).output_path is None
         assert reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price) == {
             "job_id": job_id,
             "complete": False,
@@ -60,14 +60,14 @@ def test_a_batch_not_yet_terminal_is_not_downloaded_and_a_later_reconcile_fetche
         summary = reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price)
         assert summary["complete"] is True and summary["missing"] == 0
         assert w.ledger.count_states(WORKLOAD, RUN) == {"succeeded": 4}
-        assert w.ledger.job(job_id)["state"] == "reconciled"
+        assert w.ledger.get_job(job_id).state == "reconciled"
 
 
 def test_a_partial_file_in_staging_does_not_make_a_later_download_skip(tmp_path: Path) -> None:
     with world(tmp_path) as w:
         (job_id,) = submitted(w, 3)
         w.wait_terminal(job_id)
-        job = w.ledger.job(job_id)
+        job = w.ledger.get_job(job_id)
         target = w.staging.run_dir(WORKLOAD, RUN) / "round-1" / "output-00000.jsonl"
         with w.staging.writer(target) as fh:
             fh.write(b'{"custom_id": "half')  # what a download killed half way leaves
@@ -76,7 +76,7 @@ def test_a_partial_file_in_staging_does_not_make_a_later_download_skip(tmp_path:
         assert got.fetched and got.complete
         summary = reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price)
         assert summary["malformed"] == 0 and summary["outcomes"] == {"succeeded": 3}
-        assert job["state"] == "submitted"
+        assert job.state == "submitted"
 
 
 def test_reconciling_twice_converges_to_the_same_ledger(tmp_path: Path) -> None:
@@ -96,11 +96,11 @@ def test_a_failed_batch_settles_its_items_by_cause_instead_of_leaving_them_submi
         (job_id,) = submitted(w, 5)
         assert w.wait_terminal(job_id) == "failed"
         summary = reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price)
-        job = w.ledger.job(job_id)
-        assert job["batch_state"] == "failed" and job["state"] == "reconciled"
+        job = w.ledger.get_job(job_id)
+        assert job.batch_state == "failed" and job.state == "reconciled"
         states = w.ledger.count_states(WORKLOAD, RUN)
         assert sum(states.values()) == 5 and "submitted" not in states
-        code = str(job["error"]).partition(": ")[0]
+        code = str(job.error).partition(": ")[0]
         expected = harvest.FAILED_BATCH_CAUSES.get(code, "failed_retryable")
         assert set(states) == {expected}
         rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["error_code"]))
@@ -115,7 +115,7 @@ def test_the_harvest_waits_for_the_terminal_state_with_the_runs_poll_policy(tmp_
         waited = harvest.cancel_and_wait(w.ledger, w.adapter, job_id, w.ref(job_id), policy)
         assert waited.action == "done" and waited.status is not None
         assert waited.status.state == "cancelled"
-        assert w.ledger.job(job_id)["batch_state"] == "cancelled"
+        assert w.ledger.get_job(job_id).batch_state == "cancelled"
         assert download_job(w.ledger, w.adapter, w.staging, job_id).complete
 
 

@@ -37,18 +37,16 @@ def test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch(tmp_
 def test_a_lost_create_reply_is_found_by_its_key_and_not_created_again(tmp_path: Path) -> None:
     with world(tmp_path) as w:
         job_id = one_job(w)
-        job = w.ledger.job(job_id)
+        job = w.ledger.get_job(job_id)
         # the provider acted, the reply was lost: the ledger never heard of this batch
-        with w.staging.at(job["staged_path"]).open("rb") as fh:
-            ref = w.adapter.submit(
-                w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
-            )
+        with w.staging.at(job.staged_path).open("rb") as fh:
+            ref = w.adapter.submit(w.adapter.stage(fh, "x.jsonl", job.size_bytes), job.idempotency_key, {})
         got = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
         assert (got.how, got.batch_id) == ("found", ref.batch_id)
         assert created(w) == 1
         # the poll timeout counts from the intent, not from the re-attach
-        assert got.submitted_at == epoch(job["created_at"])
-        assert w.ledger.job(job_id)["batch_id"] == ref.batch_id
+        assert got.submitted_at == epoch(job.created_at)
+        assert w.ledger.get_job(job_id).batch_id == ref.batch_id
 
 
 def test_a_zombie_and_its_retry_never_both_create_the_retry_attaches_to_the_zombies_batch(
@@ -62,10 +60,10 @@ def test_a_zombie_and_its_retry_never_both_create_the_retry_attaches_to_the_zomb
         def zombie_finishes(_: float) -> None:
             # while the retry waits, the zombie's create returns and it records its batch
             calls.append(_)
-            job = w.ledger.job(job_id)
-            with w.staging.at(job["staged_path"]).open("rb") as fh:
+            job = w.ledger.get_job(job_id)
+            with w.staging.at(job.staged_path).open("rb") as fh:
                 ref = w.adapter.submit(
-                    w.adapter.stage(fh, "x.jsonl", job["size_bytes"]), job["idempotency_key"], {}
+                    w.adapter.stage(fh, "x.jsonl", job.size_bytes), job.idempotency_key, {}
                 )
             w.ledger.mark_submitted(job_id, ref.batch_id, "file")
 
@@ -230,7 +228,7 @@ def test_the_in_doubt_callback_hears_of_the_job_once_and_a_failing_one_changes_n
     heard: list[tuple[str, str]] = []
 
     def tell(job: object, reason: str) -> None:
-        heard.append((job["job_id"], reason))  # type: ignore[index]
+        heard.append((job.job_id, reason))  # type: ignore[index]
         raise ConnectionError("the pager is down")
 
     with world(tmp_path, provider="anthropic", time_scale=1.0) as w:

@@ -22,6 +22,7 @@ from airflow_batch_provider.emulator.faults import FaultConfig
 from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.staging import Staging
@@ -75,9 +76,7 @@ class World:
 
     def stage(self, n: int, max_requests: int | None = None, run_id: str = RUN) -> list[dict[str, Any]]:
         self.add_items(n, run_id)
-        rows = self.ledger.iter_items(
-            WORKLOAD, run_id, states=["pending"], columns=["app_id", "attempts", "request_json"]
-        )
+        rows = self.ledger.iter_item_rows(WORKLOAD, run_id, states=["pending"], shape=OpenItem)
         return rounds.stage_round(
             ledger=self.ledger,
             adapter=self.adapter,
@@ -90,8 +89,8 @@ class World:
         )
 
     def ref(self, job_id: str) -> BatchRef:
-        job = self.ledger.job(job_id)
-        return BatchRef(self.adapter.name, job["batch_id"], job["idempotency_key"])
+        job = self.ledger.get_job(job_id)
+        return BatchRef(self.adapter.name, job.batch_id, job.idempotency_key)
 
     def wait_terminal(self, job_id: str) -> str:
         ref = self.ref(job_id)
