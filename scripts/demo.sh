@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
-DEMO="$ROOT/.demo"
+DEMO="${ABP_DEMO_DIR:-$ROOT/.demo}"  # tests point it at a temporary folder
 mkdir -p "$DEMO"
 
 export AIRFLOW_HOME="$DEMO/airflow"
@@ -56,10 +56,10 @@ report = json.loads(run["report_json"])
 staging = Path(os.environ["AIRFLOW__BATCH_PROVIDER__STAGING_ROOT"].removeprefix("file://"))
 folders = sorted((staging / "feedback_classification").iterdir(), key=lambda p: p.stat().st_mtime)
 folder = folders[-1]
-jobs = ledger.jobs_for("feedback_classification", run["run_id"])
+jobs = ledger.get_jobs("feedback_classification", run["run_id"])
 print()
 print(f"run {run['run_id']}")
-print(f"jobs: {len(jobs)} provider batches over {len({j['round'] for j in jobs})} round(s)")
+print(f"jobs: {len(jobs)} provider batches over {len({j.round for j in jobs})} round(s)")
 print("items by state:", ", ".join(f"{k} {v:,}" for k, v in sorted(report["states"].items())))
 print()
 print(report["table"])
