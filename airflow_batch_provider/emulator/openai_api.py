@@ -29,7 +29,7 @@ import base64
 import hashlib
 import json
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from fastapi import APIRouter, Depends, Request
@@ -1240,44 +1240,52 @@ class OpenAIEmulator:
     async def chat_completions(self, request: Request) -> JSONResponse:
         """``POST /v1/chat/completions`` (non-streaming)."""
         body = await _json_body(request)
-        config = self.state.config
-        problem = chat_request_error(body, config)
-        prompt = ChatPrompt(body)
-        headers = self._admit("chat", prompt.prompt_tokens + (prompt.max_output_tokens or 0))
-        if problem is not None:
-            raise ApiError(
-                problem["status"],
-                error_body(problem["message"], problem["type"], problem["param"], problem["code"]),
-                headers,
-            )
-        with self.state.lock:
-            seen = prompt.prefix_key is not None and prompt.prefix_key in self.state.seen_prefixes
-            if prompt.prefix_key is not None:
-                self.state.seen_prefixes.add(prompt.prefix_key)
-        cached = model.cached_tokens(
-            prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
+        problem = chat_request_error(body, self.state.config)  # before the prompt view, as the API checks
+        return self._answer(
+            request,
+            "chat",
+            ChatPrompt(body),
+            problem,
+            lambda cached: chat_completion(
+                body,
+                completion_id=self.state.new_id("chatcmpl-"),
+                created=int(self.state.now()),
+                cached=cached,
+            ),
         )
-        obj, used = chat_completion(
-            body, completion_id=self.state.new_id("chatcmpl-"), created=int(self.state.now()), cached=cached
-        )
-        self.state.record_realtime(
-            PROVIDER,
-            request.headers.get(CUSTOM_ID_HEADER),
-            {
-                "input_tokens": used["input"] - used["cached"],
-                "cached_input_tokens": used["cached"],
-                "output_tokens": used["output"],
-            },
-        )
-        return JSONResponse(obj, headers=headers)
 
     async def responses(self, request: Request) -> JSONResponse:
         """``POST /v1/responses`` (non-streaming, not stored: ``GET`` of a response is not served)."""
         body = await _json_body(request)
+        problem = response_request_error(body, self.state.config)
+        return self._answer(
+            request,
+            "responses",
+            ChatPrompt(chat_view(body)),
+            problem,
+            lambda cached: response_object(
+                body, response_id=self.state.new_id("resp_"), created=int(self.state.now()), cached=cached
+            ),
+        )
+
+    def _answer(
+        self,
+        request: Request,
+        kind: str,
+        prompt: ChatPrompt,
+        problem: dict[str, Any] | None,
+        build: Callable[[int], tuple[dict[str, Any], dict[str, int]]],
+    ) -> JSONResponse:
+        """Admit a real-time generation, refuse it with its problem, or answer it and record its usage.
+
+        :param request: the HTTP request (its custom-id header names the item in the record)
+        :param kind: the rate-limit bucket (``chat``, ``responses``)
+        :param prompt: the request's prompt view (tokens, cacheable prefix)
+        :param problem: the validation problem of the body, if any
+        :param build: makes the answer and its token usage from the cached-token count
+        """
         config = self.state.config
-        problem = response_request_error(body, config)
-        prompt = ChatPrompt(chat_view(body))
-        headers = self._admit("responses", prompt.prompt_tokens + (prompt.max_output_tokens or 0))
+        headers = self._admit(kind, prompt.prompt_tokens + (prompt.max_output_tokens or 0))
         if problem is not None:
             raise ApiError(
                 problem["status"],
@@ -1291,9 +1299,7 @@ class OpenAIEmulator:
         cached = model.cached_tokens(
             prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
         )
-        obj, used = response_object(
-            body, response_id=self.state.new_id("resp_"), created=int(self.state.now()), cached=cached
-        )
+        obj, used = build(cached)
         self.state.record_realtime(
             PROVIDER,
             request.headers.get(CUSTOM_ID_HEADER),
