@@ -52,7 +52,7 @@ from sqlalchemy import select, text
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import BATCH, PreparedItem, utcnow
+from airflow_batch_provider.ledger.store import BATCH, NEW_ITEM_COLUMNS, PreparedItem, utcnow
 
 #: size -> (item counts, fresh runs per count); two counts show how the rates scale with N
 SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -89,20 +89,8 @@ def make_items(n: int) -> list[PreparedItem]:
     return out
 
 
-ITEM_COLUMNS = [
-    "workload",
-    "item_key",
-    "prompt_version",
-    "app_id",
-    "model",
-    "input_hash",
-    "request_json",
-    "state",
-    "attempts",
-    "run_id",
-    "created_at",
-    "updated_at",
-]
+# the floor writes exactly the columns the ledger writes for a new item
+ITEM_COLUMNS = list(NEW_ITEM_COLUMNS)
 
 
 def floor_items(ledger: Ledger, items: list[PreparedItem], run_id: str) -> int:

@@ -204,8 +204,8 @@ _ITEM_ROW = and_(
 _ATTEMPT_ROW = and_(s.attempts.c.job_id == bindparam("b_job"), s.attempts.c.custom_id == bindparam("b_cid"))
 
 
-#: The columns :meth:`Ledger.upsert_items` fills for a new item, in order.
-_NEW_ITEM_COLUMNS: Final = (
+#: The columns :meth:`Ledger.upsert_items` fills for a new item, in order (the benchmark floor writes the same).
+NEW_ITEM_COLUMNS: Final = (
     "workload",
     "item_key",
     "prompt_version",
@@ -904,7 +904,7 @@ class Ledger:
                             "retry the task, and let one run hold the workload at a time."
                         )
                 # New items start pending, at the database's bulk-insert floor.
-                _insert_rows(conn, s.items, _NEW_ITEM_COLUMNS, inserts)
+                _insert_rows(conn, s.items, NEW_ITEM_COLUMNS, inserts)
         if (
             self.engine.dialect.name == "postgresql"
             and stats["new"] + stats["changed"] + stats["unchanged"] >= 5000
