@@ -5,7 +5,8 @@ mode (see :mod:`airflow_batch_provider.core.pricing` for the cost rule):
 
 - ``batch``: an item's first batch attempt, at batch price;
 - ``resubmission``: its later batch attempts (retryable failures, expiries), at batch price;
-- ``fallback``: synchronous attempts after the deadline, at full price;
+- ``fallback``: synchronous attempts (after the deadline, or after an item exhausted its batch
+  attempts: route ``exhausted_sync``), at full price;
 - ``discarded``: attempts whose output was paid for and thrown away (``invalid_output``, a
   duplicate result line), at the price of their mode. They are counted, never hidden;
 - ``infrastructure``: anything not billed per token, e.g. vLLM GPU hours x ``gpu_hour_usd``.
@@ -48,7 +49,7 @@ from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.core.tokens import TokenEstimate, estimate_request_tokens
 from airflow_batch_provider.exceptions import BudgetExceededError, PricingError
 
-Route = Literal["batch", "resubmitted", "fallback", "unchanged"]
+Route = Literal["batch", "resubmitted", "fallback", "exhausted_sync", "unchanged"]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
 AttemptKind = Literal["batch", "resubmission", "fallback", "discarded"]
 ATTEMPT_KINDS: Final[tuple[str, ...]] = get_args(AttemptKind)
@@ -83,7 +84,9 @@ class ItemCostRecord:
 
     :param app_id: the item's application id
     :param state: its final state in the run
-    :param route: how it got there: ``batch``, ``resubmitted``, ``fallback`` or ``unchanged``
+    :param route: how it got there: ``batch``, ``resubmitted``, ``fallback`` (the real-time API at
+        the deadline), ``exhausted_sync`` (the real-time API after exhausting its batch attempts)
+        or ``unchanged``
     :param provider: provider name
     :param model: model name
     :param attempts: its billed attempts in this run, in order

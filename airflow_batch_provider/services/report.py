@@ -75,8 +75,10 @@ def build_report(
     :param run_id: the Airflow run id
     :param provider: provider name for pricing
     :param pricing_override: pricing override
-    :param max_attempts: the attempts cap; with it, items answered through the real-time API after
-        exhausting their batch attempts are reported apart (``exhausted_sync``)
+    :param max_attempts: the attempts cap; with it, items sent through the real-time API after
+        exhausting their batch attempts are their own route (``exhausted_sync`` in
+        ``items_by_route``, and the ``exhausted_sync`` section with what they paid); without it
+        every real-time item is route ``fallback``
     """
     from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
     from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
@@ -105,7 +107,10 @@ def build_report(
         nonlocal paid_twice
         for row in ledger.iter_cost_rows(workload, run_id):
             batch_tries = sum(1 for a in row["attempts"] if a["mode"] == "batch" and not a["discarded"])
-            if max_attempts is not None and row["route"] == "fallback" and batch_tries >= max_attempts:
+            route = row["route"]
+            if max_attempts is not None and route == "fallback" and batch_tries >= max_attempts:
+                # sent real-time because its batch attempts ran out, not because of the deadline
+                route = "exhausted_sync"
                 for a in row["attempts"]:
                     if a["mode"] == "sync":
                         exhausted.append((row["app_id"], a["usage"], row["model"]))
@@ -124,9 +129,7 @@ def build_report(
                 None,
             )
             attempts = tuple(attempt_record(a, resend if lost else None) for a in row["attempts"])
-            route = row["route"] or (
-                "resubmitted" if sum(1 for a in attempts if a.mode == "batch") > 1 else "batch"
-            )
+            route = route or ("resubmitted" if sum(1 for a in attempts if a.mode == "batch") > 1 else "batch")
             yield ItemCostRecord(
                 app_id=row["app_id"],
                 state=row["state"],
@@ -171,7 +174,7 @@ def build_report(
         out["exhausted_sync"] = {"items": items, "paid": str(paid)}
         table += (
             f"\nexhausted_sync (batch attempts exhausted, then the real-time API): {items} items, "
-            f"${paid.quantize(Decimal('0.000001'))} (included in the fallback route above)"
+            f"${paid.quantize(Decimal('0.000001'))} (route exhausted_sync above; paid as fallback)"
         )
     else:
         out["exhausted_sync"] = {"items": 0, "paid": "0"}

@@ -148,7 +148,13 @@ def test_every_kind_of_billed_attempt_is_counted_at_its_mode_price(table: PriceT
     assert report.attempts == 7
     assert report.discarded_usage == Usage(input_tokens=2_000_000)
     assert report.usage.input_tokens == 5_000_000
-    assert dict(report.items_by_route) == {"batch": 1, "resubmitted": 2, "fallback": 1, "unchanged": 0}
+    assert dict(report.items_by_route) == {
+        "batch": 1,
+        "resubmitted": 2,
+        "fallback": 1,
+        "exhausted_sync": 0,
+        "unchanged": 0,
+    }
     assert dict(report.items_by_state) == {"review": 1, "succeeded": 3}
 
 

@@ -537,7 +537,7 @@ def test_items_that_exhaust_their_batch_attempts_go_to_the_real_time_api_when_th
     assert out["items_by_state"] == {"succeeded": 4}
     report = json.loads(Path(out["report"].removeprefix("file://")).read_text())
     assert report["exhausted_sync"]["items"] == 4 and Decimal(report["exhausted_sync"]["paid"]) > 0
-    assert report["items_by_route"]["fallback"] == 4
+    assert report["items_by_route"]["exhausted_sync"] == 4 and report["items_by_route"]["fallback"] == 0
     assert "exhausted_sync" in report["table"]
 
 

@@ -33,3 +33,36 @@ def test_a_clean_run_has_no_job_sections_in_its_table(tmp_path: Path) -> None:
         out = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None)
         assert out["failed_batches"] == out["in_doubt_jobs"] == out["incomplete_jobs"] == []
         assert "failed batches" not in out["table"]
+
+
+def test_items_sent_real_time_after_exhausting_their_batch_attempts_are_their_own_route(
+    tmp_path: Path,
+) -> None:
+    from airflow_batch_provider.core.results import ItemResult, Usage
+    from airflow_batch_provider.services.harvest import reconcile_job
+    from tests.unit.services.test_harvest import price, submitted
+    from tests.unit.services.workload import PROMPT
+
+    with world(tmp_path) as w:
+        w.config(faults={"rate_500": 1.0})
+        (job_id,) = submitted(w, 3)  # one batch attempt each, and every line a retryable 500
+        w.wait_terminal(job_id)
+        reconcile_job(w.ledger, w.adapter, w.staging, job_id, PROMPT, price)
+        w.add_items(5)  # two more items, never sent in a batch (the deadline fallback's kind)
+        for row in list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state"])):
+            cid = w.ledger.begin_sync_attempt(
+                WORKLOAD, RUN, row["item_key"], row["prompt_version"], ["pending", "failed_retryable"]
+            )
+            assert cid is not None
+            w.ledger.record_sync_result(
+                WORKLOAD, RUN, ItemResult(cid, "succeeded", output="ok", usage=Usage(5, 1)), 7
+            )
+        out = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None, max_attempts=1)
+        assert out["items_by_route"]["exhausted_sync"] == 3
+        assert out["items_by_route"]["fallback"] == 2
+        assert sum(out["items_by_route"].values()) == 5
+        assert out["exhausted_sync"]["items"] == 3
+        assert "included in the fallback route" not in out["table"]
+        # without the attempts cap nothing is known to be exhausted: all five are the fallback's
+        plain = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None)
+        assert plain["items_by_route"]["fallback"] == 5 and plain["items_by_route"]["exhausted_sync"] == 0
