@@ -26,17 +26,8 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.batch import build_report
 from airflow_batch_provider.plugins.access import Access, StaticAccess
-from airflow_batch_provider.plugins.api import (
-    STATE_COLORS,
-    STATE_ORDER,
-    bar_segments,
-    create_app,
-    money,
-    open_for_actions,
-    open_readonly,
-    readonly_url,
-    share,
-)
+from airflow_batch_provider.plugins.api import create_app, open_for_actions, open_readonly, readonly_url
+from airflow_batch_provider.plugins.view import STATE_COLORS, STATE_ORDER, bar_segments, money, share
 
 MODEL = "gpt-4o-mini"
 WL = "feedback"
