@@ -22,6 +22,12 @@ filtered to those DAGs; a workload's review queue needs read access to every DAG
 and its actions edit access to each. The ledger is the configured one (``[batch_provider]
 ledger_conn_id``, else ``ledger_url``): no request chooses which database the server opens.
 
+The plugin is in three parts: the ledger's read queries are in the ledger
+(:mod:`airflow_batch_provider.ledger.reads` and the ledger's own read methods; no SQL here), the
+view model is :mod:`.view` (pure functions from those frozen records to what the page and the
+JSON show), and this module holds the routes, their permission checks and the loaders that join
+the two.
+
 Reading uses a read-only engine (SQLite ``mode=ro``, PostgreSQL
 ``default_transaction_read_only``); only the review actions write, through the ledger's own
 review API, which records each in the audit table. HTML is rendered server side by Jinja2 with
