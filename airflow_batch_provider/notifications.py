@@ -237,7 +237,7 @@ def review_growth(
 def run_summary(
     workload: str, run_id: str, report: Mapping[str, Any], dag_id: str | None = None
 ) -> BatchEvent:
-    """The run's summary from its cost report (items by state, cost per usable result, savings).
+    """The run's summary from its cost report (items by state and route, cost per usable result, savings).
 
     :param workload: the workload
     :param run_id: the run
@@ -246,16 +246,20 @@ def run_summary(
     """
     states = report.get("items_by_state") or report.get("states") or {}
     counts = ", ".join(f"{k} {int(v):,}" for k, v in states.items() if v) or "no items"
+    # by route, ``exhausted_sync`` (real-time after the batch attempts ran out) apart from ``fallback``
+    routes = report.get("items_by_route") or {}
+    by_route = ", ".join(f"{k} {int(v):,}" for k, v in routes.items() if v)
     per = report.get("cost_per_usable_result")
     return BatchEvent(
         "run_summary",
         workload,
         run_id,
-        f"{workload}: {counts}; paid ${report.get('paid', '0')}, "
+        f"{workload}: {counts}{f' (routes: {by_route})' if by_route else ''}; paid ${report.get('paid', '0')}, "
         f"{'n/a' if per is None else '$' + str(per)} per usable result, saved ${report.get('savings', '0')}.",
         "info",
         {
             "items_by_state": dict(states),
+            "items_by_route": dict(routes),
             "paid": report.get("paid"),
             "cost_per_usable_result": per,
             "savings": report.get("savings"),

@@ -231,3 +231,15 @@ def test_airflows_smtp_notifier_sends_the_event_as_a_mail(
         bytes(part.get_payload(decode=True)).decode() for part in mail.walk() if not part.is_multipart()
     )
     assert "3 items still open" in body
+
+
+def test_the_run_summary_names_each_route_with_items_exhausted_sync_apart_from_fallback() -> None:
+    report = {
+        "items_by_state": {"succeeded": 100},
+        "items_by_route": {"batch": 90, "resubmitted": 0, "fallback": 4, "exhausted_sync": 6, "unchanged": 0},
+        "paid": "1.20",
+    }
+    event = run_summary("wl", RUN, report)
+    assert "routes: batch 90, fallback 4, exhausted_sync 6" in event.message
+    assert event.details["items_by_route"] == report["items_by_route"]
+    assert "routes" not in run_summary("wl", RUN, {"items_by_state": {"succeeded": 1}}).message
