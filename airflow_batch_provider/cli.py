@@ -14,6 +14,8 @@ Examples::
     airflow-batch jobs in-doubt
     airflow-batch jobs resolve 'feedback:manual__2026-01-01:r1:c00000' --batch-id batch_abc --note "found in console"
     airflow-batch lease show --workload feedback
+    airflow-batch fallback list
+    airflow-batch fallback redrive --workload feedback --run-id scheduled__2026-01-01 --reason "run was killed"
     airflow-batch lease release --workload feedback --run-id scheduled__2026-01-01 --reason "run was killed"
 """
 
@@ -129,6 +131,26 @@ def _lease(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _fallback(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
+    from airflow_batch_provider.services.stranded import settle_stranded_fallback, stranded_fallback
+
+    if args.action == "list":
+        rows = stranded_fallback(ledger, args.workload)
+        _emit(out, rows, args.json, ("workload", "run_id", "items", "holds_lease", "since"))
+        return 0
+    why = args.reason if args.action == "redrive" else args.note
+    n = settle_stranded_fallback(
+        ledger, args.workload, args.run_id, args.action, actor=_actor(args.actor), reason=why
+    )
+    if args.action == "redrive":
+        out.write(
+            f"re-drove {n} item(s) that run {args.run_id!r} left in fallback to pending; the next run sends them\n"
+        )
+    else:
+        out.write(f"resolved {n} item(s) that run {args.run_id!r} left in fallback\n")
+    return 0 if n else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (``airflow-batch --help``)."""
     parser = argparse.ArgumentParser(prog="airflow-batch", description=(__doc__ or "").split("\n\n")[0])
@@ -187,6 +209,31 @@ def build_parser() -> argparse.ArgumentParser:
     common(release)
     release.add_argument("--run-id", required=True)
     release.add_argument("--reason", required=True)
+
+    fallback = groups.add_parser(
+        "fallback", help="items a dead run left in fallback (sent to the real-time API, never settled)"
+    ).add_subparsers(dest="action", required=True)
+    stranded = fallback.add_parser(
+        "list", help="list them per run, and whether the run still holds the workload"
+    )
+    common(stranded, workload=False)
+    stranded.add_argument("--workload")
+    for name, text, why in (
+        (
+            "redrive",
+            "close their lost real-time attempts and send them back to pending (the next run sends them)",
+            "--reason",
+        ),
+        (
+            "resolve",
+            "close their lost real-time attempts and resolve them; they stay out of every run",
+            "--note",
+        ),
+    ):
+        p = fallback.add_parser(name, help=text + "; the run must no longer hold the workload")
+        common(p)
+        p.add_argument("--run-id", required=True, help="the dead run")
+        p.add_argument(why, required=True)
     return parser
 
 
@@ -201,7 +248,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         ledger = Ledger.from_url(resolve_ledger_url(args.ledger_url, args.conn_id))
         try:
-            handler = {"review": _review, "jobs": _jobs, "lease": _lease}[args.group]
+            handler = {"review": _review, "jobs": _jobs, "lease": _lease, "fallback": _fallback}[args.group]
             return handler(ledger, args, out)
         finally:
             ledger.engine.dispose()

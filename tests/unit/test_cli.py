@@ -157,3 +157,45 @@ def test_without_a_url_the_configured_ledger_connection_is_used(tmp_path: Path) 
 def test_the_console_script_is_declared() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '[project.scripts]\nairflow-batch = "airflow_batch_provider.cli:main"\n' in pyproject
+
+
+def test_a_dead_runs_fallback_items_are_listed_refused_while_it_holds_the_workload_then_redriven(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    from tests.unit.services.test_stranded import DEAD, killed_mid_fallback
+
+    killed_mid_fallback(ledger, ["a", "b"])
+    listed = cli("--ledger-url", ledger_url, "fallback", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert (row["workload"], row["run_id"], row["items"], row["holds_lease"]) == (WL, DEAD, 2, True)
+
+    args = ["--ledger-url", ledger_url, "fallback", "redrive", "--workload", WL, "--run-id", DEAD]
+    refused = cli(*args, "--actor", "alice", "--reason", "killed")
+    assert refused.returncode == 2 and "lease release" in refused.stderr
+    assert ledger.count_states(WL, DEAD).get("fallback") == 2
+
+    assert ledger.release_workload_lease(WL, DEAD, actor="alice", reason="worker lost")
+    done = cli(*args, "--actor", "alice", "--reason", "killed at 02:14")
+    assert done.returncode == 0, done.stderr
+    assert "re-drove 2 item(s)" in done.stdout
+    assert ledger.count_states(WL, DEAD).get("pending") == 3
+    entry = ledger.audit_log(WL)[0]
+    assert (entry.actor, entry.action, entry.item_count) == ("alice", "redrive", 2)
+    again = cli(*args, "--actor", "alice", "--reason", "killed at 02:14")
+    assert again.returncode == 1 and "re-drove 0 item(s)" in again.stdout
+
+
+def test_a_dead_runs_fallback_items_can_be_resolved_from_the_shell(ledger: Ledger, ledger_url: str) -> None:
+    from tests.unit.services.test_stranded import DEAD, killed_mid_fallback
+
+    killed_mid_fallback(ledger, ["a"])
+    ledger.release_workload_lease(WL, DEAD)
+    done = cli(
+        "--ledger-url", ledger_url, "fallback", "resolve", "--workload", WL, "--run-id", DEAD,
+        "--actor", "bob", "--note", "answered by hand",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "resolved 1 item(s)" in done.stdout
+    assert ledger.count_states(WL, DEAD).get("review") == 1 and ledger.review_items(WL) == []
+    assert ledger.audit_log(WL)[0].action == "resolve_review"
