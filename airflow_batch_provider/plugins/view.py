@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_batch_provider.core.pricing import decimal_str, format_usd
 from airflow_batch_provider.core.states import ATTENTION_STATES, OPEN_STATES, USABLE_STATES
+from airflow_batch_provider.ledger.reads import RunRecord
 from airflow_batch_provider.ledger.store import from_nusd
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.ledger.reads import RunRecord
     from airflow_batch_provider.ledger.records import AuditRow, ItemRow, JobRow
 
 log = logging.getLogger(__name__)
@@ -160,28 +160,14 @@ def recorded_states(run: RunRecord) -> dict[str, int] | None:
 
 
 @dataclass(frozen=True)
-class RunView:
-    """What the page knows about one run.
+class RunView(RunRecord):
+    """What the page knows about one run: its record, and what the view made of it.
 
-    :param workload: workload name
-    :param run_id: the Airflow run id
-    :param dag_id: the DAG that recorded it (``None``: not recorded)
-    :param provider: provider (adapter) name
-    :param model: model name
-    :param started_at: when prepare recorded it
-    :param finished_at: when publish wrote its report
-    :param states: items by state
-    :param report: the cost report publish wrote, if it has
+    :param states: items by state (as its report recorded them, else counted live)
+    :param report: the cost report publish wrote, if it has (parsed)
     :param stale: unfinished and older than :data:`STALE_AFTER`
     """
 
-    workload: str
-    run_id: str
-    dag_id: str | None
-    provider: str | None
-    model: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
     states: dict[str, int]
     report: dict[str, Any] | None
     stale: bool
@@ -242,13 +228,7 @@ def run_view(run: RunRecord, live_states: Mapping[str, int] | None, now: datetim
     if states is None:
         states = dict(live_states or {})
     return RunView(
-        workload=run.workload,
-        run_id=run.run_id,
-        dag_id=run.dag_id,
-        provider=run.provider,
-        model=run.model,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
+        **{f.name: getattr(run, f.name) for f in fields(RunRecord)},
         states=ordered(states, STATE_ORDER),
         report=parse_report(run.report_json),
         stale=run.finished_at is None and run.started_at is not None and now - run.started_at > STALE_AFTER,
