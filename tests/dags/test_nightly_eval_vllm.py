@@ -36,9 +36,14 @@ STRING_EVERY = 9  # line 9 (and 18) of chunk 0: a routing error as a bare string
 RATE = 4.0
 
 
-@pytest.fixture(scope="module")
-def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("eval-vllm")
+def run_eval_dag(
+    airflow_home: dict[str, str],
+    tmp: Path,
+    faults: list[PodFault],
+    variables: dict[str, str],
+    host: str | None = None,
+) -> dict[str, Any]:
+    """``airflow dags test nightly_eval_vllm`` against the loopback API; what it left behind."""
     exchange = tmp / "exchange"
     exchange.mkdir()
     pod_env = {
@@ -52,20 +57,8 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
         api.add_secret("hf-token", {"token": "hf_test"})
         kubeconfig = tmp / "kubeconfig.json"
         kubeconfig.write_text(json.dumps(api.kubeconfig()))
-        round_1 = {"task_id": f"{WORKLOAD}.run"}
-        api.add_fault(
-            PodFault(
-                "env",
-                match={**round_1, "map_index": "0"},
-                env={
-                    "FAKE_VLLM_NULL_BODY_EVERY": str(NULL_EVERY),
-                    "FAKE_VLLM_STRING_ERROR_EVERY": str(STRING_EVERY),
-                },
-            )
-        )
-        api.add_fault(
-            PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"})
-        )
+        for fault in faults:
+            api.add_fault(fault)
         conn = {
             "conn_type": "vllm_kubernetes",
             "extra": {
@@ -80,9 +73,12 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
                 "schedule_timeout_s": 60,
             },
         }
+        if host:
+            conn["host"] = host
         env = batch_env(airflow_home, tmp, {"vllm_kubernetes_default": conn})
         env["AIRFLOW_VAR_NIGHTLY_EVAL_VLLM_CHUNK"] = str(CHUNK)
-        proc = run_airflow(env, "dags", "test", DAG_ID, timeout=300)
+        env.update({f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()})
+        proc = run_airflow(env, "dags", "test", DAG_ID, timeout=420)
         created = list(api.created)
         live = api.live_pods()
     assert proc.returncode == 0, tail(proc)
@@ -96,6 +92,23 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
         "results": [json.loads(x) for x in (staging / "results.jsonl").read_text().splitlines()],
         "score": json.loads((staging / "eval_score.json").read_text()),
     }
+
+
+@pytest.fixture(scope="module")
+def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    round_1 = {"task_id": f"{WORKLOAD}.run"}
+    faults = [
+        PodFault(
+            "env",
+            match={**round_1, "map_index": "0"},
+            env={
+                "FAKE_VLLM_NULL_BODY_EVERY": str(NULL_EVERY),
+                "FAKE_VLLM_STRING_ERROR_EVERY": str(STRING_EVERY),
+            },
+        ),
+        PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"}),
+    ]
+    return run_eval_dag(airflow_home, tmp_path_factory.mktemp("eval-vllm"), faults, {})
 
 
 def test_every_eval_prompt_ends_answered_except_the_permanent_routing_error(finished: dict[str, Any]) -> None:
@@ -158,3 +171,46 @@ def _job_ids(ledger: Ledger) -> list[str]:
         return list(
             conn.execute(select(schema.jobs.c.job_id).where(schema.jobs.c.workload == WORKLOAD)).scalars()
         )
+
+
+# -- a deadline the pods do not meet: Kubernetes stops them, the fallback answers the rest ------
+
+ANSWERED_BEFORE_DEADLINE = 5
+
+
+@pytest.fixture(scope="module")
+def cut_short(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from airflow_batch_provider.emulator.config import EmulatorConfig
+    from airflow_batch_provider.emulator.testing import run_emulator
+
+    slow = {"FAKE_VLLM_SLOW_AFTER": str(ANSWERED_BEFORE_DEADLINE), "FAKE_VLLM_DELAY_S": "600"}
+    faults = [PodFault("env", match={"task_id": f"{WORKLOAD}.run"}, env=slow) for _ in range(2)]
+    variables = {"nightly_eval_vllm_deadline": "PT90S", "nightly_eval_vllm_deadline_policy": "sync_fallback"}
+    with run_emulator(EmulatorConfig()) as realtime:  # the OpenAI-compatible real-time endpoint
+        return run_eval_dag(
+            airflow_home, tmp_path_factory.mktemp("eval-vllm-deadline"), faults, variables, f"{realtime}/v1"
+        )
+
+
+def test_a_pod_still_running_at_the_deadline_is_stopped_and_deleted_and_every_job_says_why(
+    cut_short: dict[str, Any],
+) -> None:
+    ledger: Ledger = cut_short["ledger"]
+    jobs = [ledger.get_job(j) for j in _job_ids(ledger)]
+    assert len(jobs) == EVAL_ITEMS // CHUNK  # no round 2 after the deadline
+    assert all(j.batch_state == "failed" and j.error.startswith("deadline") for j in jobs)
+    # `dags test` runs the mapped pod tasks one after another, the deferred one's trigger inline: the
+    # first pod runs into the deadline, and the second job, reached after it, starts no pod at all
+    [pod] = cut_short["created"]
+    assert 0 < pod["spec"]["activeDeadlineSeconds"] <= 90
+    assert cut_short["live"] == []
+    assert [j["reason"] for j in cut_short["report"]["self_hosted"]["jobs"]] == ["deadline"] * len(jobs)
+
+
+def test_the_lines_the_pod_finished_are_kept_and_the_fallback_answers_only_the_rest(
+    cut_short: dict[str, Any],
+) -> None:
+    results = cut_short["results"]
+    assert len(results) == EVAL_ITEMS and {r["state"] for r in results} == {"succeeded"}
+    routes = [r["route"] for r in results]
+    assert routes.count("fallback") == EVAL_ITEMS - ANSWERED_BEFORE_DEADLINE, routes

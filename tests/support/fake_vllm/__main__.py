@@ -78,6 +78,8 @@ def _knob(name: str) -> float:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    print(f"INFO vLLM batch processing API version {VERSION}", flush=True)
+    print(f"INFO args: {args}", flush=True)  # as vLLM logs them: input and output URLs included
     required = os.environ.get("FAKE_VLLM_REQUIRE_ENV")
     if required and not os.environ.get(required):
         print(f"ERROR: {required} is not set; cannot download the model", flush=True)

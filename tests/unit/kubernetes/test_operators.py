@@ -107,6 +107,7 @@ def seed(
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "hub_token_secret": "hf-token",
+        "model_cache_pvc": "hf-cache",
         "exchange_path": str(exchange),
         "kube_config_path": str(kubeconfig),
         "schedule_timeout_s": 2,
@@ -176,9 +177,12 @@ def output_lines(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def test_a_job_runs_in_one_gpu_pod_that_is_deleted_and_its_gpu_time_is_recorded(
-    tmp_path: Path, api: KubeApi, ledger: Ledger
+    tmp_path: Path, api: KubeApi, ledger: Ledger, capfd: pytest.CaptureFixture[str]
 ) -> None:
     result = operator(tmp_path).execute(context())  # type: ignore[arg-type]
+    assert (
+        f"[base] Running batch: 100% Completed | {LINES}/{LINES}" in capfd.readouterr().out
+    )  # the pod's log
     assert result["state"] == "completed", result
     assert len(output_lines(tmp_path)) == LINES
     [pod] = api.created_for(JOB_LABEL, KEY)
@@ -194,6 +198,11 @@ def test_a_job_runs_in_one_gpu_pod_that_is_deleted_and_its_gpu_time_is_recorded(
     [token] = [e for e in base["env"] if e["name"] == "HF_TOKEN"]
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in spec["volumes"])
+    [cache] = [v for v in spec["volumes"] if v["name"] == "model-cache"]
+    assert cache["persistentVolumeClaim"]["claimName"] == "hf-cache"
+    assert {"name": "model-cache", "mountPath": "/root/.cache/huggingface"}.items() <= next(
+        m for m in base["volumeMounts"] if m["name"] == "model-cache"
+    ).items()
     job = ledger.get_job(JOB_ID)
     assert (job.state, job.batch_state, job.batch_id) == ("submitted", "completed", f"pod:{KEY}")
     [cost] = ledger.infra_costs("w", RUN)
@@ -236,6 +245,25 @@ def test_a_failed_pod_fails_its_job_with_a_reason_keeps_its_lines_and_is_deleted
     assert job.batch_state == "failed" and job.error.startswith(reason)
     [cost] = ledger.infra_costs("w", RUN)
     assert cost["outcome"] == "failed" and cost["reason"] == reason
+    # reconcile: the lines written count, every other item is retryable (the next round takes it)
+    expected = {"succeeded": len(lines), "failed_retryable": LINES - len(lines)}
+    assert reconcile(tmp_path) == {k: n for k, n in expected.items() if n}
+
+
+def reconcile(tmp_path: Path) -> dict[str, int]:
+    """Run the shared download and reconcile of the job; return its items by state."""
+    from decimal import Decimal
+
+    from airflow_batch_provider.hooks.ledger import LedgerHook
+    from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
+    from airflow_batch_provider.services.harvest import reconcile_job
+    from airflow_batch_provider.staging import Staging
+
+    ledger = LedgerHook(None).get_conn()
+    adapter = VllmKubernetesHook("vllm_test").get_adapter()
+    staging = Staging(f"file://{tmp_path / 'staging'}")
+    reconcile_job(ledger, adapter, staging, JOB_ID, PROMPT, lambda usage: Decimal(0))
+    return {k: v for k, v in ledger.count_states("w", RUN).items() if v}
 
 
 _CHILD = """
@@ -494,7 +522,7 @@ def test_with_s3_staging_the_pod_reads_and_writes_through_presigned_urls_and_hol
     tmp_path: Path,
     api: KubeApi,
     s3_staging: tuple[str, str],
-    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter as Adapter
     from airflow_batch_provider.services.harvest import download_job
@@ -513,7 +541,14 @@ def test_with_s3_staging_the_pod_reads_and_writes_through_presigned_urls_and_hol
         assert f"X-Amz-Expires={EXPIRY}" in url and "X-Amz-Security-Token" not in url
     assert not any(v.get("hostPath") for v in pod["spec"]["volumes"])  # nothing shared but the URLs
     assert not [e for e in pod["spec"]["containers"][0]["env"] if e["name"].startswith(CREDENTIAL_ENV)]
-    assert AWS_SECRET not in _pod_text(api) and AWS_SECRET not in caplog.text
+    logged = capfd.readouterr()
+    assert "[base] INFO Uploading outputs" in logged.out  # the pod's log reached the task's
+    assert AWS_SECRET not in _pod_text(api) and AWS_SECRET not in logged.out + logged.err
+    from airflow.sdk._shared.secrets_masker import redact
+
+    # vLLM logs its arguments: the task's log masks both URLs (the masker knows them)
+    assert f"input_file='{source}'" in "\n".join(t for p in api.pods.values() for _, t in p.log)
+    assert source not in str(redact(f"-i {source} -o {target}")) and target not in str(redact(target))
     # the pod PUT its output where download would write it; download finds it complete and keeps it
     staging = Staging(root, conn_id)
     output = staging.job_file("w", RUN, 1, 0, "output")
@@ -528,7 +563,7 @@ def test_with_gcs_staging_the_pod_gets_v4_urls_signed_by_the_connection_s_key_an
     tmp_path: Path,
     api: KubeApi,
     gcs_staging: tuple[str, str, dict[str, str]],
-    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     from airflow_batch_provider.staging import Staging
 
@@ -546,7 +581,8 @@ def test_with_gcs_staging_the_pod_gets_v4_urls_signed_by_the_connection_s_key_an
         _verify_gcs_v4(target, "GET", key)  # a write URL is not a read URL
     assert f"X-Goog-Expires={EXPIRY}" in source and "batch%40abp-project" in source
     pem_body = key["private_key"].splitlines()[1]
-    assert pem_body not in _pod_text(api) and pem_body not in caplog.text
+    logged = capfd.readouterr()
+    assert pem_body not in _pod_text(api) and pem_body not in logged.out + logged.err
     output = Staging(root, conn_id).job_file("w", RUN, 1, 0, "output")
     assert len(output.read_text().splitlines()) == LINES
     assert ledger.get_job(JOB_ID).state == "downloaded"
