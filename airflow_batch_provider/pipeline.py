@@ -226,7 +226,8 @@ def batch_inference_group(
                     common=common,
                     policy=policy,
                     deferrable=deferrable,
-                    deadline=deadline,
+                    deadline=deadline_value,
+                    deadline_margin=deadline_margin,
                 )
             else:
                 submit = BatchSubmitOperator.partial(

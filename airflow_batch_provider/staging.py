@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, Any, Final, Literal
 
 from airflow_batch_provider.core.hashing import short_hash
 from airflow_batch_provider.core.names import check_workload
@@ -77,6 +77,17 @@ class Staging:
         """
         return self.path(check_workload(workload), run_key(run_id))
 
+    def job_file(self, workload: str, run_id: str, round_number: int, chunk_index: int, kind: str) -> Any:
+        """Return a job's file in its round folder: ``round-<k>/<kind>-<i>.jsonl`` (``chunk``, ``output``, ``errors``).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        :param round_number: the job's round
+        :param chunk_index: the job's chunk index
+        :param kind: the file's kind
+        """
+        return self.run_dir(workload, run_id) / f"round-{round_number}" / f"{kind}-{chunk_index:05d}.jsonl"
+
     @contextmanager
     def writer(self, path: Any) -> Iterator[IO[bytes]]:
         """Open ``path`` for binary writing, creating parent folders.
@@ -117,3 +128,77 @@ class Staging:
                 f"staged chunk {path} changed since it was staged: sha256 {found[:12]}... but the ledger "
                 f"recorded {sha256[:12]}...; nothing was submitted. Clear the prepare task to restage."
             )
+
+
+#: Object stores whose staged files can be handed to a pod as presigned URLs.
+PRESIGNABLE_PROTOCOLS: Final = frozenset({"s3", "s3a", "gs", "gcs"})
+#: The longest a presigned URL may live: S3 (SigV4) and GCS (V4 signing) both refuse more than 7 days.
+PRESIGN_MAX_S: Final = 7 * 24 * 3600
+
+
+def presign(path: Any, method: Literal["GET", "PUT"], expires_s: int, conn_id: str | None) -> str:
+    """A URL that lets its holder ``GET`` (read) or ``PUT`` (write) one staged object, and nothing else.
+
+    Signed on the worker with the staging connection's credentials (S3: SigV4 through the Amazon
+    provider's ``S3Hook``; GCS: V4 signing with the ``google_cloud_platform`` connection's
+    service-account key), so whoever holds the URL (a pod) needs no credentials of its own. No
+    content type is signed: the holder may send any (vLLM's upload sends
+    ``application/octet-stream``).
+
+    :param path: the object, an ``ObjectStoragePath`` on ``s3://`` or ``gs://``
+    :param method: ``GET`` or ``PUT``
+    :param expires_s: seconds the URL stays valid (1 to 7 days at most)
+    :param conn_id: the object store connection (``None``: the SDK's default credentials)
+    :raises StagingError: an object store that cannot presign, an expiry out of range, or
+        credentials that cannot sign
+    """
+    protocol = str(getattr(path, "protocol", "") or "")
+    if protocol not in PRESIGNABLE_PROTOCOLS:
+        raise StagingError(
+            f"{path}: only s3:// and gs:// objects can be presigned (this is {protocol or 'a local path'}); "
+            "use an s3:// or gs:// staging root, or a volume the pod mounts."
+        )
+    if not 1 <= expires_s <= PRESIGN_MAX_S:
+        raise StagingError(
+            f"{path}: a presigned URL may live 1 to {PRESIGN_MAX_S} seconds (7 days), not {expires_s}."
+        )
+    bucket, key = str(path.bucket), str(path.key)
+    if protocol.startswith("s3"):
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        from botocore.config import Config
+
+        client = S3Hook(aws_conn_id=conn_id).get_client_type(config=Config(signature_version="s3v4"))
+        operation = "get_object" if method == "GET" else "put_object"
+        return str(
+            client.generate_presigned_url(
+                operation, Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires_s, HttpMethod=method
+            )
+        )
+    from datetime import timedelta
+
+    from google.cloud.storage import Client
+
+    from airflow_batch_provider.hooks.google import credentials_from_extras, google_credentials
+
+    if conn_id:
+        credentials, project, endpoint = google_credentials(conn_id)
+    else:
+        credentials, project = credentials_from_extras({})
+        endpoint = None
+    client = Client(project=project or "_", credentials=credentials)
+    blob = client.bucket(bucket).blob(key)
+    try:
+        return str(
+            blob.generate_signed_url(
+                version="v4",
+                expiration=timedelta(seconds=expires_s),
+                method=method,
+                credentials=credentials,
+                api_access_endpoint=endpoint or None,
+            )
+        )
+    except AttributeError as exc:  # google-auth: credentials without a private key cannot sign
+        raise StagingError(
+            f"{path}: the credentials of connection {conn_id!r} cannot sign a URL ({exc}); give the "
+            "google_cloud_platform connection a service-account key (keyfile_dict or key_path)."
+        ) from exc

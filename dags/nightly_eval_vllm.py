@@ -9,7 +9,12 @@ at each provider's batch price. After publish, ``score`` compares each answer wi
 one and writes ``eval_score.json`` next to ``results.jsonl``.
 
 Variables (optional): ``nightly_eval_vllm_conn_id`` (default ``vllm_kubernetes_default``),
-``nightly_eval_vllm_chunk`` (requests per pod, default 20).
+``nightly_eval_vllm_chunk`` (requests per pod, default 20), ``nightly_eval_vllm_deadline`` (an
+offset from the run's start such as ``PT2H``, or a time of day; default none) with
+``nightly_eval_vllm_deadline_policy`` (``sync_fallback``, the default with a deadline: what the
+pods did not finish by then goes to the real-time endpoint at the connection's host, e.g. a
+``vllm serve`` of the same model; or ``publish_pending`` / ``skip``). A pod still running at the
+deadline is stopped by Kubernetes there, and the lines it finished are kept.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ with DAG(
     tags=["llm-batch", "vllm", "kubernetes", "eval"],
     doc_md=__doc__,
 ):
+    deadline = Variable.get("nightly_eval_vllm_deadline", default=None) or None
     group = batch_inference_group(
         workload=WORKLOAD,
         records=load_eval_set,
@@ -97,6 +103,10 @@ with DAG(
         batch_conn_id=Variable.get("nightly_eval_vllm_conn_id", default="vllm_kubernetes_default"),
         max_attempts=2,
         max_requests_per_chunk=int(Variable.get("nightly_eval_vllm_chunk", default="20")),
+        deadline=deadline,
+        deadline_policy=(
+            Variable.get("nightly_eval_vllm_deadline_policy", default="sync_fallback") if deadline else None
+        ),
     )
 
     @task

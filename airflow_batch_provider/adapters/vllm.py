@@ -14,10 +14,17 @@ output, and parsing vLLM's output lines, whose error shapes differ from OpenAI's
 - lines missing after a crash (vLLM writes in input order and flushes each line): nothing to
   parse; the ledger marks those items ``missing`` and the next round retries only them.
 
-Staging: the exchange folder (connection extra ``exchange_path``) is a volume both Airflow
-workers and the pod mount (``hostPath`` or a ReadWriteMany PVC, extra ``exchange_pvc``); the pod
-sees it at ``exchange_mount_path`` (default ``/exchange``). Nothing in the pod needs object-store
-credentials.
+Staging: with ``file://`` staging the exchange folder (connection extra ``exchange_path``) is a
+volume both Airflow workers and the pod mount (``hostPath`` or a ReadWriteMany PVC, extra
+``exchange_pvc``); the pod sees it at ``exchange_mount_path`` (default ``/exchange``). With
+``s3://`` or ``gs://`` staging the pod task hands the pod presigned URLs instead and records the
+pod's output as the job's download (this adapter's :meth:`~VllmKubernetesAdapter.download` is
+then not asked). Nothing in the pod needs object-store credentials.
+
+Deadline fallback: the connection's host (and password, if the server wants a key) may name an
+OpenAI-compatible real-time endpoint of the same model, e.g. ``vllm serve`` at
+``http://vllm-online:8000/v1``; the ``sync_fallback`` deadline policy sends what the deadline
+left open there (:meth:`~VllmKubernetesAdapter.realtime_client`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Final, Literal
 
 from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncRealtimeClient,
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
@@ -222,3 +231,19 @@ class VllmKubernetesAdapter(BatchAdapter):
 
     def cancel(self, ref: BatchRef) -> None:
         """Nothing to cancel here: the pod task deletes its pod on kill."""
+
+    def realtime_client(self) -> AsyncRealtimeClient:
+        """The deadline fallback's real-time API: the OpenAI-compatible server at the connection's host.
+
+        :raises ConfigurationError: the connection names no such server
+        """
+        if not self.settings.base_url:
+            raise ConfigurationError(
+                "the vllm_kubernetes connection has no host: the sync_fallback deadline policy needs an "
+                "OpenAI-compatible real-time endpoint of the same model there (e.g. `vllm serve` at "
+                "http://vllm-online:8000/v1); set the host, or choose publish_pending or skip."
+            )
+        from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+
+        settings = AdapterSettings(api_key=self.settings.api_key or "EMPTY", base_url=self.settings.base_url)
+        return OpenAIBatchAdapter(settings).realtime_client()

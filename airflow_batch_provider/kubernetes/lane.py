@@ -40,7 +40,8 @@ def pod_tasks(
     common: Mapping[str, Any],
     policy: PollPolicy,
     deferrable: bool,
-    deadline: Any,
+    deadline: Any = None,
+    deadline_margin: float = 0.0,
 ) -> Any:
     """The mapped pod task of one round (one pod per job); returns its output for download.
 
@@ -49,14 +50,10 @@ def pod_tasks(
     :param common: workload, connections and staging, as every batch operator takes them
     :param policy: the poll policy (its initial interval paces the pod polls)
     :param deferrable: wait in the triggerer
-    :param deadline: the run's deadline (not supported by this lane yet)
-    :raises ConfigurationError: a deadline was given
+    :param deadline: the run's resolved deadline (aware datetime, ISO string or a template of
+        one; ``None``: none): each pod is stopped there and its job ends with reason ``deadline``
+    :param deadline_margin: seconds before the deadline at which the pods stop
     """
-    if deadline is not None:
-        raise ConfigurationError(
-            f"workload {common['workload']!r}: the vllm_kubernetes lane does not apply deadline policies yet; "
-            "remove deadline= (the pods' own startup and scheduling timeouts bound each job)."
-        )
     from airflow_batch_provider.kubernetes.operators import VllmBatchPodOperator
 
     interval = max(1.0, min(policy.initial_interval, 30.0))
@@ -65,6 +62,8 @@ def pod_tasks(
         deferrable=deferrable,
         poll_interval=interval,
         startup_check_interval_seconds=max(1, int(interval)),
+        deadline=deadline,
+        deadline_margin=deadline_margin,
         **common,
     ).expand(job=manifests)
     return run.output

@@ -4,16 +4,28 @@
 job's ledger row around it. It takes the place of submit and wait for a ``vllm_kubernetes``
 connection; download, reconcile, resubmit and publish stay as they are.
 
-- **Stage**: the job's chunk is copied into the exchange volume (:meth:`VllmKubernetesAdapter.stage`)
-  and the job is marked submitted with ``batch_id = pod:<key>`` before any pod exists.
+- **Stage**: with ``file://`` staging the job's chunk is copied into the exchange volume the pod
+  mounts (:meth:`VllmKubernetesAdapter.stage`); with ``s3://`` or ``gs://`` staging nothing is
+  copied: the pod gets a presigned GET URL of the staged chunk and a presigned PUT URL of the
+  job's output file (``round-<k>/output-<i>.jsonl``, where download would put it), signed here
+  with the staging connection and valid ``presign_expiry_s`` (default one day), and runs
+  ``vllm run-batch -i <url> -o <url>``: no object-store credential enters the pod, and the URLs
+  are masked in the task log. The job is marked submitted with ``batch_id = pod:<key>`` before
+  any pod exists.
 - **One pod per job**: the pod carries the label ``batch-job=<idempotency key>``. A retried or
   cleared task re-attaches to the running pod of its job (KPO's label search, which includes
   that label); a pod that finished while no worker watched is read and deleted, not run again;
   a job whose pod outcome the ledger already holds does not start a pod at all.
+- **Deadline**: with a run deadline the pod carries ``activeDeadlineSeconds`` up to it (minus the
+  margin), so Kubernetes itself stops it there even if no worker watches, and the scheduling and
+  startup timeouts are cut to it; a pod stopped by it, or not started before it, ends its job
+  ``failed`` with reason ``deadline``: the lines it wrote stay, the rest go to the deadline policy.
 - **Failure is an outcome**: a pod Pending past its scheduling or startup timeout, evicted,
   OOM-killed, stuck in ``ImagePullBackOff`` or exiting non-zero ends its job ``failed`` with a
   reason; the task succeeds, download takes whatever lines the pod wrote (vLLM flushes each line
   in input order), and reconcile marks the rest ``missing``, so only they go to the next round.
+  (vLLM uploads an output URL only once the whole file is done: with ``s3://``/``gs://`` staging a
+  pod that dies mid-file leaves no lines, and all its items go to the next round.)
 - **GPU cost**: GPU-seconds from the container's start and finish times x GPUs x the connection's
   $/GPU-hour, recorded per job in the ledger (``abp_infra_costs``).
 - **Killed or lost**: a killed task deletes its pod and ends its job ``killed``; a job whose pod
@@ -43,7 +55,7 @@ from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_labe
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
 from airflow_batch_provider.ledger.store import utcnow
-from airflow_batch_provider.staging import Staging
+from airflow_batch_provider.staging import PRESIGNABLE_PROTOCOLS, Staging, presign
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -72,11 +84,13 @@ def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
     :param error: the operator's error text
     """
     text = (error or "").lower()
-    if text.startswith(("killed", "pod_lost")):
+    if text.startswith(("killed", "pod_lost", "deadline")):
         return text.split(":", 1)[0]
     status = pod.status if pod is not None else None
     if status is not None and (status.reason or "").lower() == "evicted":
         return "evicted"
+    if status is not None and status.reason == "DeadlineExceeded":
+        return "deadline"  # the pod's activeDeadlineSeconds (the run's deadline) stopped it
     for cs in (status.container_statuses or []) if status is not None else []:
         term = cs.state.terminated if cs.state else None
         wait = cs.state.waiting if cs.state else None
@@ -121,6 +135,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
     :param ledger_conn_id: the ledger connection (``None``: embedded SQLite)
     :param staging_root: staging URL of the workload (where prepare wrote the chunk)
     :param staging_conn_id: object store connection of ``staging_root``
+    :param deadline: the run's deadline (aware datetime or ISO string, templated; ``None``: none)
+    :param deadline_margin: seconds before ``deadline`` at which the pod is stopped
     :param kwargs: passed to ``KubernetesPodOperator`` (``deferrable``, ``poll_interval`` ...)
     """
 
@@ -129,6 +145,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         "job",
         "workload",
         "staging_root",
+        "deadline",
     )
     ui_color = "#d6f5e3"
 
@@ -141,6 +158,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         ledger_conn_id: str | None = None,
         staging_root: str | None = None,
         staging_conn_id: str | None = None,
+        deadline: datetime | str | None = None,
+        deadline_margin: float = 0.0,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image", "vllm")  # the connection's image is set at run time
@@ -156,6 +175,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.ledger_conn_id = ledger_conn_id
         self.staging_root = staging_root
         self.staging_conn_id = staging_conn_id
+        self.deadline = deadline
+        self.deadline_margin = deadline_margin
         self._final_pod: k8s.V1Pod | None = None
 
     @cached_property
@@ -183,6 +204,63 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             )
         return adapter
 
+    @cached_property
+    def staging(self) -> Staging:
+        """The workload's staging area (where prepare wrote the chunk)."""
+        return Staging(self.staging_root, self.staging_conn_id)
+
+    @property
+    def url_staging(self) -> bool:
+        """Whether the pod reads and writes through presigned URLs (``s3://``/``gs://`` staging)."""
+        return str(self.staging.root.protocol or "") in PRESIGNABLE_PROTOCOLS
+
+    def pod_output(self, job: JobRow) -> Any:
+        """Where the pod's output goes with URL staging: the file download would write.
+
+        :param job: the ledger job row
+        """
+        return self.staging.job_file(job.workload, job.run_id, job.round, job.chunk_index, "output")
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the run's deadline (minus the margin); ``None`` without a deadline."""
+        if self.deadline is None or self.deadline == "":
+            return None
+        deadline = self.deadline
+        if isinstance(deadline, str):
+            deadline = datetime.fromisoformat(deadline)
+        if deadline.tzinfo is None:
+            deadline = deadline.replace(tzinfo=UTC)
+        return (deadline - datetime.now(UTC)).total_seconds() - self.deadline_margin
+
+    def deadline_reached(self) -> bool:
+        """Whether the run's deadline (minus the margin) has passed."""
+        left = self.seconds_left()
+        return left is not None and left <= 0
+
+    def pod_urls(self, job: JobRow) -> tuple[str, str]:
+        """Presigned GET URL of the job's chunk and PUT URL of its output, masked in the task log.
+
+        :param job: the ledger job row
+        """
+        from airflow.sdk.log import mask_secret
+
+        expiry = self.pod_settings.presign_expiry_s
+        conn_id = self.staging.conn_id
+        urls = (
+            presign(self.staging.at(job.staged_path), "GET", expiry, conn_id),
+            presign(self.pod_output(job), "PUT", expiry, conn_id),
+        )
+        for url in urls:
+            mask_secret(url)
+        self.log.info(
+            "job %s: the pod reads %s and writes %s through presigned URLs valid %ds (no credentials in the pod)",
+            job.job_id,
+            job.staged_path,
+            self.pod_output(job),
+            expiry,
+        )
+        return urls
+
     # -- configuration from the connection ------------------------------------------------------
 
     def configure(self, job: JobRow) -> None:
@@ -197,9 +275,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         mount = s.exchange_mount_path.rstrip("/")
         self.namespace = s.namespace
         self.image = s.image
-        self.cmds = s.run_batch_args(
-            job.model, f"{mount}/{input_name(label)}", f"{mount}/{output_name(label)}"
+        source, target = (
+            self.pod_urls(job)
+            if self.url_staging
+            else (f"{mount}/{input_name(label)}", f"{mount}/{output_name(label)}")
         )
+        self.cmds = s.run_batch_args(job.model, source, target)
         self.arguments = []
         self.labels = {**self.labels, JOB_LABEL: label}
         if s.kube_config_path:
@@ -208,6 +289,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             self.kubernetes_conn_id = s.kubernetes_conn_id
         self.startup_timeout_seconds = s.startup_timeout_s
         self.schedule_timeout_seconds = s.schedule_timeout_s
+        left = self.seconds_left()
+        if left is not None:  # Kubernetes stops the pod at the deadline, even with no worker watching
+            bound = max(1, math.ceil(left))
+            self.active_deadline_seconds = bound
+            self.startup_timeout_seconds = min(s.startup_timeout_s, bound)
+            self.schedule_timeout_seconds = min(s.schedule_timeout_s, bound)
         self.node_selector = dict(s.node_selector)
         self.tolerations = [k8s.V1Toleration(**_snake(t)) for t in s.tolerations]
         self.service_account_name = s.service_account or ""
@@ -217,27 +304,15 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.container_resources = k8s.V1ResourceRequirements(
             limits=limits, requests={"cpu": s.cpu, "memory": s.memory}
         )
-        exchange = (
-            k8s.V1Volume(
-                name="exchange",
-                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(s.exchange_pvc),
-            )
-            if s.exchange_pvc
-            else k8s.V1Volume(
-                name="exchange",
-                host_path=k8s.V1HostPathVolumeSource(path=str(self.vllm_adapter_folder()), type="Directory"),
-            )
-        )
         volumes = [
-            exchange,
             k8s.V1Volume(
                 name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=s.shm_size)
             ),
         ]
-        mounts = [
-            k8s.V1VolumeMount(name="exchange", mount_path=mount),
-            k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-        ]
+        mounts = [k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+        if not self.url_staging:
+            volumes.append(self.exchange_volume())
+            mounts.append(k8s.V1VolumeMount(name="exchange", mount_path=mount))
         if s.model_cache_pvc:
             volumes.append(
                 k8s.V1Volume(
@@ -260,6 +335,21 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             )
         self.env_vars = env
         self.pod_request_obj = None
+
+    def exchange_volume(self) -> k8s.V1Volume:
+        """The volume workers and pods share with ``file://`` staging (a PVC, else a ``hostPath``)."""
+        from kubernetes.client import models as k8s
+
+        s = self.pod_settings
+        if s.exchange_pvc:
+            return k8s.V1Volume(
+                name="exchange",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(s.exchange_pvc),
+            )
+        return k8s.V1Volume(
+            name="exchange",
+            host_path=k8s.V1HostPathVolumeSource(path=str(self.vllm_adapter_folder()), type="Directory"),
+        )
 
     def vllm_adapter_folder(self) -> Any:
         """The exchange folder as workers see it."""
@@ -301,6 +391,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.configure(job)
         pods = self.job_pods(job)
         if not pods and job.batch_id and self.wrote_output(job):
+            if self.url_staging:  # vLLM uploads only a whole file: that pod finished its job
+                return self.settle(job, None, None)
             # Its pod ran and is gone (deleted while the task was deferred or dead): a new pod would
             # truncate the lines it wrote; keep them, and let the next round take the rest.
             return self.settle(job, None, "pod_lost: the job's pod is gone and left its output")
@@ -315,6 +407,13 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             return self.settle(job, finished, error)
         if not job.batch_id:
             self.stage(job)
+        if not pods and self.deadline_reached():
+            return self.settle(
+                self.ledger.get_job(job.job_id),
+                None,
+                f"deadline: the run's deadline ({self.deadline}, margin {self.deadline_margin:g}s) passed "
+                "before the job's pod started; its items go to the deadline policy",
+            )
         try:
             super().execute(context)
         except AirflowException as exc:
@@ -370,14 +469,16 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
         :param job: the ledger job row
         """
-        staging = Staging(self.staging_root, self.staging_conn_id)
-        path = staging.at(job.staged_path)
-        staging.verify(path, job.input_sha256)
+        path = self.staging.at(job.staged_path)
+        self.staging.verify(path, job.input_sha256)
         key = job.idempotency_key
-        with path.open("rb") as fh:
-            ref = self.vllm_adapter.stage(fh, input_name(key), int(job.size_bytes))
-        self.ledger.mark_submitted(job.job_id, f"pod:{key}", ref.value)
-        self.log.info("job %s: %d lines staged at %s", job.job_id, job.lines, ref.value)
+        if self.url_staging:  # the pod reads the staged chunk itself, through a presigned URL
+            value = str(job.staged_path)
+        else:
+            with path.open("rb") as fh:
+                value = self.vllm_adapter.stage(fh, input_name(key), int(job.size_bytes)).value
+        self.ledger.mark_submitted(job.job_id, f"pod:{key}", value)
+        self.log.info("job %s: %d lines staged at %s", job.job_id, job.lines, value)
 
     def job_pods(self, job: JobRow) -> list[k8s.V1Pod]:
         """Every pod that exists for this job (by its label).
@@ -388,10 +489,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         return list(self.client.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def wrote_output(self, job: JobRow) -> bool:
-        """Whether a pod of this job already wrote output lines into the exchange volume.
+        """Whether a pod of this job already wrote output lines (exchange volume or object store).
 
         :param job: the ledger job row
         """
+        if self.url_staging:
+            return bool(self.pod_output(job).exists())
         path = self.vllm_adapter_folder() / output_name(job.idempotency_key)
         return bool(path.exists() and path.stat().st_size > 0)
 
@@ -416,6 +519,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         """
         if job.batch_state not in ("completed", "failed"):
             return None
+        self.collect(job)
         costs = {r["job_id"]: r for r in self.ledger.infra_costs(job.workload, job.run_id)}
         row = costs.get(job.job_id, {})
         return self.result(job, job.batch_state, job.error, row.get("pod_name"), row)
@@ -430,6 +534,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         s = self.pod_settings
         state = "completed" if error is None else "failed"
         reason = None if error is None else failure_reason(pod, error)
+        if reason in ("unschedulable_timeout", "startup_timeout") and self.deadline_reached():
+            reason = "deadline"  # its timeouts were cut to the run's deadline
         started, finished = _times(pod)
         seconds = max(0, math.ceil((finished - started).total_seconds())) if started and finished else 0
         row: dict[str, Any] = {
@@ -450,6 +556,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.ledger.record_infra_cost(row)
         message = None if error is None else f"{reason}: {error[:2000]}"
         self.ledger.update_job(job.job_id, batch_state=state, error=message, finished_at=utcnow())
+        self.collect(job)
         if error is None:
             self.log.info("job %s: pod succeeded; %d GPU-seconds", job.job_id, seconds * s.gpu_count)
         else:
@@ -460,6 +567,27 @@ class VllmBatchPodOperator(KubernetesPodOperator):
                 error[:500],
             )
         return self.result(job, state, message, row["pod_name"], row)
+
+    def collect(self, job: JobRow) -> None:
+        """With URL staging, record the pod's output file as the job's download (once it has ended).
+
+        The pod PUT its output where download would write it; vLLM uploads nothing unless the whole
+        file succeeded, so a pod that did not leaves an empty file (every item then goes to the
+        next round or the deadline policy). Download then finds the job's files complete in
+        staging and keeps them. With ``file://`` staging download reads the exchange volume.
+
+        :param job: the ledger job row
+        """
+        if not self.url_staging:
+            return
+        current = self.ledger.get_job(job.job_id)
+        if current.state in ("downloaded", "reconciled"):
+            return
+        target = self.pod_output(job)
+        if not target.exists():
+            with self.staging.writer(target):
+                pass
+        self.ledger.update_job(job.job_id, state="downloaded", output_path=str(target), error_path=None)
 
     @staticmethod
     def result(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.staging import PRESIGN_MAX_S
 
 DEFAULT_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
 #: A label value Kubernetes accepts (KPO does not sanitize user labels).
@@ -37,7 +38,12 @@ class VllmPodSettings:
     :param shm_size: size of the memory-backed ``/dev/shm`` (NCCL needs it with tensor parallel)
     :param startup_timeout_s: seconds a scheduled pod may take to start (image pull, model load)
     :param schedule_timeout_s: seconds a pod may wait to be scheduled (GPU node autoscaling)
-    :param exchange_path: the folder workers and pods share, as workers see it
+    :param presign_expiry_s: with ``s3://`` or ``gs://`` staging, how long the pod's presigned
+        URLs stay valid (default 86400, one day; at most 604800, seven days). vLLM reads its input
+        URL when it starts and writes its output URL when the whole file is done, so this must
+        cover scheduling, startup and the run: it must exceed ``schedule_timeout_s +
+        startup_timeout_s``, and a run longer than the rest of it fails its upload
+    :param exchange_path: the folder workers and pods share, as workers see it (``file://`` staging)
     :param exchange_pvc: the PVC behind it (else a ``hostPath`` of ``exchange_path``)
     :param exchange_mount_path: where the pod sees it
     :param kube_config_path: kubeconfig file for the Kubernetes API (else ``kubernetes_conn_id``)
@@ -64,6 +70,7 @@ class VllmPodSettings:
     shm_size: str = "16Gi"
     startup_timeout_s: int = 1800
     schedule_timeout_s: int = 1800
+    presign_expiry_s: int = 86400
     exchange_path: str = ""
     exchange_pvc: str | None = None
     exchange_mount_path: str = "/exchange"
@@ -109,6 +116,17 @@ class VllmPodSettings:
             raise ConfigurationError(
                 f"vllm_kubernetes connection: gpu_count={settings.gpu_count} and "
                 f"usd_per_gpu_hour={settings.usd_per_gpu_hour} must not be negative."
+            )
+        if (
+            not settings.schedule_timeout_s + settings.startup_timeout_s
+            < settings.presign_expiry_s
+            <= PRESIGN_MAX_S
+        ):
+            raise ConfigurationError(
+                f"vllm_kubernetes connection: presign_expiry_s={settings.presign_expiry_s} must exceed "
+                f"schedule_timeout_s + startup_timeout_s ({settings.schedule_timeout_s + settings.startup_timeout_s}: "
+                f"the URLs must outlive the pod's wait and start, and its run) and be at most {PRESIGN_MAX_S} "
+                "(7 days, the longest S3 and GCS sign for)."
             )
         return settings
 

@@ -36,13 +36,23 @@ STRING_EVERY = 9  # line 9 (and 18) of chunk 0: a routing error as a bare string
 RATE = 4.0
 
 
-@pytest.fixture(scope="module")
-def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("eval-vllm")
+def run_eval_dag(
+    airflow_home: dict[str, str],
+    tmp: Path,
+    faults: list[PodFault],
+    variables: dict[str, str],
+    host: str | None = None,
+    connections: dict[str, dict[str, Any]] | None = None,
+    **settings: str,
+) -> dict[str, Any]:
+    """``airflow dags test nightly_eval_vllm`` against the loopback API; what it left behind.
+
+    :param settings: ``[batch_provider]`` settings (e.g. an ``s3://`` ``staging_root``)
+    """
     exchange = tmp / "exchange"
     exchange.mkdir()
-    pod_env = {
-        **os.environ,
+    pod_env = {  # no cloud credentials reach a pod from the environment either
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))},
         "PATH": f"{ROOT / 'tests' / 'support' / 'fake_vllm' / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "FAKE_VLLM_PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
@@ -52,20 +62,8 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
         api.add_secret("hf-token", {"token": "hf_test"})
         kubeconfig = tmp / "kubeconfig.json"
         kubeconfig.write_text(json.dumps(api.kubeconfig()))
-        round_1 = {"task_id": f"{WORKLOAD}.run"}
-        api.add_fault(
-            PodFault(
-                "env",
-                match={**round_1, "map_index": "0"},
-                env={
-                    "FAKE_VLLM_NULL_BODY_EVERY": str(NULL_EVERY),
-                    "FAKE_VLLM_STRING_ERROR_EVERY": str(STRING_EVERY),
-                },
-            )
-        )
-        api.add_fault(
-            PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"})
-        )
+        for fault in faults:
+            api.add_fault(fault)
         conn = {
             "conn_type": "vllm_kubernetes",
             "extra": {
@@ -80,12 +78,20 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
                 "schedule_timeout_s": 60,
             },
         }
-        env = batch_env(airflow_home, tmp, {"vllm_kubernetes_default": conn})
+        if host:
+            conn["host"] = host
+        env = batch_env(
+            airflow_home, tmp, {"vllm_kubernetes_default": conn, **(connections or {})}, **settings
+        )
         env["AIRFLOW_VAR_NIGHTLY_EVAL_VLLM_CHUNK"] = str(CHUNK)
-        proc = run_airflow(env, "dags", "test", DAG_ID, timeout=300)
+        env.update({f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()})
+        proc = run_airflow(env, "dags", "test", DAG_ID, timeout=420)
         created = list(api.created)
         live = api.live_pods()
     assert proc.returncode == 0, tail(proc)
+    if "staging_root" in settings:
+        return {"proc": proc, "ledger": Ledger.from_url(f"sqlite:///{tmp / 'ledger.sqlite'}"), "created": created,
+                "live": live}  # fmt: skip
     staging = next((tmp / "staging" / WORKLOAD).iterdir())
     return {
         "proc": proc,
@@ -96,6 +102,23 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
         "results": [json.loads(x) for x in (staging / "results.jsonl").read_text().splitlines()],
         "score": json.loads((staging / "eval_score.json").read_text()),
     }
+
+
+@pytest.fixture(scope="module")
+def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    round_1 = {"task_id": f"{WORKLOAD}.run"}
+    faults = [
+        PodFault(
+            "env",
+            match={**round_1, "map_index": "0"},
+            env={
+                "FAKE_VLLM_NULL_BODY_EVERY": str(NULL_EVERY),
+                "FAKE_VLLM_STRING_ERROR_EVERY": str(STRING_EVERY),
+            },
+        ),
+        PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"}),
+    ]
+    return run_eval_dag(airflow_home, tmp_path_factory.mktemp("eval-vllm"), faults, {})
 
 
 def test_every_eval_prompt_ends_answered_except_the_permanent_routing_error(finished: dict[str, Any]) -> None:
@@ -158,3 +181,107 @@ def _job_ids(ledger: Ledger) -> list[str]:
         return list(
             conn.execute(select(schema.jobs.c.job_id).where(schema.jobs.c.workload == WORKLOAD)).scalars()
         )
+
+
+# -- a deadline the pods do not meet: Kubernetes stops them, the fallback answers the rest ------
+
+ANSWERED_BEFORE_DEADLINE = 5
+
+
+@pytest.fixture(scope="module")
+def cut_short(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from airflow_batch_provider.emulator.config import EmulatorConfig
+    from airflow_batch_provider.emulator.testing import run_emulator
+
+    slow = {"FAKE_VLLM_SLOW_AFTER": str(ANSWERED_BEFORE_DEADLINE), "FAKE_VLLM_DELAY_S": "600"}
+    faults = [PodFault("env", match={"task_id": f"{WORKLOAD}.run"}, env=slow) for _ in range(2)]
+    variables = {"nightly_eval_vllm_deadline": "PT90S", "nightly_eval_vllm_deadline_policy": "sync_fallback"}
+    with run_emulator(EmulatorConfig()) as realtime:  # the OpenAI-compatible real-time endpoint
+        return run_eval_dag(
+            airflow_home, tmp_path_factory.mktemp("eval-vllm-deadline"), faults, variables, f"{realtime}/v1"
+        )
+
+
+def test_a_pod_still_running_at_the_deadline_is_stopped_and_deleted_and_every_job_says_why(
+    cut_short: dict[str, Any],
+) -> None:
+    ledger: Ledger = cut_short["ledger"]
+    jobs = [ledger.get_job(j) for j in _job_ids(ledger)]
+    assert len(jobs) == EVAL_ITEMS // CHUNK  # no round 2 after the deadline
+    assert all(j.batch_state == "failed" and j.error.startswith("deadline") for j in jobs)
+    # `dags test` runs the mapped pod tasks one after another, the deferred one's trigger inline: the
+    # first pod runs into the deadline, and the second job, reached after it, starts no pod at all
+    [pod] = cut_short["created"]
+    assert 0 < pod["spec"]["activeDeadlineSeconds"] <= 90
+    assert cut_short["live"] == []
+    assert [j["reason"] for j in cut_short["report"]["self_hosted"]["jobs"]] == ["deadline"] * len(jobs)
+
+
+def test_the_lines_the_pod_finished_are_kept_and_the_fallback_answers_only_the_rest(
+    cut_short: dict[str, Any],
+) -> None:
+    results = cut_short["results"]
+    assert len(results) == EVAL_ITEMS and {r["state"] for r in results} == {"succeeded"}
+    routes = [r["route"] for r in results]
+    assert routes.count("fallback") == EVAL_ITEMS - ANSWERED_BEFORE_DEADLINE, routes
+
+
+# -- s3:// staging: the pods read and write through presigned URLs ----------------------------
+
+
+@pytest.fixture(scope="module")
+def on_s3(
+    airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str
+) -> dict[str, Any]:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="abp-eval-pods")
+    aws = {
+        "conn_type": "aws",
+        "login": "AKIAEVALPODS",
+        "password": "eval-pods-secret-never-in-a-pod",
+        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    crash = PodFault(
+        "env", match={"task_id": f"{WORKLOAD}.run", "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"}
+    )
+    run = run_eval_dag(
+        airflow_home,
+        tmp_path_factory.mktemp("eval-vllm-s3"),
+        [crash],
+        {},
+        connections={"eval_s3": aws},
+        staging_root="s3://abp-eval-pods/stage",
+        staging_conn_id="eval_s3",
+    )
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="abp-eval-pods").get("Contents", [])]
+    report = next(k for k in keys if k.endswith("/report.json"))
+    return {
+        **run,
+        "keys": keys,
+        "report": json.loads(s3.get_object(Bucket="abp-eval-pods", Key=report)["Body"].read()),
+    }
+
+
+def test_on_s3_the_pods_use_presigned_urls_only_and_a_crashed_pod_s_items_all_go_to_round_two(
+    on_s3: dict[str, Any],
+) -> None:
+    created = on_s3["created"]
+    for pod in created:
+        command = pod["spec"]["containers"][0]["command"]
+        assert command[command.index("-i") + 1].startswith("http://127.0.0.1")
+        assert "X-Amz-Signature=" in command[command.index("-o") + 1]
+    assert "eval-pods-secret-never-in-a-pod" not in json.dumps(created)
+    assert "eval-pods-secret-never-in-a-pod" not in on_s3["proc"].stdout + on_s3["proc"].stderr
+    ledger: Ledger = on_s3["ledger"]
+    jobs = [ledger.get_job(j) for j in _job_ids(ledger)]
+    # vLLM uploads only a whole file: the crashed pod's 5 finished lines are lost with it
+    assert sorted((j.round, j.lines, j.batch_state) for j in jobs) == [
+        (1, CHUNK, "completed"), (1, CHUNK, "failed"), (2, CHUNK, "completed")
+    ]  # fmt: skip
+    assert len(created) == len(jobs) and on_s3["live"] == []
+    assert on_s3["report"]["items"] == EVAL_ITEMS
+    assert sum(1 for k in on_s3["keys"] if "/output-" in k) == len(jobs)
+    run_id = ledger.runs(WORKLOAD, limit=1)[0]["run_id"]
+    assert ledger.count_states(WORKLOAD, run_id) == {"succeeded": EVAL_ITEMS}

@@ -16,7 +16,8 @@ It is a stand-in, not a cluster. It answers the calls the cncf-kubernetes provid
 - ``GET .../events`` as an empty list; with ``watch`` it stays open for ``timeoutSeconds``.
 
 Phases: ``Running`` while the process runs (with ``PodScheduled=True``), then ``Succeeded`` (exit 0)
-or ``Failed``. :meth:`KubeApi.add_fault` makes the next pod whose labels match misbehave the way real
+or ``Failed``. A pod's ``activeDeadlineSeconds`` is enforced as the kubelet does: once its process
+has run that long it is killed (exit 137) and the pod ends ``Failed`` with reason ``DeadlineExceeded``. :meth:`KubeApi.add_fault` makes the next pod whose labels match misbehave the way real
 pods do: stay ``Pending`` unscheduled, sit in ``ImagePullBackOff``, be ``OOMKilled`` (exit 137)
 or ``Evicted`` once its process has written something, or run with extra env (the stand-in
 ``vllm`` reads its own knobs from env). Everything the server saw is kept in :attr:`KubeApi.calls`
@@ -91,6 +92,7 @@ class _Pod:
         self.finished_at: str | None = None
         self.phase = "Pending"
         self.pod_reason: str | None = None
+        self.pod_message: str | None = None
         self.waiting: dict[str, str] | None = {"reason": "ContainerCreating"}
         self.scheduled = True
         self.deleted = False
@@ -136,6 +138,9 @@ class _Pod:
         )
         self.phase, self.waiting = "Running", None
         threading.Thread(target=self._pump, daemon=True).start()
+        active = self.manifest["spec"].get("activeDeadlineSeconds")
+        if active:
+            threading.Thread(target=self._expire, args=(float(active),), daemon=True).start()
         if fault is not None and fault.kind in ("oom_killed", "evicted"):
             target = argv[argv.index(fault.watch_file) + 1] if fault.watch_file in argv else None
             threading.Thread(target=self._kill_later, args=(fault, target), daemon=True).start()
@@ -188,16 +193,28 @@ class _Pod:
             if lines >= fault.after_lines:
                 break
             time.sleep(0.05)
+        if fault.kind == "oom_killed":
+            self._stop("OOMKilled")
+        else:
+            self._stop("Error", "Evicted", "The node was low on resource: memory.")
+
+    def _expire(self, seconds: float) -> None:
+        """The kubelet's ``activeDeadlineSeconds``: stop the pod once it has been active that long."""
+        with self.lock:
+            self.lock.wait_for(lambda: self.exit_code is not None, timeout=seconds)
+        self._stop(
+            "Error", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+        )
+
+    def _stop(self, reason: str, pod_reason: str | None = None, message: str | None = None) -> None:
+        """Kill the running process as Kubernetes would (exit 137), with the container's and pod's reason."""
         with self.lock:
             if self.exit_code is not None:
                 return
-            self.exit_code = 137
-            self.finished_at = _now()
-            if fault.kind == "oom_killed":
-                self.reason, self.phase = "OOMKilled", "Failed"
-            else:
-                self.reason, self.phase = "Error", "Failed"
-                self.pod_reason = "Evicted"
+            self.exit_code, self.finished_at = 137, _now()
+            self.reason, self.phase = reason, "Failed"
+            self.pod_reason, self.pod_message = pod_reason, message
+            self.lock.notify_all()
         self.kill()
 
     def kill(self) -> None:
@@ -235,7 +252,7 @@ class _Pod:
             }
             if self.pod_reason:
                 status["reason"] = self.pod_reason
-                status["message"] = "The node was low on resource: memory."
+                status["message"] = self.pod_message
             if self.scheduled:
                 status["containerStatuses"] = [
                     {

@@ -2,7 +2,11 @@
 
 It honours ``vllm run-batch -i IN -o OUT --model M`` (other engine flags are accepted and
 ignored) and vLLM 0.33's batch formats: OpenAI batch lines in; out, one line per input line, in
-input order, flushed as each finishes::
+input order. ``IN`` and ``OUT`` are local paths or http(s) URLs, as in vLLM: an input URL is read
+with one GET (an HTTP error fails the run, exit 1); an output URL is written with one PUT of the
+whole file (no trailing newline, ``Content-Type: application/octet-stream``, success only on
+200, 5 tries 5 s apart) once every line is done, and not at all if the run fails. A local output
+file gets each line as it finishes, flushed::
 
     {"id": "vllm-<hex>", "custom_id": ..., "response": {"status_code": 200,
      "request_id": "vllm-batch-<hex>", "body": {<chat.completion>}}, "error": null}
@@ -19,5 +23,7 @@ Knobs (environment):
 - ``FAKE_VLLM_STRING_ERROR_EVERY=K``: every K-th line gets a routing error (bare string);
 - ``FAKE_VLLM_NULL_BODY_EVERY=K``: every K-th line gets a 500 with a null body and an error object;
 - ``FAKE_VLLM_DELAY_S=X``: sleep X seconds before each line (a slow engine);
+- ``FAKE_VLLM_SLOW_AFTER=N``: with ``DELAY_S``, answer the first N lines at once and only then slow down;
+- ``FAKE_VLLM_UPLOAD_RETRY_S=X``: seconds between upload tries (vLLM's 5 by default);
 - ``FAKE_VLLM_REQUIRE_ENV=NAME``: exit 1 at start unless env NAME is set (e.g. the hub token).
 """

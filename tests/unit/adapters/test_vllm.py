@@ -117,3 +117,10 @@ def test_submit_is_refused_with_the_way_to_run_the_lane(tmp_path: Path) -> None:
 def test_a_connection_without_an_exchange_path_is_refused_by_name() -> None:
     with pytest.raises(ConfigurationError, match="exchange_path"):
         VllmKubernetesAdapter(AdapterSettings()).stage(io.BytesIO(b"x"), "k.jsonl", 1)
+
+
+def test_the_deadline_fallback_needs_a_real_time_endpoint_at_the_connection_s_host() -> None:
+    with pytest.raises(ConfigurationError, match="sync_fallback deadline policy needs"):
+        VllmKubernetesAdapter(AdapterSettings()).realtime_client()
+    client = VllmKubernetesAdapter(AdapterSettings(base_url="http://vllm-online:8000/v1")).realtime_client()
+    assert str(client._client.base_url) == "http://vllm-online:8000/v1/"  # type: ignore[attr-defined]

@@ -8,7 +8,6 @@ import pendulum
 import pytest
 from airflow.sdk import DAG
 
-from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.kubernetes.lane import runs_in_pod
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -49,6 +48,20 @@ def test_switching_the_connection_swaps_submit_and_wait_for_a_pod_task_and_keeps
     } <= hosted
 
 
-def test_a_deadline_on_the_pod_lane_is_refused_rather_than_ignored() -> None:
-    with pytest.raises(ConfigurationError, match="deadline"):
-        build("gpu", deadline="PT4H", deadline_policy="skip")
+def test_a_deadline_on_the_pod_lane_reaches_every_round_s_pod_task_with_its_margin() -> None:
+    with DAG("d", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None) as dag:
+        batch_inference_group(
+            workload="w",
+            records="x.jsonl",
+            prompt="p.yaml",
+            batch_conn_id="gpu",
+            max_attempts=2,
+            deadline="PT4H",
+            deadline_policy="skip",
+            deadline_margin=30,
+        )
+    for task_id in ("w.run", "w.run_2"):
+        kwargs = dag.get_task(task_id).partial_kwargs  # type: ignore[attr-defined]
+        assert "xcom_pull(task_ids='w.deadline')" in kwargs["deadline"]
+        assert kwargs["deadline_margin"] == 30
+    assert {"w.deadline_branch", "w.skip_unfinished"} <= {t.task_id for t in dag.tasks}

@@ -48,3 +48,19 @@ def test_a_job_label_must_be_a_valid_kubernetes_label_value() -> None:
     assert job_label("abp-0123") == "abp-0123"
     with pytest.raises(ConfigurationError, match="label value"):
         job_label("x" * 64)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"presign_expiry_s": 3600},  # not past the default 1800 s scheduling + 1800 s startup
+        {"presign_expiry_s": 7200, "schedule_timeout_s": 7200},
+        {"presign_expiry_s": 8 * 24 * 3600},  # S3 and GCS sign for 7 days at most
+    ],
+)
+def test_presigned_urls_must_outlive_the_pod_s_wait_and_start_and_no_more_than_seven_days(
+    extra: dict[str, int],
+) -> None:
+    with pytest.raises(ConfigurationError, match="presign_expiry_s"):
+        VllmPodSettings.from_extra(extra)
+    assert VllmPodSettings.from_extra({}).presign_expiry_s == 86400
