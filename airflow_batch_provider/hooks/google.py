@@ -1,8 +1,8 @@
 """Google Cloud credentials and GCS from a ``google_cloud_platform`` connection.
 
 With the Google provider installed its ``GoogleBaseHook`` resolves the credentials and its
-filesystem serves ``gs://`` for ``ObjectStoragePath``. Without it (its install pulls in far more
-than Vertex batch needs), this module reads the same connection extras with ``google-auth`` and
+filesystem serves ``gs://`` for ``ObjectStoragePath``. Without it (it cannot be installed beside
+this package: see below), this module reads the same connection extras with ``google-auth`` and
 registers ``gs://`` for ``ObjectStoragePath`` through ``gcsfs``: ``keyfile_dict`` (service
 account or external account JSON), ``key_path``, ``credential_config_file``, ``is_anonymous``,
 ``project``, ``scope`` (comma-separated), ``impersonation_chain`` (a service account, or a
@@ -13,8 +13,9 @@ own extra) overrides the IAM Credentials API that impersonation calls (a private
 emulator). Install ``airflow-batch-provider[vertex]``.
 
 Why the Google provider is optional and not an extra: no release of
-``apache-airflow-providers-google`` installs beside ``google-genai`` 3 (each needs
-``google-cloud-aiplatform>=1.164``, and every such release needs ``google-genai<3``).
+``apache-airflow-providers-google`` installs beside ``google-genai`` 3 and ``google-cloud-storage`` 3
+(the ``google-cloud-aiplatform`` it needs requires ``google-genai<3`` from 1.123 on and
+``google-cloud-storage<3`` before); docs/architecture.md has the measurement.
 """
 
 from __future__ import annotations

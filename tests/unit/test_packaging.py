@@ -105,8 +105,9 @@ def _distribution(module: str) -> str:
 GUARDED = {
     "apache-airflow-providers-google": (
         "airflow_batch_provider/hooks/google.py",
-        "no release installs beside google-genai 3: each needs google-cloud-aiplatform>=1.164, and every "
-        "such aiplatform release needs google-genai<3 (we pin 3.6; see docs/architecture.md)",
+        "no release installs beside google-genai 3 and google-cloud-storage 3: the google-cloud-aiplatform "
+        "it needs requires google-genai<3 from 1.123 on and google-cloud-storage<3 before "
+        "(docs/architecture.md)",
     ),
 }
 
