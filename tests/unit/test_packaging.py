@@ -168,3 +168,14 @@ def test_the_version_is_written_in_one_place() -> None:
         "attr": "airflow_batch_provider.__version__"
     }
     assert (REPO_ROOT / "LICENSE").read_text(encoding="utf-8").lstrip().startswith("Apache License")
+    from airflow_batch_provider import __version__
+    from airflow_batch_provider.get_provider_info import get_provider_info
+
+    assert get_provider_info()["versions"] == [__version__]
+
+
+def test_project_urls_are_absolute_https_addresses_or_absent() -> None:
+    """No placeholder or repository-relative link reaches PyPI (the repository documents no URL yet)."""
+    urls = PYPROJECT["project"].get("urls", {})
+    bad = {k: v for k, v in urls.items() if not re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", v)}
+    assert not bad, f"project URLs must be absolute https addresses: {bad}"
