@@ -98,18 +98,13 @@ RELAY = "relay@abp-project.iam.gserviceaccount.com"
 TARGET = "batch-runner@vertex-runs.iam.gserviceaccount.com"
 
 
-def test_a_vertex_batch_runs_end_to_end_on_credentials_impersonated_through_the_connections_chain(
-    gcs: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The gcp connection holds a service-account key and a chain: the key's token buys the last
-    account's token through the first (IAM Credentials at the emulator), and that token creates,
-    polls and reads back a Vertex batch prediction job whose input and output live in GCS."""
-    from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter
+@pytest.fixture
+def impersonating(gcs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The emulator, and connections abp_gcp (a service-account key and a chain) and abp_vertex."""
     from airflow_batch_provider.emulator.config import EmulatorConfig
     from airflow_batch_provider.emulator.testing import run_emulator
-    from airflow_batch_provider.hooks.batch import BatchHook
     from tests.support.gcs import vertex_connections
-    from tests.unit.adapters.test_gemini import FINISH_S, Emu, by_id, chat, results, submit
+    from tests.unit.adapters.test_gemini import Emu
 
     bucket = "abp-" + uuid.uuid4().hex[:10]
     gcs.create_bucket(bucket)
@@ -119,19 +114,47 @@ def test_a_vertex_batch_runs_end_to_end_on_credentials_impersonated_through_the_
         gemini["extra"]["max_retries"] = 0
         monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(gcp))
         monkeypatch.setenv("AIRFLOW_CONN_ABP_VERTEX", json.dumps(gemini))
-        emu = Emu(base_url)
+        yield Emu(base_url)
 
-        adapter = BatchHook("abp_vertex").get_adapter()
-        assert isinstance(adapter, GeminiBatchAdapter)
-        assert adapter.settings.extra["project"] == "vertex-runs"  # the impersonated account's project
-        ref = submit(adapter, [chat(i) for i in range(2)], key="abp-impersonated-1")
-        assert ref.batch_id.startswith("projects/vertex-runs/locations/us-central1/batchPredictionJobs/")
-        emu.advance(FINISH_S)
-        status = adapter.status(ref)
-        assert (status.state, status.completed) == ("completed", 2)
-        got = by_id(results(adapter, ref))
-        assert set(got) == {"id-c0", "id-c1"} and all(r.outcome == "succeeded" for r in got.values())
-        counters = emu.stats()["counters"]
-        assert counters["vertex.tokens_issued"] >= 1  # the key's own token, spent on the IAM call
-        assert counters[f"vertex.impersonated.{RELAY}>{TARGET}"] >= 1
-        assert counters["vertex.outputs_written"] == 1
+
+def test_a_vertex_batch_runs_end_to_end_on_credentials_impersonated_through_the_connections_chain(
+    impersonating: Any,
+) -> None:
+    """The gcp connection holds a service-account key and a chain: the key's token buys the last
+    account's token through the first (IAM Credentials at the emulator), and that token creates,
+    polls and reads back a Vertex batch prediction job whose input and output live in GCS."""
+    from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter
+    from airflow_batch_provider.hooks.batch import BatchHook
+    from tests.unit.adapters.test_gemini import FINISH_S, by_id, chat, results, submit
+
+    emu = impersonating
+    adapter = BatchHook("abp_vertex").get_adapter()
+    assert isinstance(adapter, GeminiBatchAdapter)
+    assert adapter.settings.extra["project"] == "vertex-runs"  # the impersonated account's project
+    ref = submit(adapter, [chat(i) for i in range(2)], key="abp-impersonated-1")
+    assert ref.batch_id.startswith("projects/vertex-runs/locations/us-central1/batchPredictionJobs/")
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.completed) == ("completed", 2)
+    got = by_id(results(adapter, ref))
+    assert set(got) == {"id-c0", "id-c1"} and all(r.outcome == "succeeded" for r in got.values())
+    counters = emu.stats()["counters"]
+    assert counters["vertex.tokens_issued"] >= 1  # the key's own token, spent on the IAM call
+    assert counters[f"vertex.impersonated.{RELAY}>{TARGET}"] >= 1
+    assert counters["vertex.outputs_written"] == 1
+
+
+async def test_the_triggerer_polls_vertex_on_the_impersonated_credentials_too(impersonating: Any) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+    from tests.unit.adapters.test_gemini import chat, submit
+
+    ref = submit(BatchHook("abp_vertex").get_adapter(), [chat(1)], key="abp-impersonated-async")  # type: ignore[arg-type]
+    before = impersonating.stats()["counters"][f"vertex.impersonated.{RELAY}>{TARGET}"]
+    adapter = await BatchHook.aget_adapter("abp_vertex")
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert status.state in ("validating", "in_progress")
+    assert impersonating.stats()["counters"][f"vertex.impersonated.{RELAY}>{TARGET}"] > before
