@@ -150,7 +150,8 @@ def _connection_types() -> list[dict[str, Any]]:
                 "gcp_conn_id": _field(
                     "Google Cloud connection",
                     "A google_cloud_platform connection whose credentials reach Vertex AI and GCS "
-                    "(key file, key JSON or Application Default Credentials); empty: ADC.",
+                    "(key file, key JSON or Application Default Credentials, optionally an impersonation chain); "
+                    "empty: ADC.",
                 ),
                 "api_version": _field("API version", "Developer API version (default v1beta)."),
                 "inline_max_bytes": _field(

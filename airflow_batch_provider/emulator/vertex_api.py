@@ -1,6 +1,7 @@
 """Vertex AI batch prediction (``batchPredictionJobs``) with input and output in GCS.
 
-Also the OAuth2 token endpoint that ``google-auth`` service-account credentials call.
+Also the OAuth2 token endpoint that ``google-auth`` service-account credentials call, and the IAM
+Credentials ``generateAccessToken`` method that impersonated credentials call.
 
 The routes are the ones ``google-genai`` calls in Vertex mode when its ``base_url`` points at the
 emulator: ``/{v1,v1beta1}/projects/{project}/locations/{location}/batchPredictionJobs[/{id}[:cancel]]``.
@@ -12,12 +13,16 @@ validated, run and billed by the Gemini router's code (one model of Gemini for b
 
 Every Vertex call must carry ``Authorization: Bearer <token>`` with a token this emulator issued
 at ``POST /token`` (what a service-account key whose ``token_uri`` names the emulator exchanges
-its signed JWT for), so a test proves that the credentials came from the connection.
+its signed JWT for), or at ``POST /v1/projects/-/serviceAccounts/{email}:generateAccessToken``
+(impersonation: the caller shows a token issued here; the counter
+``vertex.impersonated.<delegates and target joined by '>'>`` counts each chain), so a test proves
+that the credentials came from the connection.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -96,6 +101,9 @@ def build_router(state: EmulatorState) -> APIRouter:
     state.finalizers[PROVIDER] = api.job_json
     router = APIRouter()
     router.add_api_route("/token", api.token, methods=["POST"])
+    router.add_api_route(
+        "/v1/projects/{project}/serviceAccounts/{account}", api.impersonate, methods=["POST"]
+    )
     router.add_api_route(_JOBS, api.create_job, methods=["POST"])
     router.add_api_route(_JOBS, api.list_jobs, methods=["GET"])
     router.add_api_route(_JOBS + "/{job_ref}", api.get_job, methods=["GET"])
@@ -125,6 +133,25 @@ class VertexEmulator:
         self._tokens.add(token)
         self.state.bump(PROVIDER, "tokens_issued")
         return {"access_token": token, "expires_in": 3600, "token_type": "Bearer"}
+
+    async def impersonate(self, project: str, account: str, request: Request) -> dict[str, Any]:
+        """``POST /v1/projects/-/serviceAccounts/{email}:generateAccessToken`` for a caller holding a token."""
+        self.check_auth(request)
+        target, _, method = account.partition(":")
+        if method != "generateAccessToken":
+            raise _fail(
+                404, f"Unknown method {method!r}; the emulator serves ':generateAccessToken'.", "NOT_FOUND"
+            )
+        body = await _json_body(request)
+        if not body.get("scope"):
+            raise _fail(400, "scope is required.")
+        chain = [*(str(d) for d in body.get("delegates") or []), target]
+        token = "abp-vertex-" + secrets.token_hex(12)
+        self._tokens.add(token)
+        self.state.bump(PROVIDER, "impersonated." + ">".join(chain))
+        # google-auth compares the expiry with the wall clock, not the emulator's
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+        return {"accessToken": token, "expireTime": expires}
 
     def check_auth(self, request: Request) -> None:
         """Refuse a call without a bearer token this emulator issued."""

@@ -1,12 +1,21 @@
 """Google Cloud credentials and GCS from a ``google_cloud_platform`` connection.
 
 With the Google provider installed its ``GoogleBaseHook`` resolves the credentials and its
-filesystem serves ``gs://`` for ``ObjectStoragePath``. Without it (its install pulls in far more
-than Vertex batch needs), this module reads the same connection extras with ``google-auth`` and
+filesystem serves ``gs://`` for ``ObjectStoragePath``. Without it (it cannot be installed beside
+this package: see below), this module reads the same connection extras with ``google-auth`` and
 registers ``gs://`` for ``ObjectStoragePath`` through ``gcsfs``: ``keyfile_dict`` (service
 account or external account JSON), ``key_path``, ``credential_config_file``, ``is_anonymous``,
-``project``, ``scope`` (comma-separated) and ``gcs.endpoint`` (a GCS endpoint override, e.g. an
-emulator); none of them: Application Default Credentials. Install ``airflow-batch-provider[vertex]``.
+``project``, ``scope`` (comma-separated), ``impersonation_chain`` (a service account, or a
+comma-separated chain whose last account is impersonated through the ones before it, as the Google
+provider reads it) and ``gcs.endpoint`` (a GCS endpoint override, e.g. an emulator); none of the
+credential sources: Application Default Credentials. ``iamcredentials.endpoint`` (this package's
+own extra) overrides the IAM Credentials API that impersonation calls (a private endpoint, an
+emulator). Install ``airflow-batch-provider[vertex]``.
+
+Why the Google provider is optional and not an extra: no release of
+``apache-airflow-providers-google`` installs beside ``google-genai`` 3 and ``google-cloud-storage`` 3
+(the ``google-cloud-aiplatform`` it needs requires ``google-genai<3`` from 1.123 on and
+``google-cloud-storage<3`` before); docs/architecture.md has the measurement.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from airflow_batch_provider.exceptions import ConfigurationError
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 #: the Google provider's extra key of a GCS endpoint override (same name, same meaning)
 GCS_ENDPOINT = "gcs.endpoint"
+#: this package's extra key of an IAM Credentials API override (impersonation), e.g. an emulator
+IAM_ENDPOINT = "iamcredentials.endpoint"
 
 
 def _google_provider() -> bool:
@@ -37,11 +48,43 @@ def _field(extra: dict[str, Any], name: str) -> Any:
     return None if value == "" else value
 
 
+def impersonation_chain(value: Any) -> list[str]:
+    """Return the accounts of an ``impersonation_chain`` extra, the impersonated one last.
+
+    :param value: ``None``, an account, a comma-separated chain or a list of accounts
+    """
+    if not value:
+        return []
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return [s.strip() for s in items if s.strip()]
+
+
+def _impersonated(source: Any, chain: list[str], scopes: list[str], endpoint: str | None) -> Any:
+    from google.auth import impersonated_credentials
+
+    target = chain[-1]
+    override = None
+    if endpoint:
+        override = f"{endpoint.rstrip('/')}/v1/projects/-/serviceAccounts/{target}:generateAccessToken"
+    return impersonated_credentials.Credentials(
+        source_credentials=source,
+        target_principal=target,
+        delegates=chain[:-1] or None,
+        target_scopes=scopes,
+        iam_endpoint_override=override,
+    )
+
+
 def credentials_from_extras(extra: dict[str, Any]) -> tuple[Any, str | None]:
     """Return ``(credentials, project)`` from a ``google_cloud_platform`` connection's extras.
 
+    With an ``impersonation_chain`` the credentials are those of its last account, obtained with
+    the connection's own credentials through the accounts before it; the project, unless the
+    ``project`` extra names one, is the impersonated account's (``name@PROJECT.iam...``).
+
     :param extra: the connection extras
-    :raises ConfigurationError: a key that is not JSON, or more than one credential source
+    :raises ConfigurationError: a key that is not JSON, more than one credential source, or an
+        impersonation chain on anonymous credentials
     """
     import google.auth
     from google.auth.credentials import AnonymousCredentials
@@ -65,7 +108,13 @@ def credentials_from_extras(extra: dict[str, Any]) -> tuple[Any, str | None]:
         raise ConfigurationError(
             f"the Google Cloud connection sets {given}; set one credential source (or none for ADC)."
         )
+    chain = impersonation_chain(_field(extra, "impersonation_chain"))
     if _field(extra, "is_anonymous") in (True, "true", "True"):
+        if chain:
+            raise ConfigurationError(
+                f"the Google Cloud connection is anonymous and asks to impersonate {chain[-1]}; anonymous "
+                "credentials cannot impersonate: give the connection a key or remove is_anonymous."
+            )
         return AnonymousCredentials(), project
     if keyfile or (config_file and str(config_file).lstrip().startswith("{")):
         raw = keyfile or config_file
@@ -82,6 +131,9 @@ def credentials_from_extras(extra: dict[str, Any]) -> tuple[Any, str | None]:
         )
     else:
         credentials, found = google.auth.default(scopes=scopes)
+    if chain:
+        credentials = _impersonated(credentials, chain, scopes, _field(extra, IAM_ENDPOINT))
+        found = chain[-1].partition("@")[2].split(".", 1)[0] or found
     return credentials, project or found
 
 

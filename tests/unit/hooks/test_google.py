@@ -71,3 +71,90 @@ def test_staging_writes_and_verifies_a_gs_chunk_through_object_storage_path(
 
     with pytest.raises(StagingError, match="changed since it was staged"):
         staging.verify(staging.at(str(chunk)), digest)
+
+
+def test_an_impersonation_chain_on_anonymous_credentials_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match=r"anonymous and asks to impersonate b@p2\.iam"):
+        credentials_from_extras({"is_anonymous": True, "impersonation_chain": "a@p1.iam.x, b@p2.iam.x"})
+
+
+@pytest.mark.parametrize(
+    ("value", "chain"),
+    [
+        (None, []),
+        ("", []),
+        ("one@p.iam.gserviceaccount.com", ["one@p.iam.gserviceaccount.com"]),
+        (" a@p.iam.x , b@q.iam.x ,", ["a@p.iam.x", "b@q.iam.x"]),
+        (["a@p.iam.x", "b@q.iam.x"], ["a@p.iam.x", "b@q.iam.x"]),
+    ],
+)
+def test_an_impersonation_chain_is_read_as_the_google_provider_reads_it(value: Any, chain: list[str]) -> None:
+    from airflow_batch_provider.hooks.google import impersonation_chain
+
+    assert impersonation_chain(value) == chain
+
+
+RELAY = "relay@abp-project.iam.gserviceaccount.com"
+TARGET = "batch-runner@vertex-runs.iam.gserviceaccount.com"
+
+
+@pytest.fixture
+def impersonating(gcs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The emulator, and connections abp_gcp (a service-account key and a chain) and abp_vertex."""
+    from airflow_batch_provider.emulator.config import EmulatorConfig
+    from airflow_batch_provider.emulator.testing import run_emulator
+    from tests.support.gcs import vertex_connections
+    from tests.unit.adapters.test_gemini import Emu
+
+    bucket = "abp-" + uuid.uuid4().hex[:10]
+    gcs.create_bucket(bucket)
+    with run_emulator(EmulatorConfig(seed=5, gcs_endpoint=gcs.endpoint_url)) as base_url:
+        gcp, gemini = vertex_connections(base_url, gcs.endpoint_url, f"gs://{bucket}/llm-batch")
+        gcp["extra"].update({"impersonation_chain": f"{RELAY},{TARGET}", "iamcredentials.endpoint": base_url})
+        gemini["extra"]["max_retries"] = 0
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_GCP", json.dumps(gcp))
+        monkeypatch.setenv("AIRFLOW_CONN_ABP_VERTEX", json.dumps(gemini))
+        yield Emu(base_url)
+
+
+def test_a_vertex_batch_runs_end_to_end_on_credentials_impersonated_through_the_connections_chain(
+    impersonating: Any,
+) -> None:
+    """The gcp connection holds a service-account key and a chain: the key's token buys the last
+    account's token through the first (IAM Credentials at the emulator), and that token creates,
+    polls and reads back a Vertex batch prediction job whose input and output live in GCS."""
+    from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter
+    from airflow_batch_provider.hooks.batch import BatchHook
+    from tests.unit.adapters.test_gemini import FINISH_S, by_id, chat, results, submit
+
+    emu = impersonating
+    adapter = BatchHook("abp_vertex").get_adapter()
+    assert isinstance(adapter, GeminiBatchAdapter)
+    assert adapter.settings.extra["project"] == "vertex-runs"  # the impersonated account's project
+    ref = submit(adapter, [chat(i) for i in range(2)], key="abp-impersonated-1")
+    assert ref.batch_id.startswith("projects/vertex-runs/locations/us-central1/batchPredictionJobs/")
+    emu.advance(FINISH_S)
+    status = adapter.status(ref)
+    assert (status.state, status.completed) == ("completed", 2)
+    got = by_id(results(adapter, ref))
+    assert set(got) == {"id-c0", "id-c1"} and all(r.outcome == "succeeded" for r in got.values())
+    counters = emu.stats()["counters"]
+    assert counters["vertex.tokens_issued"] >= 1  # the key's own token, spent on the IAM call
+    assert counters[f"vertex.impersonated.{RELAY}>{TARGET}"] >= 1
+    assert counters["vertex.outputs_written"] == 1
+
+
+async def test_the_triggerer_polls_vertex_on_the_impersonated_credentials_too(impersonating: Any) -> None:
+    from airflow_batch_provider.hooks.batch import BatchHook
+    from tests.unit.adapters.test_gemini import chat, submit
+
+    ref = submit(BatchHook("abp_vertex").get_adapter(), [chat(1)], key="abp-impersonated-async")  # type: ignore[arg-type]
+    before = impersonating.stats()["counters"][f"vertex.impersonated.{RELAY}>{TARGET}"]
+    adapter = await BatchHook.aget_adapter("abp_vertex")
+    client = adapter.async_client()
+    try:
+        status = await client.status(ref)
+    finally:
+        await client.close()
+    assert status.state in ("validating", "in_progress")
+    assert impersonating.stats()["counters"][f"vertex.impersonated.{RELAY}>{TARGET}"] > before
