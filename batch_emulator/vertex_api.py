@@ -26,8 +26,8 @@ from typing import Any, Final
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator.app import ApiError
-from airflow_batch_provider.emulator.gemini_api import (
+from batch_emulator.app import ApiError
+from batch_emulator.gemini_api import (
     BATCH_STATES,
     GeminiEmulator,
     _fail,
@@ -35,8 +35,8 @@ from airflow_batch_provider.emulator.gemini_api import (
     _page_args,
     _rfc3339,
 )
-from airflow_batch_provider.emulator.lifecycle import Job, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, StoredFile
+from batch_emulator.lifecycle import Job, ValidationIssue
+from batch_emulator.store import EmulatorState, StoredFile
 
 PROVIDER: Final = "vertex"
 _JOBS: Final = "/{version}/projects/{project}/locations/{location}/batchPredictionJobs"

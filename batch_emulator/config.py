@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
-from airflow_batch_provider.emulator.faults import FaultConfig
+from batch_emulator.faults import FaultConfig
 
 DEFAULT_PORT: Final = 8089
 MIB: Final = 1024 * 1024

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.lifecycle import Job, JobItem, ValidationIssue
 
 T0 = 1_000.0
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batch_provider.emulator import FaultConfig
-from airflow_batch_provider.emulator.model import cached_tokens, message_tokens
+from batch_emulator import FaultConfig
+from batch_emulator.model import cached_tokens, message_tokens
 
 from .conftest import Emulator, EmulatorFactory, SpecChecker
 from .helpers import chat_line, chat_lines

@@ -37,12 +37,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import RateDecision, foreign_lines, retry_after_header
+from batch_emulator.lifecycle import Job, JobItem, ValidationIssue
+from batch_emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
 PROVIDER: Final = "openai"
 SUPPORTED_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import (
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.store import (
     Clock,
     EmulatorState,
     FileStore,

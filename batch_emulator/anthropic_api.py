@@ -4,7 +4,7 @@ Objects follow the shapes of the ``anthropic`` SDK's own types (``MessageBatch``
 ``MessageBatchIndividualResponse``, ``Message``, ``ErrorResponse``), which parse them without
 error; the tests drive every route through the real SDK.
 
-Lifecycle: the provider-neutral :class:`~airflow_batch_provider.emulator.lifecycle.Job` schedule
+Lifecycle: the provider-neutral :class:`~batch_emulator.lifecycle.Job` schedule
 (same timings, time scale, faults and seeded processing order as the OpenAI routes) is mapped to
 Anthropic's three words: ``validating``, ``in_progress`` and ``finalizing`` are ``in_progress``;
 ``cancelling`` is ``canceling``; every terminal state is ``ended``. As the SDK documents,
@@ -13,7 +13,7 @@ them into ``succeeded`` / ``errored`` / ``canceled`` / ``expired``. ``results_ur
 the batch has ended and points back at this emulator
 (``GET /v1/messages/batches/{id}/results``, JSONL streamed, lines in processing order).
 
-Faults, in Anthropic's formats (the knobs are :class:`~airflow_batch_provider.emulator.faults.FaultConfig`'s):
+Faults, in Anthropic's formats (the knobs are :class:`~batch_emulator.faults.FaultConfig`'s):
 
 - ``rate_500`` -> ``errored`` result, error type ``overloaded_error`` (Anthropic's transient
   capacity error, HTTP 529 on the synchronous API); ``rate_429`` -> ``rate_limit_error``;
@@ -56,12 +56,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem
-from airflow_batch_provider.emulator.store import EmulatorState, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import RateDecision, foreign_lines, retry_after_header
+from batch_emulator.lifecycle import Job, JobItem
+from batch_emulator.store import EmulatorState, StoredFile
 
 PROVIDER: Final = "anthropic"
 MAX_REQUESTS: Final = 100_000

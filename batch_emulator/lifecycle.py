@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig, ItemDecision
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig, ItemDecision
 
 JobStatus = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"

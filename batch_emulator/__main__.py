@@ -1,4 +1,4 @@
-"""``python -m airflow_batch_provider.emulator``: serve the emulator on a loopback address."""
+"""``python -m batch_emulator``: serve the emulator on a loopback address."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_batch_provider.emulator.config import DEFAULT_PORT, EmulatorConfig, is_loopback
-from airflow_batch_provider.emulator.faults import FaultConfig
+from batch_emulator.config import DEFAULT_PORT, EmulatorConfig, is_loopback
+from batch_emulator.faults import FaultConfig
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_batch_provider.emulator",
+        prog="python -m batch_emulator",
         description="Local LLM batch provider emulator (OpenAI-compatible). Binds loopback addresses only.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
@@ -95,7 +95,7 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
 async def _serve(config: EmulatorConfig, log_level: str) -> None:
     import uvicorn
 
-    from airflow_batch_provider.emulator.app import create_app
+    from batch_emulator.app import create_app
 
     bind_host = config.host.strip("[]")
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import CreateFault, CreateOp, SlidingWindowLimiter
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue, billed
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import CreateFault, CreateOp, SlidingWindowLimiter
+from batch_emulator.lifecycle import Job, JobItem, ValidationIssue, billed
 
 CHUNK: Final = 64 * 1024
 

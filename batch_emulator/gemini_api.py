@@ -37,13 +37,13 @@ Items a batch never ran get ``{"code": 499, "status": "CANCELLED"}`` (cancelled)
 ``{"code": 504, "status": "DEADLINE_EXCEEDED"}`` (expired) errors. Embedding batches answer
 ``{"key", "response": {"embedding": {"values": [...]}, "usageMetadata": {...}}}``.
 
-Fault knobs are the shared :class:`~airflow_batch_provider.emulator.faults.FaultConfig`, rendered
+Fault knobs are the shared :class:`~batch_emulator.faults.FaultConfig`, rendered
 in Google's error format (``{"error": {"code", "message", "status", "details"}}``, a 429 carries
 a ``google.rpc.RetryInfo`` detail and a ``Retry-After`` header). Implicit prompt caching: a system
 instruction seen before (earlier in the batch, or earlier in the emulator's life for the
 synchronous endpoints) is reported as ``cachedContentTokenCount`` under OpenAI's size rule.
-Token counts come from :mod:`~airflow_batch_provider.emulator.model`; embedding vectors default
-to :data:`~airflow_batch_provider.emulator.model.DEFAULT_EMBEDDING_DIMENSIONS` values (the live
+Token counts come from :mod:`~batch_emulator.model`; embedding vectors default
+to :data:`~batch_emulator.model.DEFAULT_EMBEDDING_DIMENSIONS` values (the live
 ``gemini-embedding-001`` default is 3072) unless ``outputDimensionality`` says otherwise.
 """
 
@@ -63,12 +63,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import foreign_lines, retry_after_header
+from batch_emulator.lifecycle import Job, JobItem, ValidationIssue
+from batch_emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
 PROVIDER: Final = "gemini"
 API_VERSION: Final = "v1beta"

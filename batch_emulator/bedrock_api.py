@@ -63,12 +63,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import foreign_lines, retry_after_header
+from batch_emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
+from batch_emulator.store import EmulatorState
 
 PROVIDER: Final = "bedrock"
 #: Bedrock's model ids by family, as the service documents them: an optional cross-region
