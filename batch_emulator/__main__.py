@@ -39,6 +39,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="one fault setting, e.g. rate_500=0.05 or expire_batches=[0,2]; repeatable; wins over --faults",
     )
     parser.add_argument("--data-dir", type=Path, help="keep file bytes in this directory instead of memory")
+    parser.add_argument(
+        "--max-batch-requests",
+        type=int,
+        default=EmulatorConfig.max_batch_requests,
+        help="most request lines in one OpenAI batch input file (default 50,000, the API's limit)",
+    )
+    parser.add_argument(
+        "--max-batch-bytes",
+        type=int,
+        default=EmulatorConfig.max_batch_bytes,
+        help="largest OpenAI batch input file in bytes (default 200 MiB, the API's limit)",
+    )
     parser.add_argument("--api-key", help="require this bearer token (default: accept any)")
     parser.add_argument(
         "--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output"
@@ -86,6 +98,9 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         seed=args.seed,
         faults=FaultConfig.from_mapping(settings),
         data_dir=args.data_dir,
+        max_batch_requests=args.max_batch_requests,
+        max_batch_bytes=args.max_batch_bytes,
+        max_file_bytes=max(EmulatorConfig.max_file_bytes, args.max_batch_bytes),
         api_key=args.api_key,
         s3_endpoint=args.s3_endpoint,
         gcs_endpoint=args.gcs_endpoint,

@@ -60,7 +60,7 @@ def test_processing_order_is_a_seeded_shuffle() -> None:
     a, b = make_job(50), make_job(50)
     assert a.order == b.order
     assert sorted(a.order) == list(range(50))
-    assert a.order != tuple(range(50))
+    assert tuple(a.order) != tuple(range(50))
     assert make_job(50, index=1).order != a.order
 
 
@@ -70,7 +70,7 @@ def test_a_job_with_validation_issues_fails_when_validation_ends() -> None:
     failed = job.view(T0 + 2)
     assert failed.status == "failed" and dict(failed.times) == {"failed_at": 1002}
     assert (failed.total, failed.completed, failed.failed) == (0, 0, 0)
-    assert job.outcomes(T0 + 100) == []
+    assert list(job.outcomes(T0 + 100)) == []
 
 
 def test_an_expiring_job_stops_at_its_fraction_and_leaves_the_rest_expired() -> None:
