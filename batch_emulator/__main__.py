@@ -38,7 +38,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="one fault setting, e.g. rate_500=0.05 or expire_batches=[0,2]; repeatable; wins over --faults",
     )
-    parser.add_argument("--data-dir", type=Path, help="keep file bytes in this directory instead of memory")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="where files, batch items and results are kept (default: a temporary folder removed at exit)",
+    )
     parser.add_argument(
         "--max-batch-requests",
         type=int,

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import check_size, result, row  # noqa: E402
+from common import check_size, result, row
 
 LINES: Final[dict[str, tuple[int, ...]]] = {
     "tiny": (200, 1_000),
@@ -73,11 +73,9 @@ def write_multipart(path: Path, lines: int) -> tuple[str, int]:
     """
     boundary = uuid.uuid4().hex
     with path.open("wb") as out:
+        out.write(f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'.encode())
         out.write(
-            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'.encode()
-        )
-        out.write(
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
             "Content-Type: application/jsonl\r\n\r\n".encode()
         )
         for i in range(lines):
@@ -227,7 +225,9 @@ def measure(sizes: Sequence[int]) -> tuple[float, list[dict[str, Any]]]:
                 seen = one_batch(base, n, root)
                 seen["lines"] = n
                 seen["peak_rss_mib"] = peak_rss_mib(pid)
-                seen["data_dir_mib"] = sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file()) / 2**20
+                seen["data_dir_mib"] = (
+                    sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file()) / 2**20
+                )
             figures.append(seen)
     return idle, figures
 
@@ -250,7 +250,7 @@ def run(size: str) -> dict[str, Any]:
     idle, figures = measure(sizes)
     rows = [
         row(
-            f"{f['lines']:,} lines of 1 KB ({f['input_mib']:.0f} MiB in)",
+            f"{f['lines']:,} lines of 1 KB ({f['input_mib']:.1f} MiB in)",
             "peak RSS MiB",
             f["peak_rss_mib"],
             idle,
