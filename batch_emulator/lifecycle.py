@@ -30,7 +30,6 @@ import math
 import os
 import random
 import tempfile
-import threading
 import weakref
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -185,7 +184,6 @@ class ItemLog(Sequence[JobItem]):
         self._offsets = array("q")
         self._failing = bytearray()
         self._size = 0
-        self._lock = threading.Lock()
         self._cleanup = weakref.finalize(self, _unlink, name)
         for item in items:
             self.append(item)
