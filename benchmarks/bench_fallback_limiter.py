@@ -34,11 +34,11 @@ from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.pricing import PriceTable
 from airflow_batch_provider.core.ratelimit import RateLimiter, RateLimits, RetryPolicy, retry_delay
 from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 TIME_SCALE = 0.1
 WINDOW_S = 60.0 * TIME_SCALE

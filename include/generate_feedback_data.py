@@ -11,7 +11,7 @@ of exactly one sentiment list in :data:`SENTIMENT_KEYWORDS`, matched as whole wo
 insensitive (substring matching would misread ``happy`` and ``disappointed`` as containing
 ``app``). ``_truth`` records the labels so that tests can measure how often a model agrees.
 
-The emulator's stand-in classifier (``airflow_batch_provider/emulator/model.py``, owned by
+The emulator's stand-in classifier (``batch_emulator/model.py``, owned by
 another module) labels comments from keyword lists too; the lists here are the generator's own,
 and agreement between the two is measured against ``_truth``, not assumed.
 

@@ -21,7 +21,7 @@ export AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL=3
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 echo "==> starting the emulator on 127.0.0.1 (2% server errors, 1% missing lines, batches ~1 s)"
-python -m airflow_batch_provider.emulator --port 0 --time-scale 0.05 --seed 7 \
+python -m batch_emulator --port 0 --time-scale 0.05 --seed 7 \
   --fault rate_500=0.02 --fault rate_missing=0.01 --fault rate_duplicate=0.01 >"$DEMO/emulator.log" 2>&1 &
 EMULATOR_PID=$!
 trap 'kill "$EMULATOR_PID" 2>/dev/null || true' EXIT

@@ -1,4 +1,4 @@
-"""Write the OpenAI component schemas the emulator serves into tests/unit/emulator/schemas/.
+"""Write the OpenAI component schemas the emulator serves into tests/unit/batch_emulator/schemas/.
 
 The tests validate every emulator reply against these schemas, so a clone needs nothing outside
 itself. The schemas are copied, with everything they reference, from the official OpenAI OpenAPI

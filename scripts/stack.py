@@ -197,7 +197,7 @@ class Supervisor:
             [
                 sys.executable,
                 "-m",
-                "airflow_batch_provider.emulator",
+                "batch_emulator",
                 "--port",
                 "0",
                 "--time-scale",

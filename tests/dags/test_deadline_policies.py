@@ -24,11 +24,11 @@ import pytest
 
 from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.results import Usage
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.store import from_nusd, to_nusd
+from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.testing import run_emulator
 
 pytestmark = pytest.mark.airflow_e2e
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 from tests.dags.test_bedrock_provider_switch import write_records
 from tests.support.airflow_run import batch_env, run_airflow, tail
 

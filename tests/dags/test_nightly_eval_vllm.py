@@ -190,8 +190,8 @@ ANSWERED_BEFORE_DEADLINE = 5
 
 @pytest.fixture(scope="module")
 def cut_short(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.testing import run_emulator
+    from batch_emulator.config import EmulatorConfig
+    from batch_emulator.testing import run_emulator
 
     slow = {"FAKE_VLLM_SLOW_AFTER": str(ANSWERED_BEFORE_DEADLINE), "FAKE_VLLM_DELAY_S": "600"}
     faults = [PodFault("env", match={"task_id": f"{WORKLOAD}.run"}, env=slow) for _ in range(2)]

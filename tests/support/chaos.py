@@ -1,7 +1,7 @@
 """The chaos harness: run a small workload in real Airflow processes, kill them, resume, check.
 
 One :class:`ChaosRun` is one DAG run of ``tests/reliability/dags/chaos_workload.py`` against the
-emulator (started by the caller with :func:`~airflow_batch_provider.emulator.testing.run_emulator`):
+emulator (started by the caller with :func:`~batch_emulator.testing.run_emulator`):
 
 - :meth:`ChaosRun.attempt` runs (or, with ``resume``, clears and reruns) the DAG run in a fresh
   process (``python -m tests.support.chaos_dagrun``: ``airflow dags test`` with a fixed run id), with
@@ -44,12 +44,12 @@ from airflow_batch_provider.core.failpoints import FAILPOINTS
 from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.core.states import FINAL_STATES
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.staging import run_key
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.testing import run_emulator
 from tests.support.airflow_run import batch_env
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]

@@ -203,10 +203,10 @@ def test_the_batch_connections_point_at_the_emulator_on_the_shared_loopback(
 
     from airflow.sdk import Connection
 
-    from airflow_batch_provider.emulator.__main__ import _parse_args, build_config
+    from batch_emulator.__main__ import _parse_args, build_config
 
     emulator = services["emulator"]
-    assert emulator["entrypoint"] == ["python", "-m", "airflow_batch_provider.emulator"]
+    assert emulator["entrypoint"] == ["python", "-m", "batch_emulator"]
     config = build_config(_parse_args([interpolate(arg) for arg in emulator["command"]]))
     assert config.host == "127.0.0.1"
     health = " ".join(emulator["healthcheck"]["test"])
@@ -347,13 +347,20 @@ def test_the_dockerfile_installs_the_package_with_the_constraints_file() -> None
     assert '"apache-airflow==${AIRFLOW_VERSION}"' in install[1]
     # what it copies exists, and the build context's ignore file lets it through
     copied = [src for line in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M) for src in line.split()]
-    assert set(copied) == {"pyproject.toml", "README.md", "constraints.txt", "airflow_batch_provider"}
+    assert set(copied) == {
+        "pyproject.toml",
+        "README.md",
+        "constraints.txt",
+        "airflow_batch_provider",
+        "batch_emulator",
+    }
     ignore = (REPO / "docker" / "Dockerfile.dockerignore").read_text(encoding="utf-8").split()
     for src in copied:
         assert (REPO / src).exists(), src
         assert f"!{src}" in ignore, src
     # the install check imports the page and the emulator
     assert "airflow_batch_provider.plugins.batch_progress" in text
+    assert "batch_emulator.app" in text
     assert text.rstrip().splitlines()[-1].strip().startswith("&& python -c")
 
 

@@ -1,8 +1,9 @@
 """Every import points down: the layers are read from the source, not from a convention.
 
-``core/`` and ``ledger/`` are the pure layers (no Airflow, no SDK, nothing above them); the
-emulator keeps its own knowledge of each provider, so a bug in an adapter cannot hide behind the
-emulator sharing the same code.
+``core/`` and ``ledger/`` are the pure layers (no Airflow, no SDK, nothing above them). The
+emulator (``batch_emulator``, a package beside the provider) keeps its own knowledge of each
+provider, so a bug in an adapter cannot hide behind the emulator sharing the same code; and the
+provider never needs the emulator to run.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "airflow_batch_provider"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "airflow_batch_provider"
 ROOT = "airflow_batch_provider"
+EMULATOR = REPO / "batch_emulator"
 
 #: Packages of this distribution that sit above ``core``/``ledger``.
 UPPER = (
@@ -26,7 +29,6 @@ UPPER = (
     "plugins",
     "kubernetes",
     "pipeline",
-    "emulator",
 )
 #: Third-party packages the pure layers never import (Airflow and the provider SDKs).
 FOREIGN = (
@@ -113,7 +115,43 @@ def test_the_scan_sees_an_upward_import_a_relative_one_and_a_lazy_one(tmp_path: 
     ]
 
 
-def test_the_emulator_imports_nothing_of_the_package_outside_itself() -> None:
+def imports_of(package: Path, banned_roots: tuple[str, ...]) -> list[str]:
+    """List ``file:line -> module`` for each import in ``package`` whose top-level name is banned.
+
+    :param package: a top-level package folder (``airflow_batch_provider``, ``batch_emulator``)
+    :param banned_roots: top-level module names it must not import
+    """
+    return [
+        f"{path.relative_to(package.parent)}:{line} -> {module}"
+        for path in sorted(package.rglob("*.py"))
+        for line, module in imported_modules(path, package.parent)
+        if module.split(".")[0] in banned_roots
+    ]
+
+
+def test_the_provider_never_imports_the_emulator() -> None:
+    # the emulator is an extra for tests and demos; a deployment runs without it
+    assert imports_of(PACKAGE, ("batch_emulator",)) == []
+
+
+def test_the_emulator_imports_nothing_of_the_provider_nor_airflow() -> None:
     # it keeps its own knowledge of each provider, so it can catch an adapter's mistake
-    others = tuple(p.stem for p in PACKAGE.iterdir() if p.stem not in {"emulator", "__init__", "__pycache__"})
-    assert violations("emulator", others, ("airflow",)) == []
+    assert imports_of(EMULATOR, (ROOT, "airflow")) == []
+
+
+def test_the_package_scan_sees_a_stray_import_either_way(tmp_path: Path) -> None:
+    emulator = tmp_path / "batch_emulator"
+    emulator.mkdir()
+    (emulator / "probe.py").write_text(
+        "def f():\n    from airflow_batch_provider.adapters.bedrock import model_family\n", encoding="utf-8"
+    )
+    provider = tmp_path / ROOT / "hooks"
+    provider.mkdir(parents=True)
+    (provider / "probe.py").write_text("import batch_emulator.testing\n", encoding="utf-8")
+    assert imports_of(emulator, (ROOT, "airflow")) == [
+        "batch_emulator/probe.py:2 -> airflow_batch_provider.adapters.bedrock",
+        "batch_emulator/probe.py:2 -> airflow_batch_provider.adapters.bedrock.model_family",
+    ]
+    assert imports_of(tmp_path / ROOT, ("batch_emulator",)) == [
+        "airflow_batch_provider/hooks/probe.py:1 -> batch_emulator.testing"
+    ]

@@ -116,12 +116,12 @@ def test_every_third_party_import_of_the_package_is_declared() -> None:
     declared = {_norm(r.name) for r in runtime_requirements()}
     # what the declared requirements bring with them by contract (Airflow's own dependencies)
     implied = {"pydantic", "packaging", "fsspec", "universal-pathlib", "typing-extensions", "apache-airflow"}
-    own = "airflow_batch_provider"
+    own = {"airflow_batch_provider", "batch_emulator"}
     missing = set()
-    for path in (REPO_ROOT / own).rglob("*.py"):
+    for path in [p for package in sorted(own) for p in (REPO_ROOT / package).rglob("*.py")]:
         for module in _top_level_imports(path):
             root = module.split(".")[0]
-            if root == own or root in sys.stdlib_module_names or root == "__future__":
+            if root in own or root in sys.stdlib_module_names or root == "__future__":
                 continue
             dist = _distribution(module)
             if dist in GUARDED and str(path.relative_to(REPO_ROOT)) == GUARDED[dist][0]:
@@ -148,6 +148,32 @@ def test_an_undeclared_optional_import_sits_under_a_check_that_it_is_installed()
         ]
         assert imports, f"{where} no longer imports {dist}: drop it from GUARDED"
         assert all(id(node) in guarded for node in imports), f"{where} imports {dist} unguarded"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_emulator_is_built_beside_the_provider_and_its_extra_holds_its_web_framework() -> None:
+    assert "batch_emulator*" in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert PYPROJECT["project"]["scripts"]["batch-emulator"] == "batch_emulator.__main__:main"
+    extra = {_norm(Requirement(r).name) for r in PYPROJECT["project"]["optional-dependencies"]["emulator"]}
+    needed = set()
+    for path in (REPO_ROOT / "batch_emulator").rglob("*.py"):
+        for module in _module_level_imports(path):
+            root = module.split(".")[0]
+            if root != "batch_emulator" and root not in sys.stdlib_module_names and root != "__future__":
+                needed.add(_distribution(module))
+    # uvicorn is imported where the server starts; boto3 only by the Bedrock routes (the bedrock extra)
+    assert needed <= extra, f"the emulator imports {sorted(needed - extra)} outside its extra"
+    assert {"fastapi", "starlette", "uvicorn"} <= extra
 
 
 def test_no_runtime_dependency_is_declared_that_nothing_imports() -> None:

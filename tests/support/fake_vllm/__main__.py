@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow_batch_provider.emulator.openai_api import chat_completion
+from batch_emulator.openai_api import chat_completion
 
 SUPPORTED = ("/v1/chat/completions",)
 VERSION = "0.33.0+stand-in"

@@ -22,10 +22,10 @@ from airflow_batch_provider.core.chunking import Chunker
 from airflow_batch_provider.core.custom_ids import make_custom_id
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 from .faults import FAST_CREATE, arm, batches
 

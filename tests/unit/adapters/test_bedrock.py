@@ -29,11 +29,11 @@ from airflow_batch_provider.adapters.bedrock import (
 )
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 from .faults import FAST_CREATE, arm, batches
 

@@ -48,9 +48,9 @@ from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.custom_ids import MAX_ATTEMPT, MAX_CHUNK, MAX_KEY_LENGTH, make_custom_id
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 SYSTEM = "You label the sentiment of one customer comment as positive, negative or neutral."
 ROLE_ARN = "arn:aws:iam::123456789012:role/BedrockBatch"

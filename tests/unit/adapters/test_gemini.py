@@ -31,10 +31,10 @@ from airflow_batch_provider.adapters.gemini import (
 from airflow_batch_provider.adapters.registry import adapter_class
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.testing import run_emulator
 from tests.support.gcs import start_gcs, vertex_connections
 
 from .faults import FAST_CREATE, arm, batches

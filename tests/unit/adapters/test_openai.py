@@ -16,9 +16,9 @@ from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, Batc
 from airflow_batch_provider.adapters.openai import METADATA_KEY, OpenAIBatchAdapter
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 from .faults import FAST_CREATE, arm, batches
 
@@ -427,7 +427,7 @@ WEATHER = {
 
 
 def spec_errors(schema: str, instance: Any) -> list[str]:
-    from tests.unit.emulator.conftest import SpecChecker, bundled_components
+    from tests.unit.batch_emulator.conftest import SpecChecker, bundled_components
 
     return SpecChecker(bundled_components()).errors(schema, instance)
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.batch import BatchHook, settings_from_connection
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 from tests.support.ports import free_port
 
 

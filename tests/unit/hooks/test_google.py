@@ -101,8 +101,8 @@ TARGET = "batch-runner@vertex-runs.iam.gserviceaccount.com"
 @pytest.fixture
 def impersonating(gcs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The emulator, and connections abp_gcp (a service-account key and a chain) and abp_vertex."""
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.testing import run_emulator
+    from batch_emulator.config import EmulatorConfig
+    from batch_emulator.testing import run_emulator
     from tests.support.gcs import vertex_connections
     from tests.unit.adapters.test_gemini import Emu
 

@@ -466,8 +466,8 @@ def s3_staging(monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> tuple[str, 
 
 @pytest.fixture
 def gcs_staging(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, dict[str, str]]]:
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.testing import run_emulator
+    from batch_emulator.config import EmulatorConfig
+    from batch_emulator.testing import run_emulator
     from tests.support.gcs import service_account_key, start_gcs
 
     with start_gcs() as gcs, run_emulator(EmulatorConfig()) as tokens:

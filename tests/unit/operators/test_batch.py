@@ -17,8 +17,6 @@ from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import WorkloadLeasedError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
@@ -34,6 +32,8 @@ from airflow_batch_provider.operators.batch import (
     take_workload_lease,
 )
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", system="Label it.")
 RUN = "manual__2026-11-29T00:00:00+00:00"

@@ -17,8 +17,6 @@ from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.deadline import DeadlineSpec
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
@@ -29,6 +27,8 @@ from airflow_batch_provider.operators.deadline import (
     BatchDeadlineOperator,
     BatchDeadlineSettleOperator,
 )
+from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.testing import run_emulator
 
 WORKLOAD = "wl"
 RUN = "run1"

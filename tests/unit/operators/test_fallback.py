@@ -23,12 +23,12 @@ import pytest
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 from airflow_batch_provider.services.fallback import FallbackSettings, possibly_paid_twice
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 WORKLOAD = "wl"
 RUN = "scheduled__2026-11-30T06:00:00+00:00"

@@ -18,12 +18,12 @@ from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.exceptions import PollError
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
 from airflow_batch_provider.services import submit
 from airflow_batch_provider.triggers.batch import BatchStatusTrigger
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 from tests.unit.services.workload import RUN, WORKLOAD, World, world
 
 REQUEST = CanonicalRequest("a1", "v1", "gpt-4o-mini", messages=({"role": "user", "content": "great"},))

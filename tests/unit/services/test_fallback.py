@@ -23,8 +23,6 @@ from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.records import OpenItem
@@ -39,6 +37,8 @@ from airflow_batch_provider.services.fallback import (
     possibly_paid_twice,
     run_fallback,
 )
+from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.testing import run_emulator
 
 WORKLOAD = "wl"
 RUN = "run1"

@@ -17,15 +17,15 @@ from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter, 
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.requests import PromptTemplate
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.staging import Staging
+from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.faults import FaultConfig
+from batch_emulator.testing import run_emulator
 
 PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", params={"max_tokens": 8})
 CLAUDE = PromptTemplate(version="v1", model="claude-haiku-4-5", user="{{ text }}", params={"max_tokens": 8})

@@ -14,9 +14,9 @@ from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
 from airflow_batch_provider.triggers.batch import BatchStatusTrigger
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 REQUEST = CanonicalRequest("a1", "v1", "gpt-4o-mini", messages=({"role": "user", "content": "great"},))
 

@@ -37,20 +37,19 @@ Items a batch never ran get ``{"code": 499, "status": "CANCELLED"}`` (cancelled)
 ``{"code": 504, "status": "DEADLINE_EXCEEDED"}`` (expired) errors. Embedding batches answer
 ``{"key", "response": {"embedding": {"values": [...]}, "usageMetadata": {...}}}``.
 
-Fault knobs are the shared :class:`~airflow_batch_provider.emulator.faults.FaultConfig`, rendered
+Fault knobs are the shared :class:`~batch_emulator.faults.FaultConfig`, rendered
 in Google's error format (``{"error": {"code", "message", "status", "details"}}``, a 429 carries
 a ``google.rpc.RetryInfo`` detail and a ``Retry-After`` header). Implicit prompt caching: a system
 instruction seen before (earlier in the batch, or earlier in the emulator's life for the
 synchronous endpoints) is reported as ``cachedContentTokenCount`` under OpenAI's size rule.
-Token counts come from :mod:`~airflow_batch_provider.emulator.model`; embedding vectors default
-to :data:`~airflow_batch_provider.emulator.model.DEFAULT_EMBEDDING_DIMENSIONS` values (the live
+Token counts come from :mod:`~batch_emulator.model`; embedding vectors default
+to :data:`~batch_emulator.model.DEFAULT_EMBEDDING_DIMENSIONS` values (the live
 ``gemini-embedding-001`` default is 3072) unless ``outputDimensionality`` says otherwise.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import tempfile
 import threading
@@ -63,12 +62,24 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.common import (
+    ErrorTable,
+    InputScan,
+    InputWords,
+    injected_error,
+    key_given,
+    output_file,
+    result_file,
+    retrieve_fails,
+    settle,
+    stable_id,
+)
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import retry_after_header
+from batch_emulator.lifecycle import ItemLog, ItemOutcome, Job, JobItem, ValidationIssue
+from batch_emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
 PROVIDER: Final = "gemini"
 API_VERSION: Final = "v1beta"
@@ -102,6 +113,12 @@ STATUS_NAMES: Final[dict[int, str]] = {
     504: "DEADLINE_EXCEEDED",
 }
 _INTERNAL: Final = "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"
+INPUT_WORDS: Final = InputWords(
+    too_many="The input has more than {limit} requests; split it.",
+    bad_json="Line {number} is not valid JSON.",
+)
+#: where the API key may be, the first one found wins (a header, else the ``key`` query parameter)
+KEY_SOURCES: Final = ("x-goog-api-key", "?key")
 _GEN_TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
 _EMBED_TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1main.EmbedContentBatch"
 
@@ -134,14 +151,6 @@ def _fail(
 
 def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _stable_id(prefix: str, *parts: str, length: int = 24) -> str:
-    return prefix + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:length]
-
-
-def _jsonl(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def _model_name(raw: str) -> str:
@@ -336,21 +345,19 @@ def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
     return _fail(status, "Internal error encountered (emulated create fault).", headers=headers)
 
 
-def _injected_error(item: JobItem) -> dict[str, Any] | None:
-    fault = item.decision.fault
-    if fault == "server_error":
-        return _natural(500, _INTERNAL)
-    if fault == "rate_limited":
-        return _natural(429, "Resource has been exhausted (e.g. check quota). (emulated fault rate_429)")
-    if fault == "invalid_request":
-        return _natural(400, "Request contains an invalid argument. (emulated fault rate_400)")
-    if fault == "context_length":
-        return _natural(
-            400,
-            "The input token count exceeds the maximum number of tokens allowed. "
-            "(emulated fault rate_context_length)",
-        )
-    return None
+#: item fault -> the error entry it becomes
+INJECTED_ERRORS: Final[ErrorTable] = {
+    "server_error": _natural(500, _INTERNAL),
+    "rate_limited": _natural(
+        429, "Resource has been exhausted (e.g. check quota). (emulated fault rate_429)"
+    ),
+    "invalid_request": _natural(400, "Request contains an invalid argument. (emulated fault rate_400)"),
+    "context_length": _natural(
+        400,
+        "The input token count exceeds the maximum number of tokens allowed. "
+        "(emulated fault rate_context_length)",
+    ),
+}
 
 
 # -- router ----------------------------------------------------------------------------------
@@ -428,8 +435,8 @@ class GeminiEmulator:
         expected = self.state.config.api_key
         if expected is None:
             return
-        given = request.headers.get("x-goog-api-key") or request.query_params.get("key")
-        if given != expected:
+        given = key_given(request, KEY_SOURCES)
+        if (given[0] if given else None) != expected:
             raise _fail(400, "API key not valid. Please pass a valid API key.", "INVALID_ARGUMENT")
 
     # -- files -----------------------------------------------------------------------------
@@ -718,9 +725,9 @@ class GeminiEmulator:
 
     def _parse_file(
         self, meta: StoredFile, model_name: str, kind: str, config: EmulatorConfig
-    ) -> tuple[list[JobItem], list[ValidationIssue]]:
+    ) -> tuple[ItemLog | list[JobItem], list[ValidationIssue]]:
         issues: list[ValidationIssue] = []
-        items: list[JobItem] = []
+        items = self.state.item_log()
         if meta.bytes > config.max_batch_bytes:
             return [], [
                 ValidationIssue(
@@ -729,29 +736,8 @@ class GeminiEmulator:
                 )
             ]
         seen: set[str] = set()
-        count = 0
-        for number, raw in enumerate(self.state.files.iter_lines(meta.id), start=1):
-            if len(issues) >= MAX_ISSUES:
-                break
-            if not raw.strip():
-                continue
-            count += 1
-            if count > config.max_batch_requests:
-                issues.append(
-                    ValidationIssue(
-                        "too_many_requests",
-                        f"The input has more than {config.max_batch_requests} requests; split it.",
-                        number,
-                    )
-                )
-                break
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                issues.append(
-                    ValidationIssue("invalid_json_line", f"Line {number} is not valid JSON.", number)
-                )
-                continue
+        scan = InputScan(INPUT_WORDS, issues, config.max_batch_requests, MAX_ISSUES)
+        for number, line in scan.lines(self.state.files.iter_lines(meta.id)):
             request = line.get("request") if isinstance(line, dict) else None
             key = line.get("key") if isinstance(line, dict) else None
             if not isinstance(request, dict):
@@ -785,7 +771,7 @@ class GeminiEmulator:
             if problem is not None:
                 issues.append(problem)
             items.append(self._item(key, number, request, kind, config))
-        if count == 0 and not issues:
+        if scan.count == 0 and not issues:
             issues.append(
                 ValidationIssue("empty_file", "The input file is empty; it needs at least one request line.")
             )
@@ -831,11 +817,8 @@ class GeminiEmulator:
         :param job: the batch
         :param now: the current time
         """
-        with self.state.lock:
-            view = job.view(now)
-            if view.terminal and job.results is None:
-                job.results = self._write_results(job, now, view.status)
-            results = job.results or {}
+        view = settle(self.state, job, now, self._write_results)
+        results = job.results or {}
         total = len(job.items) if not job.issues else 0
         pending = 0 if view.terminal else total - view.completed - view.failed
         times = view.times
@@ -873,83 +856,74 @@ class GeminiEmulator:
         return op
 
     def _write_results(self, job: Job, now: float, status: str) -> dict[str, Any]:
-        """Render a finished batch's responses (file or inline)."""
+        """Render a finished batch's responses (a file, written a line at a time, or inline)."""
         if status == "failed":
             return {}
         inline = "fileName" not in job.attrs["input"]
         metas: list[Any] = job.attrs.get("inline_metadata") or []
-        by_id = {item.custom_id: i for i, item in enumerate(job.items)}
-        kind = job.attrs["kind"]
-        model_name = job.attrs["model"]
-        config = job.config
-        seen_prefixes: set[str] = set()
-        lines: list[bytes] = []
         inlined: list[dict[str, Any]] = []
-        for outcome in job.outcomes(now):
-            item = outcome.item
-            entry: dict[str, Any]
-            if outcome.end != "processed":
-                code = 499 if outcome.end == "cancelled" else 504
-                message = (
-                    "The request was not run because the batch was cancelled."
-                    if code == 499
-                    else "The request was not run before the batch expired."
-                )
-                entry = {"error": _natural(code, message)}
-            else:
-                error = item.natural_error or _injected_error(item)
-                if error is not None:
-                    entry = {"error": dict(error)}
-                elif item.decision.fault == "missing":
+        seen_prefixes: set[str] = set()
+        with result_file(self.state, "key") as out:
+            for outcome in job.outcomes(now):
+                entry = self._entry(job, outcome, seen_prefixes)
+                if entry is None:
                     continue
-                elif kind == "embed":
-                    entry = {"response": embed_response(item.body)[0]}
-                    job.bill(
-                        item.custom_id, input_tokens=entry["response"]["usageMetadata"]["promptTokenCount"]
-                    )
-                else:
-                    prompt = GeminiPrompt(item.body)
-                    seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
-                    if prompt.prefix_key is not None:
-                        seen_prefixes.add(prompt.prefix_key)
-                    cached = model.cached_tokens(prompt.prefix_tokens, seen, config.cache_min_tokens, 1)
-                    answer, used = generate_response(
-                        item.body,
-                        model_name=model_name,
-                        response_id=_stable_id("", job.id, item.custom_id, length=20),
-                        cached=cached,
-                    )
-                    entry = {"response": answer}
-                    job.bill(item.custom_id, **generate_billed(used))
+                if inline:
+                    meta = metas[outcome.index] if 0 <= outcome.index < len(metas) else None
+                    if meta is not None:
+                        entry["metadata"] = meta
+                    inlined.append(entry)
+                    continue
+                item = outcome.item
+                out.write({"key": item.custom_id, **entry}, item.decision if "response" in entry else None)
             if inline:
-                index = by_id.get(item.custom_id, -1)
-                meta = metas[index] if 0 <= index < len(metas) else None
-                if meta is not None:
-                    entry["metadata"] = meta
-                inlined.append(entry)
-                continue
-            line = _jsonl({"key": item.custom_id, **entry})
-            if "response" in entry and item.decision.malformed:
-                line = line[: max(1, len(line) // 2)] + b"\n"
-            lines.append(line)
-            if "response" in entry and item.decision.duplicate:
-                lines.append(line)
-        if inline:
-            return {"output": {"inlinedResponses": {"inlinedResponses": inlined}}}
-        lines.extend(foreign_lines(lines, "key", job.faults.unknown_result_lines, job.id))
-        stamp = int(self.state.now())
-        meta = StoredFile(
-            id=self.state.new_id("gr", 20),
-            filename=f"batch-{job.id}-responses.jsonl",
-            purpose="batch_output",
-            bytes=0,
-            created_at=stamp,
-            sha256="",
-            expires_at=stamp + FILE_TTL_S,
-            provider=PROVIDER,
+                return {"output": {"inlinedResponses": {"inlinedResponses": inlined}}}
+            out.write_foreign(job.faults.unknown_result_lines, job.id)
+            file_meta = output_file(
+                self.state, PROVIDER, "gr", f"batch-{job.id}-responses.jsonl", FILE_TTL_S, id_length=20
+            )
+            out.keep(file_meta)
+        return {"output": {"responsesFile": f"files/{file_meta.id}"}}
+
+    def _entry(self, job: Job, outcome: ItemOutcome, seen_prefixes: set[str]) -> dict[str, Any] | None:
+        """One item's response or error entry (``None``: fault ``missing``, no line at all); bills it.
+
+        :param job: the batch
+        :param outcome: how the item ended
+        :param seen_prefixes: prompt prefixes met earlier in the batch (prompt caching)
+        """
+        item = outcome.item
+        if outcome.end != "processed":
+            code = 499 if outcome.end == "cancelled" else 504
+            message = (
+                "The request was not run because the batch was cancelled."
+                if code == 499
+                else "The request was not run before the batch expired."
+            )
+            return {"error": _natural(code, message)}
+        error = item.natural_error or injected_error(item, INJECTED_ERRORS)
+        if error is not None:
+            return {"error": dict(error)}
+        if item.decision.fault == "missing":
+            return None
+        if job.attrs["kind"] == "embed":
+            entry = {"response": embed_response(item.body)[0]}
+            job.bill(item.custom_id, input_tokens=entry["response"]["usageMetadata"]["promptTokenCount"])
+            return entry
+        config = job.config
+        prompt = GeminiPrompt(item.body)
+        seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
+        if prompt.prefix_key is not None:
+            seen_prefixes.add(prompt.prefix_key)
+        cached = model.cached_tokens(prompt.prefix_tokens, seen, config.cache_min_tokens, 1)
+        answer, used = generate_response(
+            item.body,
+            model_name=job.attrs["model"],
+            response_id=stable_id("", job.id, item.custom_id, length=20),
+            cached=cached,
         )
-        self.state.files.put(meta, b"".join(lines))
-        return {"output": {"responsesFile": f"files/{meta.id}"}}
+        job.bill(item.custom_id, **generate_billed(used))
+        return {"response": answer}
 
     def _job(self, ref: str) -> Job:
         job_id = ref.removeprefix("batches/")
@@ -962,10 +936,7 @@ class GeminiEmulator:
         """``GET /v1beta/batches/{id}``; may answer an injected transient 500."""
         self.check_auth(request)
         state = self.state
-        counter = state.bump(PROVIDER, "retrieve_requests")
-        config = state.config
-        if config.faults.request_fails(config.seed, "retrieve", counter, config.faults.retrieve_5xx_rate):
-            state.bump(PROVIDER, "retrieve_5xx")
+        if retrieve_fails(state, PROVIDER):
             raise _fail(500, _INTERNAL)
         return self.operation_json(self._job(batch_ref), state.now())
 

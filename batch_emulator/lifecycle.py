@@ -13,6 +13,10 @@ order is a seeded shuffle. Asking for the job's state at a time ``now`` only doe
 - a stuck job (fault ``stuck_batches``) stays ``in_progress`` with no item finished until it is
   cancelled.
 
+A job's items live on disk, not in memory (:class:`ItemLog`: one JSON record per item in a spool
+file of the data directory, with only its offset and its failing flag kept in RAM), and its
+billed tokens too; so a batch of 200,000 lines costs the emulator a few bytes per line of memory.
+
 Items finish evenly spread over ``in_progress`` in processing order (the ``k``-th item at
 ``t1 + k / n * (t2 - t1)``), so request counts grow with time. Status names are OpenAI's, which are
 also the package's neutral :data:`~airflow_batch_provider.core.states.BATCH_STATES`; other
@@ -21,14 +25,21 @@ providers' routers map them to their own words.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+import tempfile
+import weakref
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final, Literal, overload
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig, ItemDecision
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig, ItemDecision, ItemFault
 
 JobStatus = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
@@ -138,11 +149,142 @@ class ItemOutcome:
     :param item: the item
     :param end: ``processed`` (answer or error line), ``expired`` or ``cancelled``
     :param position: 0-based position in processing order (processed items only, else -1)
+    :param index: 0-based position in input order
     """
 
     item: JobItem
     end: ItemEnd
     position: int
+    index: int = -1
+
+
+def _unlink(path: str) -> None:
+    with suppress(OSError):
+        os.unlink(path)
+
+
+class ItemLog(Sequence[JobItem]):
+    """A job's items, spooled to a file as they are parsed: memory stays flat as a batch grows.
+
+    Each item is one JSON line of the spool file; RAM holds only its offset (8 bytes) and its
+    failing flag (1 byte). Items are read back one at a time (by index, or in order). The file is
+    removed when the log is forgotten (its job reset or the emulator gone).
+
+    :param directory: where the spool file goes (the emulator's data directory; ``None``: the
+        system's temporary folder)
+    :param items: items to append at once
+    """
+
+    def __init__(self, directory: Path | None = None, items: Iterable[JobItem] = ()) -> None:
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix="items-", suffix=".jsonl", dir=directory)
+        self.path = Path(name)
+        self._sink: IO[bytes] | None = open(fd, "wb")  # noqa: SIM115 - closed by seal()
+        self._offsets = array("q")
+        self._failing = bytearray()
+        self._size = 0
+        self._cleanup = weakref.finalize(self, _unlink, name)
+        for item in items:
+            self.append(item)
+
+    def append(self, item: JobItem) -> None:
+        """Write one item at the end of the log.
+
+        :param item: the item
+        """
+        if self._sink is None:
+            raise ValueError("this item log is sealed; a job's items do not change once it exists.")
+        record = {
+            "c": item.custom_id,
+            "l": item.line,
+            "b": item.body,
+            "d": asdict(item.decision),
+            "e": item.natural_error,
+        }
+        raw = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        self._offsets.append(self._size)
+        self._failing.append(1 if item.failing else 0)
+        self._sink.write(raw)
+        self._size += len(raw)
+
+    def seal(self) -> None:
+        """Finish writing: the log becomes read-only (a job seals its log when it is created)."""
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+
+    def discard(self) -> None:
+        """Remove the spool file now (the log is unusable afterwards)."""
+        self.seal()
+        self._cleanup()
+
+    @staticmethod
+    def _decode(raw: bytes) -> JobItem:
+        record = json.loads(raw)
+        decision = record["d"]
+        fault: ItemFault = decision["fault"]
+        return JobItem(
+            custom_id=record["c"],
+            line=record["l"],
+            body=record["b"],
+            decision=ItemDecision(fault, bool(decision["duplicate"]), bool(decision["malformed"])),
+            natural_error=record["e"],
+        )
+
+    def failing(self, index: int) -> bool:
+        """Tell whether item ``index`` ends as an error line, without reading it.
+
+        :param index: 0-based input position
+        """
+        return bool(self._failing[index])
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """Open the spool once and yield a function that reads the item at an index.
+
+        For many reads in any order (processing order is a shuffle of the input order).
+        """
+        if self._sink is not None:
+            self._sink.flush()
+        with open(self.path, "rb") as fh:
+
+            def get(index: int) -> JobItem:
+                fh.seek(self._offsets[index])
+                return self._decode(fh.readline())
+
+            yield get
+
+    @overload
+    def __getitem__(self, index: int) -> JobItem: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[JobItem]: ...
+
+    def __getitem__(self, index: int | slice) -> JobItem | Sequence[JobItem]:
+        if isinstance(index, slice):
+            with self.reading() as get:
+                return [get(i) for i in range(len(self))[index]]
+        position = range(len(self))[index]
+        with self.reading() as get:
+            item: JobItem = get(position)
+            return item
+
+    def __iter__(self) -> Iterator[JobItem]:
+        if self._sink is not None:
+            self._sink.flush()
+        count = len(self)
+        with open(self.path, "rb") as fh:
+            for _ in range(count):
+                yield self._decode(fh.readline())
+
+    def custom_ids(self) -> Iterator[str]:
+        """Yield every item's custom id in input order."""
+        for item in self:
+            yield item.custom_id
 
 
 class Job:
@@ -165,7 +307,7 @@ class Job:
         provider: str,
         creation_index: int,
         created: float,
-        items: Sequence[JobItem],
+        items: ItemLog | Sequence[JobItem],
         issues: Sequence[ValidationIssue],
         config: EmulatorConfig,
         attrs: dict[str, Any] | None = None,
@@ -174,7 +316,10 @@ class Job:
         self.provider = provider
         self.creation_index = creation_index
         self.created = created
-        self.items = tuple(items)
+        log = items if isinstance(items, ItemLog) else ItemLog(None, items)
+        log.seal()
+        #: the items in input order, on disk
+        self.items: ItemLog = log
         self.issues = tuple(issues)
         self.config = config
         self.faults: FaultConfig = config.faults
@@ -191,8 +336,10 @@ class Job:
         self.stuck = not issues and self.faults.batch_stuck(creation_index)
         if self.stuck:
             self.t_finalizing = self.t_completed = math.inf
-        #: billed tokens per custom id, filled by the provider router as it renders the results
-        self.billed: dict[str, dict[str, int]] = {}
+        #: billed tokens per item, one JSON line each, spooled beside the items
+        self._billed_path = log.path.with_suffix(".billed")
+        self._billed_cleanup = weakref.finalize(self, _unlink, str(self._billed_path))
+        self._bills: list[str] = []
         self.cancel_delay = t.cancelling_s * scale
         self.expires = (
             not self.issues and not self.stuck and self.faults.batch_expires(config.seed, creation_index)
@@ -200,13 +347,13 @@ class Job:
         self.t_expired = self.t_in_progress + self.faults.expire_after_fraction * (
             self.t_finalizing - self.t_in_progress
         )
-        order = list(range(len(self.items)))
+        order = array("I", range(len(self.items)))
         random.Random(f"{config.seed}:{provider}:{creation_index}:order").shuffle(order)
         #: item indices (input order) in processing order
-        self.order: tuple[int, ...] = tuple(order)
-        failed_prefix = [0]
+        self.order: array[int] = order
+        failed_prefix = array("I", [0])
         for idx in self.order:
-            failed_prefix.append(failed_prefix[-1] + (1 if self.items[idx].failing else 0))
+            failed_prefix.append(failed_prefix[-1] + (1 if log.failing(idx) else 0))
         self._failed_prefix = failed_prefix
 
     def bill(self, custom_id: str, **usage: int) -> None:
@@ -216,7 +363,35 @@ class Job:
         :param usage: ``input_tokens`` (uncached), ``cached_input_tokens``, ``cache_write_tokens``,
             ``output_tokens``
         """
-        self.billed[custom_id] = billed(**usage)
+        line = json.dumps([custom_id, billed(**usage)], separators=(",", ":"), ensure_ascii=False)
+        self._bills.append(line + "\n")
+        if len(self._bills) >= 1024:
+            self._flush_bills()
+
+    def _flush_bills(self) -> None:
+        if self._bills:
+            with open(self._billed_path, "a", encoding="utf-8") as fh:
+                fh.writelines(self._bills)
+            self._bills.clear()
+
+    @property
+    def billed(self) -> dict[str, dict[str, int]]:
+        """Billed tokens per custom id, read back from disk (the last bill of an item wins)."""
+        self._flush_bills()
+        out: dict[str, dict[str, int]] = {}
+        try:
+            with open(self._billed_path, encoding="utf-8") as fh:
+                for line in fh:
+                    custom_id, usage = json.loads(line)
+                    out[custom_id] = usage
+        except FileNotFoundError:
+            pass
+        return out
+
+    def discard(self) -> None:
+        """Remove the job's spool files now (on reset)."""
+        self.items.discard()
+        self._billed_cleanup()
 
     def record(self, now: float) -> dict[str, Any]:
         """Return this job's entry of the emulator's record (see ``GET /_emulator/record``).
@@ -231,9 +406,9 @@ class Job:
             "created_at": self.created,
             "keys": keys,
             "request_count": len(self.items),
-            "custom_ids": [item.custom_id for item in self.items],
+            "custom_ids": list(self.items.custom_ids()),
             "status": view.status,
-            "billed": dict(self.billed) if self.results is not None else None,
+            "billed": self.billed if self.results is not None else None,
         }
 
     # -- schedule ------------------------------------------------------------------------
@@ -336,17 +511,20 @@ class Job:
         failed = self._failed_prefix[done]
         return JobView(status=status, times=times, total=total, completed=done - failed, failed=failed)
 
-    def outcomes(self, now: float) -> list[ItemOutcome]:
-        """Return every item's end, processed items first in processing order.
+    def outcomes(self, now: float) -> Iterator[ItemOutcome]:
+        """Yield every item's end, processed items first in processing order, one item at a time.
 
         Meant for a terminal job: items not processed by then are ``expired`` or ``cancelled``.
 
         :param now: the current time
         """
         if self.issues:
-            return []
+            return
         done = self.done_count(now)
         end: ItemEnd = "cancelled" if self.cancel_effective else "expired"
-        out = [ItemOutcome(self.items[idx], "processed", pos) for pos, idx in enumerate(self.order[:done])]
-        out.extend(ItemOutcome(self.items[idx], end, -1) for idx in self.order[done:])
-        return out
+        with self.items.reading() as get:
+            for pos, idx in enumerate(self.order):
+                if pos < done:
+                    yield ItemOutcome(get(idx), "processed", pos, idx)
+                else:
+                    yield ItemOutcome(get(idx), end, -1, idx)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from airflow_batch_provider.emulator import model
+from batch_emulator import model
 
 
 @pytest.mark.parametrize(

@@ -25,14 +25,15 @@ import secrets
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator.app import ApiError
-from airflow_batch_provider.emulator.gemini_api import (
+from batch_emulator.app import ApiError
+from batch_emulator.common import settle
+from batch_emulator.gemini_api import (
     BATCH_STATES,
     GeminiEmulator,
     _fail,
@@ -40,8 +41,8 @@ from airflow_batch_provider.emulator.gemini_api import (
     _page_args,
     _rfc3339,
 )
-from airflow_batch_provider.emulator.lifecycle import Job, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, StoredFile
+from batch_emulator.lifecycle import Job, ValidationIssue
+from batch_emulator.store import CHUNK, EmulatorState, StoredFile
 
 PROVIDER: Final = "vertex"
 _JOBS: Final = "/{version}/projects/{project}/locations/{location}/batchPredictionJobs"
@@ -63,30 +64,35 @@ class GcsClient:
     def __init__(self, endpoint: str | None) -> None:
         self.endpoint = (endpoint or "https://storage.googleapis.com").rstrip("/")
 
-    def read(self, uri: str) -> bytes:
-        """Return an object's bytes.
+    def read_into(self, uri: str, sink: Any) -> None:
+        """Copy an object's bytes into ``sink`` a block at a time.
 
         :param uri: ``gs://bucket/name``
+        :param sink: has ``write(bytes)``
         """
         bucket, name = _split_gs(uri)
         url = f"{self.endpoint}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
         with urllib.request.urlopen(url, timeout=30) as answer:
-            data: bytes = answer.read()
-            return data
+            while block := answer.read(CHUNK):
+                sink.write(block)
 
-    def write(self, uri: str, data: bytes) -> None:
+    def write(self, uri: str, data: bytes | Iterable[bytes], size: int | None = None) -> None:
         """Create or replace an object.
 
         :param uri: ``gs://bucket/name``
-        :param data: its bytes
+        :param data: its bytes, or its blocks (then ``size`` is required)
+        :param size: the byte count of ``data`` given as blocks
         """
         bucket, name = _split_gs(uri)
         query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        headers = {"Content-Type": "application/octet-stream"}
+        if size is not None:
+            headers["Content-Length"] = str(size)
         request = urllib.request.Request(
             f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?{query}",
             data=data,
             method="POST",
-            headers={"Content-Type": "application/octet-stream"},
+            headers=headers,
         )
         with urllib.request.urlopen(request, timeout=30):
             pass
@@ -184,19 +190,9 @@ class VertexEmulator:
         model_name = "models/" + str(body.get("model") or "").rsplit("/", 1)[-1]
         state = self.state
         try:
-            data = b"".join([await run_in_threadpool(self.gcs.read, str(uri)) for uri in uris])
+            meta = await run_in_threadpool(self._stage_input, [str(uri) for uri in uris])
         except OSError as exc:
             raise _fail(400, f"cannot read the batch input {uris}: {exc}", "FAILED_PRECONDITION") from exc
-        meta = StoredFile(
-            id=state.new_id("vi", 20),
-            filename=str(uris[0]).rsplit("/", 1)[-1],
-            purpose="batch",
-            bytes=0,
-            created_at=int(state.now()),
-            sha256="",
-            provider=PROVIDER,
-        )
-        meta = state.files.put(meta, data)
         items, issues = self.gemini._parse_file(meta, model_name, "generate", state.config)
         attrs: dict[str, Any] = {
             "kind": "generate",
@@ -217,11 +213,8 @@ class VertexEmulator:
         :param job: the job
         :param now: the current time
         """
-        with self.state.lock:
-            view = job.view(now)
-            if view.terminal and job.results is None:
-                job.results = self._write_output(job, now, view.status)
-            results = job.results or {}
+        view = settle(self.state, job, now, self._write_output)
+        results = job.results or {}
         out: dict[str, Any] = {
             "name": f"{job.attrs['path']}/{job.id}",
             "displayName": job.attrs["display_name"],
@@ -245,14 +238,34 @@ class VertexEmulator:
             }
         return out
 
+    def _stage_input(self, uris: list[str]) -> StoredFile:
+        """Copy the input objects, one after the other, into one file of the data directory."""
+        state = self.state
+        with state.files.writer() as sink:
+            for uri in uris:
+                self.gcs.read_into(uri, sink)
+            meta = StoredFile(
+                id=state.new_id("vi", 20),
+                filename=uris[0].rsplit("/", 1)[-1],
+                purpose="batch",
+                bytes=0,
+                created_at=int(state.now()),
+                sha256="",
+                provider=PROVIDER,
+            )
+            sink.keep(meta)
+        return meta
+
     def _write_output(self, job: Job, now: float, status: str) -> dict[str, Any]:
         rendered = self.gemini._write_results(job, now, status)
         file_ref = (rendered.get("output") or {}).get("responsesFile")
         if not file_ref:
             return {"written": True}
-        data = b"".join(self.state.files.iter_lines(str(file_ref).removeprefix("files/")))
+        file_id = str(file_ref).removeprefix("files/")
+        meta = self.state.files.get(file_id)
+        assert meta is not None
         directory = f"{job.attrs['output_prefix'].rstrip('/')}/prediction-model-{int(job.created)}"
-        self.gcs.write(f"{directory}/predictions.jsonl", data)
+        self.gcs.write(f"{directory}/predictions.jsonl", self.state.files.iter_bytes(file_id), meta.bytes)
         self.state.bump(PROVIDER, "outputs_written")
         return {"directory": directory}
 

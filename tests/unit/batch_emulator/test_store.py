@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import gc
 import io
 import threading
 from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import (
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.lifecycle import JobItem
+from batch_emulator.store import (
     Clock,
     EmulatorState,
     FileStore,
@@ -20,7 +22,7 @@ def meta(file_id: str) -> StoredFile:
     return StoredFile(id=file_id, filename="f.jsonl", purpose="batch", bytes=0, created_at=1, sha256="")
 
 
-@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "disk"])
+@pytest.mark.parametrize("on_disk", [False, True], ids=["temporary folder", "data dir"])
 def test_files_round_trip_in_chunks_and_lines(tmp_path: Path, on_disk: bool) -> None:
     store = FileStore(tmp_path / "data" if on_disk else None, threading.RLock())
     content = b"".join(b'{"n": %d}\n' % i for i in range(20_000)) + b"tail-without-newline"
@@ -36,6 +38,27 @@ def test_files_round_trip_in_chunks_and_lines(tmp_path: Path, on_disk: bool) -> 
         list(store.iter_bytes("file-1"))
     if on_disk:
         assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_without_a_data_directory_files_still_go_to_disk_in_a_folder_removed_with_the_store() -> None:
+    store = FileStore(None, threading.RLock())
+    folder = store.directory
+    store.put(meta("file-1"), b"x" * 100_000)
+    assert (folder / "file-1").stat().st_size == 100_000, "file bytes are never held in memory"
+    del store
+    gc.collect()
+    assert not folder.exists()
+
+
+def test_a_reset_removes_the_spools_of_the_jobs_it_forgets(tmp_path: Path) -> None:
+    state = EmulatorState(EmulatorConfig(data_dir=tmp_path))
+    items = state.item_log()
+    items.append(JobItem("a", 1, {"model": "m"}))
+    job = state.create_job("openai", "batch_1", items, [], state.config, {})
+    job.bill("a", input_tokens=1)
+    assert job.billed and len(list((tmp_path / "jobs").iterdir())) == 2
+    state.reset()
+    assert list((tmp_path / "jobs").iterdir()) == []
 
 
 def test_an_upload_over_the_limit_is_refused_and_leaves_nothing_behind(tmp_path: Path) -> None:

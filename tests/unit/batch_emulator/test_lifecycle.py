@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
+from pathlib import Path
+
+import pytest
+
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.lifecycle import ItemLog, Job, JobItem, ValidationIssue
 
 T0 = 1_000.0
 
@@ -60,7 +64,7 @@ def test_processing_order_is_a_seeded_shuffle() -> None:
     a, b = make_job(50), make_job(50)
     assert a.order == b.order
     assert sorted(a.order) == list(range(50))
-    assert a.order != tuple(range(50))
+    assert tuple(a.order) != tuple(range(50))
     assert make_job(50, index=1).order != a.order
 
 
@@ -70,7 +74,7 @@ def test_a_job_with_validation_issues_fails_when_validation_ends() -> None:
     failed = job.view(T0 + 2)
     assert failed.status == "failed" and dict(failed.times) == {"failed_at": 1002}
     assert (failed.total, failed.completed, failed.failed) == (0, 0, 0)
-    assert job.outcomes(T0 + 100) == []
+    assert list(job.outcomes(T0 + 100)) == []
 
 
 def test_an_expiring_job_stops_at_its_fraction_and_leaves_the_rest_expired() -> None:
@@ -104,3 +108,51 @@ def test_time_scale_zero_finishes_at_once() -> None:
     job = make_job(5, time_scale=0.0)
     view = job.view(T0)
     assert view.status == "completed" and view.completed == 5
+
+
+def test_a_jobs_items_live_in_a_spool_file_and_read_back_whole_in_any_order(tmp_path: Path) -> None:
+    faults = FaultConfig(rate_500=0.3, rate_duplicate=0.3)
+    items = [
+        JobItem(
+            custom_id=f"c{i}",
+            line=i + 1,
+            body={"messages": [{"role": "user", "content": f"review {i} é"}]},
+            decision=faults.decide_item(0, f"c{i}"),
+            natural_error={"status": 400, "message": "too long"} if i % 7 == 0 else None,
+        )
+        for i in range(300)
+    ]
+    log = ItemLog(tmp_path, items)
+    log.seal()
+    assert log.path.parent == tmp_path
+    assert len(log.path.read_bytes().splitlines()) == 300, "one line per item on disk"
+    assert list(log) == items
+    with log.reading() as get:
+        assert [get(i) for i in (299, 0, 150)] == [items[299], items[0], items[150]]
+    assert log[-1] == items[-1] and log[10:12] == items[10:12]
+    assert [log.failing(i) for i in range(300)] == [item.failing for item in items]
+    assert list(log.custom_ids()) == [f"c{i}" for i in range(300)]
+
+
+def test_a_sealed_item_log_refuses_more_items_and_its_file_goes_with_the_job(tmp_path: Path) -> None:
+    log = ItemLog(tmp_path, [JobItem("a", 1, {})])
+    job = Job(
+        job_id="j", provider="t", creation_index=0, created=T0, items=log, issues=[], config=EmulatorConfig()
+    )
+    with pytest.raises(ValueError, match="sealed"):
+        log.append(JobItem("b", 2, {}))
+    job.bill("a", input_tokens=3, output_tokens=2)
+    assert job.billed == {
+        "a": {"input_tokens": 3, "output_tokens": 2, "cached_input_tokens": 0, "cache_write_tokens": 0}
+    }
+    assert len(list(tmp_path.iterdir())) == 2, "the items and the billed tokens, on disk"
+    job.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outcomes_come_one_at_a_time_with_their_input_position() -> None:
+    job = make_job(20)
+    outcomes = job.outcomes(T0 + 100)
+    first = next(outcomes)
+    assert first.item.custom_id == f"c{first.index}" and first.position == 0
+    assert sorted([first.index, *(o.index for o in outcomes)]) == list(range(20))

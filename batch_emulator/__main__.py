@@ -1,4 +1,4 @@
-"""``python -m airflow_batch_provider.emulator``: serve the emulator on a loopback address."""
+"""``python -m batch_emulator``: serve the emulator on a loopback address."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_batch_provider.emulator.config import DEFAULT_PORT, EmulatorConfig, is_loopback
-from airflow_batch_provider.emulator.faults import FaultConfig
+from batch_emulator.config import DEFAULT_PORT, EmulatorConfig, is_loopback
+from batch_emulator.faults import FaultConfig
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_batch_provider.emulator",
+        prog="python -m batch_emulator",
         description="Local LLM batch provider emulator (OpenAI-compatible). Binds loopback addresses only.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
@@ -38,7 +38,23 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="one fault setting, e.g. rate_500=0.05 or expire_batches=[0,2]; repeatable; wins over --faults",
     )
-    parser.add_argument("--data-dir", type=Path, help="keep file bytes in this directory instead of memory")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="where files, batch items and results are kept (default: a temporary folder removed at exit)",
+    )
+    parser.add_argument(
+        "--max-batch-requests",
+        type=int,
+        default=EmulatorConfig.max_batch_requests,
+        help="most request lines in one OpenAI batch input file (default 50,000, the API's limit)",
+    )
+    parser.add_argument(
+        "--max-batch-bytes",
+        type=int,
+        default=EmulatorConfig.max_batch_bytes,
+        help="largest OpenAI batch input file in bytes (default 200 MiB, the API's limit)",
+    )
     parser.add_argument("--api-key", help="require this bearer token (default: accept any)")
     parser.add_argument(
         "--s3-endpoint", help="S3-compatible endpoint URL for the Bedrock routes' input and output"
@@ -86,6 +102,9 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         seed=args.seed,
         faults=FaultConfig.from_mapping(settings),
         data_dir=args.data_dir,
+        max_batch_requests=args.max_batch_requests,
+        max_batch_bytes=args.max_batch_bytes,
+        max_file_bytes=max(EmulatorConfig.max_file_bytes, args.max_batch_bytes),
         api_key=args.api_key,
         s3_endpoint=args.s3_endpoint,
         gcs_endpoint=args.gcs_endpoint,
@@ -95,7 +114,7 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
 async def _serve(config: EmulatorConfig, log_level: str) -> None:
     import uvicorn
 
-    from airflow_batch_provider.emulator.app import create_app
+    from batch_emulator.app import create_app
 
     bind_host = config.host.strip("[]")
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET

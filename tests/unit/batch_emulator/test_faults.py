@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batch_provider.emulator.faults import (
+from batch_emulator.faults import (
     FaultConfig,
     SlidingWindowLimiter,
     retry_after_header,

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from airflow_batch_provider.emulator.__main__ import _parse_args, build_config, main
+from batch_emulator.__main__ import _parse_args, build_config, main
 
 
 def test_non_loopback_hosts_are_refused_with_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,7 +46,7 @@ def test_bad_fault_settings_stop_the_start(fault: str, capsys: pytest.CaptureFix
 
 def test_the_module_starts_a_server_and_announces_its_address() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "airflow_batch_provider.emulator", "--port", "0", "--time-scale", "0.05"],
+        [sys.executable, "-m", "batch_emulator", "--port", "0", "--time-scale", "0.05"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

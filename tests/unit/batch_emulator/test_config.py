@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig, Timings, is_loopback
+from batch_emulator.config import EmulatorConfig, Timings, is_loopback
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
+from batch_emulator.config import EmulatorConfig
 
 
 @contextmanager
@@ -26,12 +26,12 @@ def run_emulator(
 
     :param config: emulator settings (default :class:`EmulatorConfig`)
     :param startup_timeout_s: give up when the server is not up by then
-    :param app_kwargs: passed to :func:`~airflow_batch_provider.emulator.app.create_app`
+    :param app_kwargs: passed to :func:`~batch_emulator.app.create_app`
     :return: ``http://127.0.0.1:<port>``
     """
     import uvicorn
 
-    from airflow_batch_provider.emulator.app import create_app
+    from batch_emulator.app import create_app
 
     config = config or EmulatorConfig()
     bind_host = config.host.strip("[]")

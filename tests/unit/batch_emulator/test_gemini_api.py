@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.testing import run_emulator
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.testing import run_emulator
 
 pytest.importorskip("google.genai")
 from google import genai

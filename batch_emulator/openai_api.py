@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -37,12 +36,26 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState, FileTooLargeError, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.common import (
+    BEARER,
+    ErrorTable,
+    InputScan,
+    InputWords,
+    ResultWriter,
+    injected_error,
+    key_accepted,
+    output_file,
+    result_file,
+    retrieve_fails,
+    settle,
+    stable_id,
+)
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import RateDecision, retry_after_header
+from batch_emulator.lifecycle import ItemLog, Job, JobItem, ValidationIssue
+from batch_emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
 PROVIDER: Final = "openai"
 SUPPORTED_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
@@ -50,6 +63,10 @@ FILE_PURPOSES: Final = frozenset({"assistants", "batch", "fine-tune", "vision", 
 OUTPUT_FILE_TTL_S: Final = 30 * 86_400
 MAX_ISSUES: Final = 100
 _SERVER_ERROR: Final = "The server had an error while processing your request. Sorry about that!"
+INPUT_WORDS: Final = InputWords(
+    too_many="The input file has more than {limit} requests; split it into smaller batches.",
+    bad_json="This line is not parseable as valid JSON.",
+)
 
 
 def error_body(
@@ -78,10 +95,6 @@ def _fail(
 
 def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
-
-
-def _stable_id(prefix: str, *parts: str, length: int = 24) -> str:
-    return prefix + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:length]
 
 
 # -- request content ---------------------------------------------------------------------------
@@ -454,10 +467,10 @@ def response_object(
     output_tokens = reply.output_tokens + reasoning
     output: list[dict[str, Any]] = []
     if reasoning:
-        output.append({"id": _stable_id("rs_", response_id), "type": "reasoning", "summary": []})
+        output.append({"id": stable_id("rs_", response_id), "type": "reasoning", "summary": []})
     output.append(
         {
-            "id": _stable_id("msg_", response_id),
+            "id": stable_id("msg_", response_id),
             "type": "message",
             "role": "assistant",
             "status": "incomplete" if reply.truncated else "completed",
@@ -606,11 +619,7 @@ def build_router(state: EmulatorState) -> APIRouter:
     state.finalizers[PROVIDER] = api.batch_json
 
     def check_auth(request: Request) -> None:
-        expected = state.config.api_key
-        if expected is None:
-            return
-        header = request.headers.get("authorization", "")
-        if header != f"Bearer {expected}":
+        if not key_accepted(state, request, (BEARER,)):
             raise _fail(401, "Incorrect API key provided.", "invalid_request_error", None, "invalid_api_key")
 
     router = APIRouter(prefix="/v1", dependencies=[Depends(check_auth)])
@@ -877,9 +886,9 @@ class OpenAIEmulator:
 
     def _parse_input(
         self, meta: StoredFile, endpoint: str, config: EmulatorConfig
-    ) -> tuple[list[JobItem], list[ValidationIssue]]:
+    ) -> tuple[ItemLog | list[JobItem], list[ValidationIssue]]:
         issues: list[ValidationIssue] = []
-        items: list[JobItem] = []
+        items = self.state.item_log()
         if meta.bytes > config.max_batch_bytes:
             return [], [
                 ValidationIssue(
@@ -889,31 +898,10 @@ class OpenAIEmulator:
             ]
         seen: set[str] = set()
         first_model: str | None = None
-        count = 0
         check = REQUEST_CHECKS[endpoint]
         faults = config.faults
-        for number, raw in enumerate(self.state.files.iter_lines(meta.id), start=1):
-            if len(issues) >= MAX_ISSUES:
-                break
-            if not raw.strip():
-                continue
-            count += 1
-            if count > config.max_batch_requests:
-                issues.append(
-                    ValidationIssue(
-                        "too_many_requests",
-                        f"The input file has more than {config.max_batch_requests} requests; split it into smaller batches.",
-                        number,
-                    )
-                )
-                break
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                issues.append(
-                    ValidationIssue("invalid_json_line", "This line is not parseable as valid JSON.", number)
-                )
-                continue
+        scan = InputScan(INPUT_WORDS, issues, config.max_batch_requests, MAX_ISSUES)
+        for number, line in scan.lines(self.state.files.iter_lines(meta.id)):
             if not isinstance(line, dict):
                 issues.append(ValidationIssue("invalid_json_line", "This line is not a JSON object.", number))
                 continue
@@ -983,7 +971,7 @@ class OpenAIEmulator:
                     natural_error=check(body, config),
                 )
             )
-        if count == 0 and not issues:
+        if scan.count == 0 and not issues:
             issues.append(
                 ValidationIssue("empty_file", "The input file is empty; it needs at least one request line.")
             )
@@ -1001,11 +989,8 @@ class OpenAIEmulator:
         :param job: the batch
         :param now: the current time
         """
-        with self.state.lock:
-            view = job.view(now)
-            if view.terminal and job.results is None:
-                job.results = self._write_results(job, now, view.status)
-            results = job.results or {}
+        view = settle(self.state, job, now, self._write_results)
+        results = job.results or {}
         usage = results.get("usage")
         data: dict[str, Any] = {
             "id": job.id,
@@ -1029,26 +1014,24 @@ class OpenAIEmulator:
         return out
 
     def _write_results(self, job: Job, now: float, status: str) -> dict[str, Any]:
-        """Render and store the output and error files of a job that just ended."""
-        out_lines: list[bytes] = []
-        err_lines: list[bytes] = []
+        """Render and store the output and error files of a job that just ended, a line at a time."""
         usage = {"input": 0, "cached": 0, "output": 0, "reasoning": 0}
         seen_prefixes: set[str] = set()
-        config = job.config
         created = int(job.view(now).times.get("finalizing_at", now))
-        for outcome in job.outcomes(now):
-            item = outcome.item
-            line_id = _stable_id("batch_req_", job.id, item.custom_id, length=32)
-            request_id = _stable_id("req_", job.id, item.custom_id, "request", length=32)
-            if outcome.end != "processed":
-                code = "batch_expired" if outcome.end == "expired" else "batch_cancelled"
-                message = (
-                    "This request could not be executed before the completion window expired."
-                    if outcome.end == "expired"
-                    else "This request was not executed because the batch was cancelled."
-                )
-                err_lines.append(
-                    _jsonl(
+        results: dict[str, Any] = {}
+        with result_file(self.state, "custom_id") as out, result_file(self.state, "custom_id") as err:
+            for outcome in job.outcomes(now):
+                item = outcome.item
+                line_id = stable_id("batch_req_", job.id, item.custom_id, length=32)
+                request_id = stable_id("req_", job.id, item.custom_id, "request", length=32)
+                if outcome.end != "processed":
+                    code = "batch_expired" if outcome.end == "expired" else "batch_cancelled"
+                    message = (
+                        "This request could not be executed before the completion window expired."
+                        if outcome.end == "expired"
+                        else "This request was not executed because the batch was cancelled."
+                    )
+                    err.write(
                         {
                             "id": line_id,
                             "custom_id": item.custom_id,
@@ -1056,111 +1039,94 @@ class OpenAIEmulator:
                             "error": {"code": code, "message": message},
                         }
                     )
-                )
-                continue
-            error = item.natural_error or _injected_error(item)
-            if error is not None:
-                response = {
-                    "status_code": error["status"],
-                    "request_id": request_id,
-                    "body": error_body(error["message"], error["type"], error["param"], error["code"]),
-                }
-                err_lines.append(
-                    _jsonl({"id": line_id, "custom_id": item.custom_id, "response": response, "error": None})
-                )
-                continue
-            if item.decision.fault == "missing":
-                continue
-            endpoint = job.attrs["endpoint"]
-            if endpoint == "/v1/embeddings":
-                body, used = embedding_list(item.body)
-            elif endpoint == "/v1/moderations":
-                body, used = moderation_object(
-                    item.body, moderation_id=_stable_id("modr-", job.id, item.custom_id)
-                )
-            else:
-                prompt = ChatPrompt(chat_view(item.body) if endpoint == "/v1/responses" else item.body)
-                seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
-                cached = model.cached_tokens(
-                    prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
-                )
-                if prompt.prefix_key is not None:
-                    seen_prefixes.add(prompt.prefix_key)
-                if endpoint == "/v1/responses":
-                    body, used = response_object(
-                        item.body,
-                        response_id=_stable_id("resp_", job.id, item.custom_id),
-                        created=created,
-                        cached=cached,
+                    continue
+                error = item.natural_error or injected_error(item, INJECTED_ERRORS)
+                if error is not None:
+                    response = {
+                        "status_code": error["status"],
+                        "request_id": request_id,
+                        "body": error_body(error["message"], error["type"], error["param"], error["code"]),
+                    }
+                    err.write(
+                        {"id": line_id, "custom_id": item.custom_id, "response": response, "error": None}
                     )
-                else:
-                    body, used = chat_completion(
-                        item.body,
-                        completion_id=_stable_id("chatcmpl-", job.id, item.custom_id),
-                        created=created,
-                        cached=cached,
-                    )
-            for key in usage:
-                usage[key] += used.get(key, 0)
-            job.bill(
-                item.custom_id,
-                input_tokens=used["input"] - used["cached"],
-                cached_input_tokens=used["cached"],
-                output_tokens=used["output"],
-            )
-            line = _jsonl(
-                {
-                    "id": line_id,
-                    "custom_id": item.custom_id,
-                    "response": {"status_code": 200, "request_id": request_id, "body": body},
-                    "error": None,
-                }
-            )
-            if item.decision.malformed:
-                line = line[: max(1, len(line) // 2)] + b"\n"
-            out_lines.append(line)
-            if item.decision.duplicate:
-                out_lines.append(line)
-        results: dict[str, Any] = {
-            "usage": {
+                    continue
+                if item.decision.fault == "missing":
+                    continue
+                body, used = self._answer_item(job, item, created, seen_prefixes)
+                for key in usage:
+                    usage[key] += used.get(key, 0)
+                job.bill(
+                    item.custom_id,
+                    input_tokens=used["input"] - used["cached"],
+                    cached_input_tokens=used["cached"],
+                    output_tokens=used["output"],
+                )
+                out.write(
+                    {
+                        "id": line_id,
+                        "custom_id": item.custom_id,
+                        "response": {"status_code": 200, "request_id": request_id, "body": body},
+                        "error": None,
+                    },
+                    item.decision,
+                )
+            results["usage"] = {
                 "input_tokens": usage["input"],
                 "input_tokens_details": {"cached_tokens": usage["cached"]},
                 "output_tokens": usage["output"],
                 "output_tokens_details": {"reasoning_tokens": usage["reasoning"]},
                 "total_tokens": usage["input"] + usage["output"],
             }
-        }
-        if status == "failed":
-            return results
-        out_lines.extend(foreign_lines(out_lines, "custom_id", job.faults.unknown_result_lines, job.id))
-        if out_lines or status == "completed":
-            results["output_file_id"] = self._store_result(job, "output", out_lines)
-        if err_lines:
-            results["error_file_id"] = self._store_result(job, "error", err_lines)
+            if status == "failed":
+                return results
+            out.write_foreign(job.faults.unknown_result_lines, job.id)
+            if out.lines or status == "completed":
+                results["output_file_id"] = self._keep_result(job, "output", out)
+            if err.lines:
+                results["error_file_id"] = self._keep_result(job, "error", err)
         return results
 
-    def _store_result(self, job: Job, kind: str, lines: list[bytes]) -> str:
-        now = int(self.state.now())
-        meta = StoredFile(
-            id=self.state.new_id("file-"),
-            filename=f"batch_{job.id}_{kind}.jsonl",
-            purpose="batch_output",
-            bytes=0,
-            created_at=now,
-            sha256="",
-            expires_at=now + OUTPUT_FILE_TTL_S,
-            provider=PROVIDER,
+    def _answer_item(
+        self, job: Job, item: JobItem, created: int, seen_prefixes: set[str]
+    ) -> tuple[dict[str, Any], dict[str, int]]:
+        """Answer one batch item at its endpoint; prompt caching counts the prefixes seen in the batch."""
+        config = job.config
+        endpoint = job.attrs["endpoint"]
+        if endpoint == "/v1/embeddings":
+            return embedding_list(item.body)
+        if endpoint == "/v1/moderations":
+            return moderation_object(item.body, moderation_id=stable_id("modr-", job.id, item.custom_id))
+        prompt = ChatPrompt(chat_view(item.body) if endpoint == "/v1/responses" else item.body)
+        seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
+        cached = model.cached_tokens(
+            prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
         )
-        self.state.files.put(meta, b"".join(lines))
+        if prompt.prefix_key is not None:
+            seen_prefixes.add(prompt.prefix_key)
+        if endpoint == "/v1/responses":
+            return response_object(
+                item.body,
+                response_id=stable_id("resp_", job.id, item.custom_id),
+                created=created,
+                cached=cached,
+            )
+        return chat_completion(
+            item.body,
+            completion_id=stable_id("chatcmpl-", job.id, item.custom_id),
+            created=created,
+            cached=cached,
+        )
+
+    def _keep_result(self, job: Job, kind: str, writer: ResultWriter) -> str:
+        meta = output_file(self.state, PROVIDER, "file-", f"batch_{job.id}_{kind}.jsonl", OUTPUT_FILE_TTL_S)
+        writer.keep(meta)
         return meta.id
 
     def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
         """``GET /v1/batches/{batch_id}``; may answer an injected transient 500."""
         state = self.state
-        counter = state.bump(PROVIDER, "retrieve_requests")
-        config = state.config
-        if config.faults.request_fails(config.seed, "retrieve", counter, config.faults.retrieve_5xx_rate):
-            state.bump(PROVIDER, "retrieve_5xx")
+        if retrieve_fails(state, PROVIDER):
             raise _fail(500, _SERVER_ERROR, "server_error")
         return self.batch_json(self._job(batch_id), state.now())
 
@@ -1367,29 +1333,22 @@ def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
     return _fail(status, _SERVER_ERROR, "server_error", headers=headers)
 
 
-def _injected_error(item: JobItem) -> dict[str, Any] | None:
-    fault = item.decision.fault
-    if fault == "server_error":
-        return _natural(500, _SERVER_ERROR, None, None, "server_error")
-    if fault == "rate_limited":
-        return _natural(
-            429,
-            "Rate limit reached for requests (emulated fault rate_429).",
-            None,
-            "rate_limit_exceeded",
-            "requests",
-        )
-    if fault == "invalid_request":
-        return _natural(400, "Invalid request (emulated fault rate_400).", None, "invalid_value")
-    if fault == "context_length":
-        return _context_error(0, 0) | {
-            "message": "This model's maximum context length was exceeded (emulated fault rate_context_length). Please reduce the length of the messages."
-        }
-    return None
-
-
-def _jsonl(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+#: item fault -> the error line it becomes (status, type, message, param, code)
+INJECTED_ERRORS: Final[ErrorTable] = {
+    "server_error": _natural(500, _SERVER_ERROR, None, None, "server_error"),
+    "rate_limited": _natural(
+        429,
+        "Rate limit reached for requests (emulated fault rate_429).",
+        None,
+        "rate_limit_exceeded",
+        "requests",
+    ),
+    "invalid_request": _natural(400, "Invalid request (emulated fault rate_400).", None, "invalid_value"),
+    "context_length": _context_error(0, 0)
+    | {
+        "message": "This model's maximum context length was exceeded (emulated fault rate_context_length). Please reduce the length of the messages."
+    },
+}
 
 
 def _check_metadata(metadata: Any) -> None:

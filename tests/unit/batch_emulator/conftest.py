@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 START = 1_760_000_000.0
 

@@ -4,7 +4,7 @@ Objects follow the shapes of the ``anthropic`` SDK's own types (``MessageBatch``
 ``MessageBatchIndividualResponse``, ``Message``, ``ErrorResponse``), which parse them without
 error; the tests drive every route through the real SDK.
 
-Lifecycle: the provider-neutral :class:`~airflow_batch_provider.emulator.lifecycle.Job` schedule
+Lifecycle: the provider-neutral :class:`~batch_emulator.lifecycle.Job` schedule
 (same timings, time scale, faults and seeded processing order as the OpenAI routes) is mapped to
 Anthropic's three words: ``validating``, ``in_progress`` and ``finalizing`` are ``in_progress``;
 ``cancelling`` is ``canceling``; every terminal state is ``ended``. As the SDK documents,
@@ -13,7 +13,7 @@ them into ``succeeded`` / ``errored`` / ``canceled`` / ``expired``. ``results_ur
 the batch has ended and points back at this emulator
 (``GET /v1/messages/batches/{id}/results``, JSONL streamed, lines in processing order).
 
-Faults, in Anthropic's formats (the knobs are :class:`~airflow_batch_provider.emulator.faults.FaultConfig`'s):
+Faults, in Anthropic's formats (the knobs are :class:`~batch_emulator.faults.FaultConfig`'s):
 
 - ``rate_500`` -> ``errored`` result, error type ``overloaded_error`` (Anthropic's transient
   capacity error, HTTP 529 on the synchronous API); ``rate_429`` -> ``rate_limit_error``;
@@ -45,7 +45,6 @@ matches ``^[a-zA-Z0-9_-]{1,64}$`` and is unique in the batch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -56,12 +55,22 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import RateDecision, foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem
-from airflow_batch_provider.emulator.store import EmulatorState, StoredFile
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.common import (
+    ErrorTable,
+    injected_error,
+    key_accepted,
+    output_file,
+    result_file,
+    retrieve_fails,
+    settle,
+    stable_id,
+)
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import RateDecision, retry_after_header
+from batch_emulator.lifecycle import Job, JobItem
+from batch_emulator.store import EmulatorState
 
 PROVIDER: Final = "anthropic"
 MAX_REQUESTS: Final = 100_000
@@ -79,6 +88,8 @@ _STATUS: Final[dict[str, str]] = {
     "cancelled": "ended",
 }
 _OVERLOADED: Final = "Overloaded"
+#: where the API key may be (the API reads x-api-key; recent SDKs send a bearer token)
+KEY_SOURCES: Final = ("x-api-key", "bearer")
 
 
 def error_body(type_: str, message: str, request_id: str | None = None) -> dict[str, Any]:
@@ -103,10 +114,6 @@ def rfc3339(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.fromtimestamp(int(seconds), tz=timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _stable_id(prefix: str, *parts: str, length: int = 24) -> str:
-    return prefix + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:length]
 
 
 # -- request content ---------------------------------------------------------------------------
@@ -276,12 +283,8 @@ def build_router(state: EmulatorState) -> APIRouter:
     state.finalizers[PROVIDER] = api.batch_json
 
     def check_auth(request: Request) -> None:
-        expected = state.config.api_key
-        if expected is None:
-            return
         # The API takes the key as x-api-key; recent SDKs send it as a bearer token.
-        bearer = request.headers.get("authorization", "")
-        if request.headers.get("x-api-key") != expected and bearer != f"Bearer {expected}":
+        if not key_accepted(state, request, KEY_SOURCES):
             raise _fail(401, "authentication_error", "invalid x-api-key")
 
     router = APIRouter(prefix="/v1/messages", dependencies=[Depends(check_auth)])
@@ -352,7 +355,7 @@ class AnthropicEmulator:
         state = self.state
         config = state.config
         seen: set[str] = set()
-        items: list[JobItem] = []
+        items = state.item_log()
         for number, entry in enumerate(requests):
             custom_id = entry.get("custom_id") if isinstance(entry, Mapping) else None
             if not isinstance(custom_id, str) or not CUSTOM_ID.match(custom_id):
@@ -403,11 +406,8 @@ class AnthropicEmulator:
         :param job: the batch
         :param now: the current time
         """
-        with self.state.lock:
-            view = job.view(now)
-            if view.terminal and job.results is None:
-                job.results = self._write_results(job, now)
-            results = job.results or {}
+        view = settle(self.state, job, now, self._write_results)
+        results = job.results or {}
         status = _STATUS[view.status]
         n = len(job.items)
         counts = {"processing": n, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
@@ -433,70 +433,59 @@ class AnthropicEmulator:
             ),
         }
 
-    def _write_results(self, job: Job, now: float) -> dict[str, Any]:
-        """Render and store the results file of a batch that just ended."""
-        lines: list[bytes] = []
+    def _write_results(self, job: Job, now: float, status: str) -> dict[str, Any]:
+        """Render and store the results file of a batch that just ended, a line at a time."""
+        del status  # an ended batch has one results file, whatever ended it
         counts = {"succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
         seen_prefixes: set[str] = set()
         config = job.config
-        for outcome in job.outcomes(now):
-            item = outcome.item
-            if outcome.end != "processed":
-                kind = "expired" if outcome.end == "expired" else "canceled"
-                counts[kind] += 1
-                lines.append(_jsonl({"custom_id": item.custom_id, "result": {"type": kind}}))
-                continue
-            error = item.natural_error or _injected_error(item)
-            if error is not None:
-                counts["errored"] += 1
-                request_id = _stable_id("req_", job.id, item.custom_id)
-                result = {"type": "errored", "error": error_body(error["type"], error["message"], request_id)}
-                lines.append(_jsonl({"custom_id": item.custom_id, "result": result}))
-                continue
-            counts["succeeded"] += 1
-            if item.decision.fault == "missing":
-                continue
-            prompt = MessagesPrompt(item.body)
-            seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
-            read, write = cache_split(prompt, seen, config)
-            if prompt.prefix_key is not None and prompt.prefix_tokens >= config.cache_min_tokens:
-                seen_prefixes.add(prompt.prefix_key)
-            message = message_object(
-                item.body,
-                message_id=_stable_id("msg_", job.id, item.custom_id),
-                cache_read=read,
-                cache_write=write,
-                service_tier="batch",
-            )
-            job.bill(item.custom_id, **message_billed(message["usage"]))
-            line = _jsonl({"custom_id": item.custom_id, "result": {"type": "succeeded", "message": message}})
-            if item.decision.malformed:
-                line = line[: max(1, len(line) // 2)] + b"\n"
-            lines.append(line)
-            if item.decision.duplicate:
-                lines.append(line)
-        lines.extend(foreign_lines(lines, "custom_id", job.faults.unknown_result_lines, job.id))
-        stamp = int(self.state.now())
-        meta = StoredFile(
-            id=self.state.new_id("file-"),
-            filename=f"{job.id}_results.jsonl",
-            purpose="batch_output",
-            bytes=0,
-            created_at=stamp,
-            sha256="",
-            expires_at=stamp + RESULTS_TTL_S,
-            provider=PROVIDER,
-        )
-        self.state.files.put(meta, b"".join(lines))
+        with result_file(self.state, "custom_id") as out:
+            for outcome in job.outcomes(now):
+                item = outcome.item
+                if outcome.end != "processed":
+                    kind = "expired" if outcome.end == "expired" else "canceled"
+                    counts[kind] += 1
+                    out.write({"custom_id": item.custom_id, "result": {"type": kind}})
+                    continue
+                error = item.natural_error or injected_error(item, INJECTED_ERRORS)
+                if error is not None:
+                    counts["errored"] += 1
+                    request_id = stable_id("req_", job.id, item.custom_id)
+                    result = {
+                        "type": "errored",
+                        "error": error_body(error["type"], error["message"], request_id),
+                    }
+                    out.write({"custom_id": item.custom_id, "result": result})
+                    continue
+                counts["succeeded"] += 1
+                if item.decision.fault == "missing":
+                    continue
+                prompt = MessagesPrompt(item.body)
+                seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
+                read, write = cache_split(prompt, seen, config)
+                if prompt.prefix_key is not None and prompt.prefix_tokens >= config.cache_min_tokens:
+                    seen_prefixes.add(prompt.prefix_key)
+                message = message_object(
+                    item.body,
+                    message_id=stable_id("msg_", job.id, item.custom_id),
+                    cache_read=read,
+                    cache_write=write,
+                    service_tier="batch",
+                )
+                job.bill(item.custom_id, **message_billed(message["usage"]))
+                out.write(
+                    {"custom_id": item.custom_id, "result": {"type": "succeeded", "message": message}},
+                    item.decision,
+                )
+            out.write_foreign(job.faults.unknown_result_lines, job.id)
+            meta = output_file(self.state, PROVIDER, "file-", f"{job.id}_results.jsonl", RESULTS_TTL_S)
+            out.keep(meta)
         return {"file_id": meta.id, "counts": counts}
 
     def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
         """``GET /v1/messages/batches/{batch_id}``; may answer an injected transient 500."""
         state = self.state
-        counter = state.bump(PROVIDER, "retrieve_requests")
-        config = state.config
-        if config.faults.request_fails(config.seed, "retrieve", counter, config.faults.retrieve_5xx_rate):
-            state.bump(PROVIDER, "retrieve_5xx")
+        if retrieve_fails(state, PROVIDER):
             raise _fail(500, "api_error", "Internal server error")
         return self.batch_json(self._job(batch_id), state.now())
 
@@ -640,24 +629,16 @@ def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
     return _fail(status, "api_error", "Internal server error (emulated create fault).", headers)
 
 
-def _injected_error(item: JobItem) -> dict[str, Any] | None:
-    fault = item.decision.fault
-    if fault == "server_error":
-        return _natural("overloaded_error", f"{_OVERLOADED} (emulated fault rate_500)", 529)
-    if fault == "rate_limited":
-        return _natural("rate_limit_error", "Rate limited (emulated fault rate_429)", 429)
-    if fault == "invalid_request":
-        return _natural("invalid_request_error", "Invalid request (emulated fault rate_400)")
-    if fault == "context_length":
-        return _natural(
-            "invalid_request_error",
-            "prompt is too long: 210000 tokens > 200000 maximum (emulated fault rate_context_length)",
-        )
-    return None
-
-
-def _jsonl(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+#: item fault -> the ``errored`` result it becomes
+INJECTED_ERRORS: Final[ErrorTable] = {
+    "server_error": _natural("overloaded_error", f"{_OVERLOADED} (emulated fault rate_500)", 529),
+    "rate_limited": _natural("rate_limit_error", "Rate limited (emulated fault rate_429)", 429),
+    "invalid_request": _natural("invalid_request_error", "Invalid request (emulated fault rate_400)"),
+    "context_length": _natural(
+        "invalid_request_error",
+        "prompt is too long: 210000 tokens > 200000 maximum (emulated fault rate_context_length)",
+    ),
+}
 
 
 def _ratelimit_headers(decision: RateDecision, now: float) -> dict[str, str]:

@@ -1,8 +1,10 @@
-"""In-memory (optionally disk-backed) files and jobs, the clock and the counters: the shared state.
+"""Files and jobs, the clock and the counters: the shared state.
 
 Everything here is provider-neutral and thread-safe: one re-entrant lock guards the whole state,
-which is plenty for an emulator. File bytes live in memory, or under ``data_dir`` when one is
-given, so that large inputs do not sit in RAM; content is always read back in chunks.
+which is plenty for an emulator. File bytes, a job's items and its billed tokens live on disk,
+under ``data_dir`` (a temporary folder, removed with the emulator, when none is given), never in
+RAM: uploads are streamed in, results are written line by line (:meth:`FileStore.writer`) and
+content is always read back in chunks, so the emulator's memory stays flat as a batch grows.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import CreateFault, CreateOp, SlidingWindowLimiter
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, ValidationIssue, billed
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import CreateFault, CreateOp, SlidingWindowLimiter
+from batch_emulator.lifecycle import ItemLog, Job, JobItem, ValidationIssue, billed
 
 CHUNK: Final = 64 * 1024
 
@@ -79,20 +83,54 @@ class FileTooLargeError(ValueError):
     """An upload is larger than the configured limit."""
 
 
-class FileStore:
-    """Files by id, content in memory or in ``data_dir``.
+class _Sink:
+    """A file being written: counts its bytes and hashes them as they go."""
 
-    :param data_dir: directory for file bytes (``None``: keep them in memory)
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self.size = 0
+        self.digest = hashlib.sha256()
+        #: the file's metadata once named (:meth:`keep`); an unnamed file is not stored
+        self.meta: StoredFile | None = None
+
+    def keep(self, meta: StoredFile) -> None:
+        """Store the file under ``meta`` when the writing ends.
+
+        :param meta: its metadata; ``bytes`` and ``sha256`` are filled in at the end
+        """
+        self.meta = meta
+
+    def write(self, block: bytes) -> None:
+        """Append bytes.
+
+        :param block: the bytes
+        """
+        self._fh.write(block)
+        self.size += len(block)
+        self.digest.update(block)
+
+
+class FileStore:
+    """Files by id, their content on disk in ``data_dir``.
+
+    :param data_dir: directory for file bytes (``None``: a temporary folder, removed when the
+        store is forgotten)
     :param lock: the state lock
     """
 
     def __init__(self, data_dir: Path | None, lock: threading.RLock) -> None:
+        if data_dir is None:
+            data_dir = Path(tempfile.mkdtemp(prefix="batch-emulator-"))
+            weakref.finalize(self, shutil.rmtree, str(data_dir), ignore_errors=True)
+        data_dir.mkdir(parents=True, exist_ok=True)
         self._dir = data_dir
-        if data_dir is not None:
-            data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock
         self._meta: dict[str, StoredFile] = {}
-        self._mem: dict[str, bytes] = {}
+
+    @property
+    def directory(self) -> Path:
+        """The data directory (files, and the spools of jobs under ``jobs/``)."""
+        return self._dir
 
     def put(self, meta: StoredFile, source: IO[bytes] | bytes, max_bytes: int | None = None) -> StoredFile:
         """Store content and return its metadata (with ``bytes`` and ``sha256`` filled in).
@@ -103,46 +141,40 @@ class FileStore:
         :raises FileTooLargeError: the content is over ``max_bytes``
         """
         stream: IO[bytes] = io.BytesIO(source) if isinstance(source, bytes) else source
-        digest = hashlib.sha256()
-        size = 0
-        sink: IO[bytes]
-        tmp_path: Path | None = None
-        if self._dir is not None:
-            fd, name = tempfile.mkstemp(dir=self._dir, prefix=".upload-")
-            tmp_path = Path(name)
-            sink = open(fd, "wb")  # noqa: SIM115 - closed below
-        else:
-            sink = io.BytesIO()
-        try:
+        with self.writer() as sink:
+            sink.keep(meta)
             while block := stream.read(CHUNK):
-                size += len(block)
-                if max_bytes is not None and size > max_bytes:
+                if max_bytes is not None and sink.size + len(block) > max_bytes:
                     raise FileTooLargeError(f"file is larger than {max_bytes} bytes")
-                digest.update(block)
                 sink.write(block)
-            if isinstance(sink, io.BytesIO):
-                content: bytes | None = sink.getvalue()
-            else:
-                content = None
-        except BaseException:
-            sink.close()
-            if tmp_path is not None:
-                tmp_path.unlink(missing_ok=True)
-            raise
-        sink.close()
-        meta.bytes = size
-        meta.sha256 = digest.hexdigest()
-        with self._lock:
-            if tmp_path is not None:
-                shutil.move(str(tmp_path), str(self._path(meta.id)))
-            else:
-                assert content is not None
-                self._mem[meta.id] = content
-            self._meta[meta.id] = meta
         return meta
 
+    @contextmanager
+    def writer(self) -> Iterator[_Sink]:
+        """Write a new file piece by piece; it appears (with its size and digest) once the block ends.
+
+        Nothing appears when the block raises or never named the file (``sink.keep(meta)``).
+        """
+        fd, name = tempfile.mkstemp(dir=self._dir, prefix=".upload-")
+        tmp_path = Path(name)
+        try:
+            with open(fd, "wb") as fh:
+                sink = _Sink(fh)
+                yield sink
+        except BaseException:
+            tmp_path.unlink(missing_ok=True)
+            raise
+        meta = sink.meta
+        if meta is None:
+            tmp_path.unlink(missing_ok=True)
+            return
+        meta.bytes = sink.size
+        meta.sha256 = sink.digest.hexdigest()
+        with self._lock:
+            shutil.move(str(tmp_path), str(self._path(meta.id)))
+            self._meta[meta.id] = meta
+
     def _path(self, file_id: str) -> Path:
-        assert self._dir is not None
         return self._dir / file_id
 
     def get(self, file_id: str) -> StoredFile | None:
@@ -169,9 +201,7 @@ class FileStore:
         with self._lock:
             if self._meta.pop(file_id, None) is None:
                 return False
-            self._mem.pop(file_id, None)
-            if self._dir is not None:
-                self._path(file_id).unlink(missing_ok=True)
+            self._path(file_id).unlink(missing_ok=True)
             return True
 
     def iter_bytes(self, file_id: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
@@ -184,11 +214,6 @@ class FileStore:
         with self._lock:
             if file_id not in self._meta:
                 raise KeyError(file_id)
-            content = self._mem.get(file_id)
-        if content is not None:
-            for start in range(0, len(content), chunk_size):
-                yield content[start : start + chunk_size]
-            return
         with open(self._path(file_id), "rb") as fh:
             while block := fh.read(chunk_size):
                 yield block
@@ -266,8 +291,10 @@ class JobStore:
         return jobs[::-1]
 
     def clear(self) -> None:
-        """Forget every job and reset the creation indices."""
+        """Forget every job (and remove its spool files) and reset the creation indices."""
         with self._lock:
+            for job in self._jobs.values():
+                job.discard()
             self._jobs.clear()
             self._created.clear()
 
@@ -348,11 +375,15 @@ class EmulatorState:
             self.config = new
             return new
 
+    def item_log(self) -> ItemLog:
+        """Return an empty item log spooled in the data directory, for a router to fill while it parses."""
+        return ItemLog(self.files.directory / "jobs")
+
     def create_job(
         self,
         provider: str,
         job_id: str,
-        items: list[JobItem],
+        items: ItemLog | list[JobItem],
         issues: list[ValidationIssue],
         config: EmulatorConfig,
         attrs: dict[str, Any],
@@ -361,11 +392,13 @@ class EmulatorState:
 
         :param provider: the router name
         :param job_id: the provider-shaped id
-        :param items: the parsed request lines
+        :param items: the parsed request lines (an :meth:`item_log`, or a list that is spooled)
         :param issues: validation problems (a non-empty list fails the batch)
         :param config: the configuration the job keeps for its whole life
         :param attrs: provider-specific attributes
         """
+        if not isinstance(items, ItemLog):
+            items = ItemLog(self.files.directory / "jobs", items)
         with self.lock:
             job = Job(
                 job_id=job_id,

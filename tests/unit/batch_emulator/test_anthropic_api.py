@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.emulator.anthropic_api import MessagesPrompt, rfc3339
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.model import count_tokens, message_tokens
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
+from batch_emulator.anthropic_api import MessagesPrompt, rfc3339
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.model import count_tokens, message_tokens
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -10,8 +10,8 @@ import pytest
 from fastapi import APIRouter
 from fastapi.testclient import TestClient
 
-from airflow_batch_provider.emulator import EmulatorConfig, FaultConfig, create_app, run_emulator
-from airflow_batch_provider.emulator.store import Clock, EmulatorState
+from batch_emulator import EmulatorConfig, FaultConfig, create_app, run_emulator
+from batch_emulator.store import Clock, EmulatorState
 
 from .helpers import chat_lines
 
@@ -121,7 +121,7 @@ def test_routers_are_composed_from_a_list() -> None:
 
 def test_the_package_imports_no_provider_sdk() -> None:
     code = (
-        "import sys, airflow_batch_provider.emulator as e, airflow_batch_provider.emulator.testing;"
+        "import sys, batch_emulator as e, batch_emulator.testing;"
         "e.create_app(e.EmulatorConfig());"
         "bad = [m for m in ('openai', 'anthropic', 'google.genai', 'boto3', 'botocore') if m in sys.modules];"
         "print(','.join(bad))"

@@ -10,12 +10,13 @@ import contextlib
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_batch_provider.emulator import FaultConfig
-from airflow_batch_provider.emulator.model import cached_tokens, message_tokens
+from batch_emulator import FaultConfig
+from batch_emulator.model import cached_tokens, message_tokens
 
 from .conftest import Emulator, EmulatorFactory, SpecChecker
 from .helpers import chat_line, chat_lines
@@ -361,6 +362,47 @@ def test_an_invalid_input_file_fails_validation_with_the_line_and_the_reason(
     assert (first.code, first.line, first.param) == (code, line, param)
     assert first.message
     assert batch.request_counts.total == 0
+
+
+def test_the_data_directory_holds_a_large_upload_and_the_batch_is_answered_from_disk(
+    emulator_factory: EmulatorFactory, tmp_path: Path
+) -> None:
+    # 4,000 lines of about 1 KB: the upload, the job's items and the output all sit on disk
+    lines = [
+        chat_line(
+            f"big{i:05d}",
+            user=f"Review {i}: " + "great fast delivery, love it. " * 33,
+            system="Classify the sentiment.",
+        )
+        for i in range(4000)
+    ]
+    data = tmp_path / "data"
+    with emulator_factory(data_dir=data) as emu:
+        upload = emu.upload_jsonl(lines)
+        sent = ("\n".join(json.dumps(line) for line in lines) + "\n").encode()
+        assert upload.bytes == len(sent) > 4_000_000
+        assert (data / upload.id).read_bytes() == sent, "the upload is a file of the data directory"
+        batch = emu.client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        spools = list((data / "jobs").glob("items-*.jsonl"))
+        assert len(spools) == 1, "the job's items are spooled beside the files"
+        assert [json.loads(raw)["c"] for raw in spools[0].read_bytes().splitlines()] == [
+            line["custom_id"] for line in lines
+        ]
+        batch = finish(emu, batch.id)
+        assert batch.status == "completed" and batch.request_counts.completed == 4000
+        assert (data / batch.output_file_id).stat().st_size > 0
+        out = emu.lines(batch.output_file_id)
+        emu.http.post("/_emulator/reset").raise_for_status()
+        assert list((data / "jobs").iterdir()) == [], "a reset removes the spools"
+    by_id = {line["custom_id"]: line for line in out}
+    assert sorted(by_id) == [line["custom_id"] for line in lines] and len(out) == 4000
+    for line in lines[:50]:
+        answer = json.loads(by_id[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"])
+        assert answer["sentiment"] == "positive", "each answer is its own item's, read back from disk"
+    usage = by_id[lines[0]["custom_id"]]["response"]["body"]["usage"]
+    assert usage["prompt_tokens"] == sum(message_tokens(m["content"]) for m in lines[0]["body"]["messages"])
 
 
 def test_an_input_file_over_the_byte_limit_fails_validation(emulator_factory: EmulatorFactory) -> None:

@@ -43,7 +43,7 @@ Admin endpoints (JSON):
 
   ``input_tokens`` excludes cached input tokens (the package's :class:`Usage` meaning).
 
-Create faults (``faults.create_*``, see :mod:`~airflow_batch_provider.emulator.faults`) are applied
+Create faults (``faults.create_*``, see :mod:`~batch_emulator.faults`) are applied
 by :func:`guard_create` around every create-like handler of every provider.
 """
 
@@ -59,9 +59,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import CreateOp, retry_after_header
-from airflow_batch_provider.emulator.store import Clock, EmulatorState
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import CreateOp, retry_after_header
+from batch_emulator.store import Clock, EmulatorState
 
 RouterFactory = Callable[[EmulatorState], APIRouter]
 #: Header the client puts on a real-time call to name its item; providers ignore it, the
@@ -72,11 +72,11 @@ __all__ = ["CUSTOM_ID_HEADER", "ApiError", "create_app", "guard_create"]
 
 #: Modules mounted by :func:`create_app` by default; each has ``build_router(state)``.
 PROVIDER_ROUTERS: Final[tuple[str, ...]] = (
-    "airflow_batch_provider.emulator.openai_api",
-    "airflow_batch_provider.emulator.anthropic_api",
-    "airflow_batch_provider.emulator.gemini_api",
-    "airflow_batch_provider.emulator.bedrock_api",
-    "airflow_batch_provider.emulator.vertex_api",
+    "batch_emulator.openai_api",
+    "batch_emulator.anthropic_api",
+    "batch_emulator.gemini_api",
+    "batch_emulator.bedrock_api",
+    "batch_emulator.vertex_api",
 )
 
 

@@ -53,8 +53,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 import threading
-from collections.abc import Mapping
+from array import array
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any, Final
 from urllib.parse import unquote
@@ -63,12 +66,20 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from airflow_batch_provider.emulator import model
-from airflow_batch_provider.emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import foreign_lines, retry_after_header
-from airflow_batch_provider.emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
-from airflow_batch_provider.emulator.store import EmulatorState
+from batch_emulator import model
+from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
+from batch_emulator.common import (
+    ErrorTable,
+    InputScan,
+    InputWords,
+    ResultWriter,
+    injected_error,
+    retrieve_fails,
+)
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import retry_after_header
+from batch_emulator.lifecycle import ItemLog, Job, JobItem, JobView, ValidationIssue
+from batch_emulator.store import EmulatorState
 
 PROVIDER: Final = "bedrock"
 #: Bedrock's model ids by family, as the service documents them: an optional cross-region
@@ -350,23 +361,23 @@ def _cache_for(prompt: Prompt, seen: set[str], config: EmulatorConfig) -> tuple[
     return 0, prompt.prefix_tokens
 
 
-def _injected_error(item: JobItem) -> dict[str, Any] | None:
-    fault = item.decision.fault
-    if fault == "server_error":
-        return _natural(500, "InternalServerException", "Internal server error (emulated fault rate_500).")
-    if fault == "rate_limited":
-        return _natural(
-            429, "ThrottlingException", "Too many requests, please wait (emulated fault rate_429)."
-        )
-    if fault == "invalid_request":
-        return _natural(400, "ValidationException", "Malformed input request (emulated fault rate_400).")
-    if fault == "context_length":
-        return _natural(
-            400,
-            "ValidationException",
-            "Input is too long for requested model (emulated fault rate_context_length).",
-        )
-    return None
+#: item fault -> the error record it becomes
+INJECTED_ERRORS: Final[ErrorTable] = {
+    "server_error": _natural(
+        500, "InternalServerException", "Internal server error (emulated fault rate_500)."
+    ),
+    "rate_limited": _natural(
+        429, "ThrottlingException", "Too many requests, please wait (emulated fault rate_429)."
+    ),
+    "invalid_request": _natural(
+        400, "ValidationException", "Malformed input request (emulated fault rate_400)."
+    ),
+    "context_length": _natural(
+        400,
+        "ValidationException",
+        "Input is too long for requested model (emulated fault rate_context_length).",
+    ),
+}
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -374,8 +385,12 @@ def _split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _jsonl(obj: Mapping[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+INPUT_WORDS: Final = InputWords(
+    too_many="Input file {name} has more than {limit} records, the quota per file.",
+    bad_json="Line {number} of {name} is not valid JSON.",
+    too_many_code="too_many_records",
+    bad_json_code="invalid_json",
+)
 
 
 def build_router(state: EmulatorState) -> APIRouter:
@@ -444,14 +459,14 @@ class BedrockEmulator:
 
     def _read_input(
         self, uri: str, model_id: str, config: EmulatorConfig
-    ) -> tuple[list[JobItem], list[ValidationIssue], list[str], list[int]]:
+    ) -> tuple[ItemLog | list[JobItem], list[ValidationIssue], list[str], array[int]]:
         """Read and check the input; return items, issues, input file names and each item's file."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         issues: list[ValidationIssue] = []
-        items: list[JobItem] = []
+        items = self.state.item_log()
         names: list[str] = []
-        item_file: list[int] = []
+        item_file = array("I")
         family = model_family(model_id)
         try:
             objects = self._input_objects(uri)
@@ -460,10 +475,15 @@ class BedrockEmulator:
                 [],
                 [ValidationIssue("input_unreadable", f"Unable to read the input at {uri}: {exc}")],
                 [],
-                [],
+                array("I"),
             )
         if not objects:
-            return [], [ValidationIssue("empty_input", f"No .jsonl input file found at {uri}.")], [], []
+            return (
+                [],
+                [ValidationIssue("empty_input", f"No .jsonl input file found at {uri}.")],
+                [],
+                array("I"),
+            )
         client = self.s3()
         faults = config.faults
         for file_index, (bucket, key, size) in enumerate(objects):
@@ -478,27 +498,8 @@ class BedrockEmulator:
                 )
                 continue
             body = client.get_object(Bucket=bucket, Key=key)["Body"]
-            count = 0
-            for number, raw in enumerate(body.iter_lines(), start=1):
-                if not raw.strip():
-                    continue
-                count += 1
-                if count > MAX_RECORDS_PER_FILE:
-                    issues.append(
-                        ValidationIssue(
-                            "too_many_records",
-                            f"Input file {name} has more than {MAX_RECORDS_PER_FILE} records, the quota per file.",
-                            number,
-                        )
-                    )
-                    break
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    issues.append(
-                        ValidationIssue("invalid_json", f"Line {number} of {name} is not valid JSON.", number)
-                    )
-                    continue
+            scan = InputScan(INPUT_WORDS, issues, MAX_RECORDS_PER_FILE, name=name)
+            for number, line in scan.lines(body.iter_lines()):
                 if not isinstance(line, dict) or "modelInput" not in line:
                     issues.append(
                         ValidationIssue(
@@ -725,68 +726,70 @@ class BedrockEmulator:
         return data
 
     def _write_outputs(self, job: Job, now: float, word: str) -> dict[str, Any]:
-        """Render the ``.out`` files and the manifest of a job that just ended, and put them in S3."""
+        """Render the ``.out`` files and the manifest of a job that just ended, and put them in S3.
+
+        Each ``.out`` file is written a line at a time to the data directory, then streamed to S3.
+        """
         if word == "Failed":
             return {"written": []}
         out_uri = job.attrs["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
         bucket, prefix = _split_s3(out_uri)
         folder = "/".join(p for p in (prefix.strip("/"), job.id) if p)
         names: list[str] = job.attrs["input_names"]
-        file_of = {id(item): f for item, f in zip(job.items, job.attrs["item_file"], strict=True)}
-        per_file: list[list[bytes]] = [[] for _ in names]
+        file_of: Sequence[int] = job.attrs["item_file"]
         family = model_family(job.attrs["modelId"]) or "anthropic"
         seen: set[str] = set()
         counts = {"processed": 0, "success": 0, "error": 0, "input": 0, "output": 0}
-        for outcome in job.outcomes(now):
-            if outcome.end != "processed":
-                continue
-            item = outcome.item
-            counts["processed"] += 1
-            lines = per_file[file_of[id(item)]]
-            error = item.natural_error or _injected_error(item)
-            if error is not None:
-                counts["error"] += 1
-                lines.append(
-                    _jsonl(
+        client = self.s3()
+        written = []
+        with ExitStack() as stack:
+            spools = [
+                stack.enter_context(tempfile.TemporaryFile(dir=self.state.files.directory)) for _ in names
+            ]
+            per_file = [ResultWriter(spool, "recordId") for spool in spools]
+            for outcome in job.outcomes(now):
+                if outcome.end != "processed":
+                    continue
+                item = outcome.item
+                counts["processed"] += 1
+                out = per_file[file_of[outcome.index]]
+                error = item.natural_error or injected_error(item, INJECTED_ERRORS)
+                if error is not None:
+                    counts["error"] += 1
+                    out.write(
                         {
                             "recordId": item.custom_id,
                             "modelInput": item.body,
                             "error": {"errorCode": error["status"], "errorMessage": error["message"]},
                         }
                     )
+                    continue
+                counts["success"] += 1
+                prompt = Prompt(family, item.body)
+                cache = _cache_for(prompt, seen, job.config)
+                output, used_in, used_out = model_output(
+                    family,
+                    job.attrs["modelId"],
+                    item.body,
+                    message_id=self.state.new_id("msg_bdrk_", 24),
+                    cache=cache,
                 )
-                continue
-            counts["success"] += 1
-            prompt = Prompt(family, item.body)
-            cache = _cache_for(prompt, seen, job.config)
-            output, used_in, used_out = model_output(
-                family,
-                job.attrs["modelId"],
-                item.body,
-                message_id=self.state.new_id("msg_bdrk_", 24),
-                cache=cache,
-            )
-            job.bill(item.custom_id, **invoke_billed(used_in, used_out, cache))
-            counts["input"] += used_in
-            counts["output"] += used_out
-            if item.decision.fault == "missing":
-                continue
-            line = _jsonl({"recordId": item.custom_id, "modelInput": item.body, "modelOutput": output})
-            if item.decision.malformed:
-                line = line[: max(1, len(line) // 2)] + b"\n"
-            lines.append(line)
-            if item.decision.duplicate:
-                lines.append(line)
-        if per_file:
-            per_file[0].extend(
-                foreign_lines(per_file[0], "recordId", job.faults.unknown_result_lines, job.id)
-            )
-        client = self.s3()
-        written = []
-        for name, lines in zip(names, per_file, strict=True):
-            key = f"{folder}/{name}.out"
-            client.put_object(Bucket=bucket, Key=key, Body=b"".join(lines))
-            written.append(key)
+                job.bill(item.custom_id, **invoke_billed(used_in, used_out, cache))
+                counts["input"] += used_in
+                counts["output"] += used_out
+                if item.decision.fault == "missing":
+                    continue
+                out.write(
+                    {"recordId": item.custom_id, "modelInput": item.body, "modelOutput": output},
+                    item.decision,
+                )
+            if per_file:
+                per_file[0].write_foreign(job.faults.unknown_result_lines, job.id)
+            for name, spool in zip(names, spools, strict=True):
+                key = f"{folder}/{name}.out"
+                spool.seek(0)
+                client.put_object(Bucket=bucket, Key=key, Body=spool)
+                written.append(key)
         manifest = {
             "totalRecordCount": len(job.items),
             "processedRecordCount": counts["processed"],
@@ -804,10 +807,7 @@ class BedrockEmulator:
     def get_job(self, identifier: str) -> dict[str, Any]:
         """``GET /model-invocation-job/{jobIdentifier}``; may answer an injected transient 500."""
         state = self.state
-        counter = state.bump(PROVIDER, "retrieve_requests")
-        config = state.config
-        if config.faults.request_fails(config.seed, "retrieve", counter, config.faults.retrieve_5xx_rate):
-            state.bump(PROVIDER, "retrieve_5xx")
+        if retrieve_fails(state, PROVIDER):
             raise _error(
                 500, "InternalServerException", "Internal server error (emulated fault retrieve_5xx_rate)."
             )

@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.emulator.bedrock_api import MIN_RECORDS, model_family
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import FaultConfig
-from airflow_batch_provider.emulator.store import Clock
-from airflow_batch_provider.emulator.testing import run_emulator
+from batch_emulator.bedrock_api import MIN_RECORDS, model_family
+from batch_emulator.config import EmulatorConfig
+from batch_emulator.faults import FaultConfig
+from batch_emulator.store import Clock
+from batch_emulator.testing import run_emulator
 
 START = 1_760_000_000.0
 ROLE = "arn:aws:iam::123456789012:role/BedrockBatch"
@@ -452,7 +452,7 @@ def test_the_rpm_limiter_throttles_invoke_model(bedrock_factory: BedrockFactory)
 
 
 def test_the_command_line_takes_the_s3_endpoint() -> None:
-    from airflow_batch_provider.emulator.__main__ import _parse_args, build_config
+    from batch_emulator.__main__ import _parse_args, build_config
 
     config = build_config(_parse_args(["--s3-endpoint", "http://127.0.0.1:9000"]))
     assert config.s3_endpoint == "http://127.0.0.1:9000"

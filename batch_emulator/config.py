@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
-from airflow_batch_provider.emulator.faults import FaultConfig
+from batch_emulator.faults import FaultConfig
 
 DEFAULT_PORT: Final = 8089
 MIB: Final = 1024 * 1024
@@ -64,7 +64,9 @@ class EmulatorConfig:
     :param seed: seed of every deterministic decision (faults, output order, ids)
     :param faults: the fault injection settings at start
     :param timings: phase durations before scaling
-    :param data_dir: keep file bytes on disk here instead of in memory (``None``: memory)
+    :param data_dir: where file bytes, batch items and results are kept on disk (``None``: a
+        temporary folder, removed with the emulator); the emulator's memory stays flat in a
+        batch's size either way
     :param max_batch_requests: most request lines in one batch input file (OpenAI: 50,000)
     :param max_batch_bytes: largest batch input file (OpenAI: 200 MB)
     :param max_file_bytes: largest upload of any purpose (OpenAI: 512 MB)
