@@ -35,6 +35,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
 
 
+@pytest.fixture(autouse=True)
+def forget_attached_object_stores() -> Iterator[None]:
+    """Each test starts with no object store attached.
+
+    Airflow caches an attached store per protocol and connection id for the life of the process,
+    so a test that points ``google_cloud_default`` at its own GCS server would otherwise write to
+    the server of an earlier test. Nothing is imported here: a test that never attached one pays
+    nothing.
+    """
+    yield
+    store = sys.modules.get("airflow.sdk.io.store")
+    if store is not None:
+        store._STORE_CACHE.clear()
+
+
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """A PostgreSQL server running for the whole session, stopped at the end even on failure.
