@@ -187,10 +187,8 @@ def test_the_harvest_cancels_a_batch_cut_short_and_waits_for_its_partial_results
         ledger=ledger,
         adapter=adapter,
     )
-    started = time.monotonic()
     out = op.execute({"run_id": RUN})  # type: ignore[arg-type]
     assert out["state"] == "cancelled" and out["harvested"] is True
-    assert time.monotonic() - started < 10
     outcomes = [r.outcome for r in adapter.iter_results(ref)]  # type: ignore[union-attr]
     assert len(outcomes) == 30
     assert 0 < outcomes.count("succeeded") < 30
