@@ -2,10 +2,14 @@
 
 ::
 
-    lease -> prepare -> submit[] -> wait[] -> download[] -> reconcile[] (round 1, mapped per chunk)
-            -> resubmit_2 -> submit_2[] -> ... -> reconcile_2[]          (retryable items, new jobs)
+    lease -> prepare -> upload[] -> submit[] -> wait[] -> download[] -> reconcile[]  (round 1, per chunk)
+            -> resubmit_2 -> upload_2[] -> submit_2[] -> ... -> reconcile_2[]    (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+
+``upload`` stages each chunk at the provider and records the file id (or object URI) in the
+ledger; ``submit`` only creates the batch from it, so the grid shows the upload apart from the
+batch's queueing (``wait``), and a cleared submit never uploads again.
 
 ``lease`` takes the workload for the run (one run of a workload at a time; a second live run fails
 fast naming the holder, a dead holder's lease is taken over); ``publish`` gives it back.
@@ -45,6 +49,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchUploadOperator,
     BatchWorkloadLeaseOperator,
     PromptSource,
     RecordSource,
@@ -229,13 +234,16 @@ def batch_inference_group(
                     deadline=deadline,
                 )
             else:
+                upload = BatchUploadOperator.partial(task_id=f"upload{suffix}", **common).expand(
+                    job=manifests
+                )
                 submit = BatchSubmitOperator.partial(
                     task_id=f"submit{suffix}",
                     prompt=prompt,
                     pricing_override=pricing_override,
                     alerts=alerts,
                     **common,
-                ).expand(job=manifests)
+                ).expand(job=upload.output)
                 wait = BatchStatusSensor.partial(
                     task_id=f"wait{suffix}",
                     batch_conn_id=batch_conn_id,

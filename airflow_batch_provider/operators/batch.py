@@ -1,4 +1,4 @@
-"""Operators of one batch workload run: prepare, submit, download, reconcile, resubmit, publish.
+"""Operators of one batch workload run: prepare, upload, submit, download, reconcile, resubmit, publish.
 
 They are thin: the ledger holds state, the adapter talks to the provider, ``core`` decides.
 Every operator can be cleared and run again; it converges to the same ledger and never creates a
@@ -644,25 +644,77 @@ class BatchPrepareOperator(BatchBaseOperator):
         return manifests
 
 
+class BatchUploadOperator(BatchBaseOperator):
+    """Stage one chunk at the provider, exactly once, and record where it is; never creates a batch.
+
+    The steps are :func:`airflow_batch_provider.services.submit.upload_job`'s: a recorded upload
+    is used as it is (a cleared upload sends nothing); otherwise, under the job's claim, the
+    staged chunk is uploaded (a file), written to the object store the provider reads (a URI), or,
+    for providers that take the requests inline, only checked; the file id or URI is recorded in
+    the ledger. The adapter looks a file up by the job's key before uploading, so a lost reply is
+    found; a second file is never used, and is reported (``orphan_input``). A chunk that goes
+    through the real-time API (below the provider's minimum) is not uploaded.
+
+    :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param claim_lease_s: how long the claim is held (default: longer than the look-up and the
+        upload can take with their retries, at least 30 minutes)
+    """
+
+    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
+    ui_color = "#dcebf7"
+
+    def __init__(
+        self, *, job: Mapping[str, Any], claim_lease_s: float | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.claim_lease_s = claim_lease_s
+        self._claim: tuple[str, str] | None = None
+        self._killed = False
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_batch_provider.services import submit
+
+        job_id = str(self.job["job_id"])
+        self._claim = (job_id, attempt_owner(context))
+        try:
+            done = submit.upload_job(
+                ledger=self.ledger,
+                adapter=self.adapter,
+                staging=self.staging,
+                job_id=job_id,
+                owner=self._claim[1],
+                lease_s=self.claim_lease_s,
+                stop=lambda: self._killed,
+            )
+        finally:
+            self._claim = None
+        return {**dict(self.job), **done.to_xcom()}
+
+    def on_kill(self) -> None:
+        """Stop before the upload and give back the claim when nothing is in flight (see :func:`kill_claim`)."""
+        kill_claim(self)
+
+
 class BatchSubmitOperator(BatchBaseOperator):
-    """Upload one staged chunk and create its provider batch, exactly once.
+    """Create one uploaded chunk's provider batch, exactly once; never uploads.
 
     The steps are :func:`airflow_batch_provider.services.submit.submit_job`'s: claim the job in
     the ledger (compare-and-set, so a zombie attempt and its retry never both create), re-attach
-    to a recorded batch, ask the provider for a batch with the job's key, and only then upload and
-    create. A create whose outcome is unknown leaves the job *in doubt*: nothing is created for it
-    again, and the wait task resolves it.
+    to a recorded batch, ask the provider for a batch with the job's key, and only then create it
+    from the input the upload task recorded. A create whose outcome is unknown leaves the job *in
+    doubt*: nothing is created for it again, and the wait task resolves it.
 
     A chunk smaller than the provider's minimum job size (Bedrock: 100 records) is not padded and
     not merged across rounds: its items go through the provider's real-time API right here, at
     full price, rate-limited like the deadline fallback, and the job is marked ``sync``. The
     downstream tasks of that chunk pass through.
 
-    :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param job: the upload task's result for one job (``job_id``)
     :param prompt: the workload's prompt (output validation on the synchronous path)
     :param pricing_override: pricing file path or dict (synchronous path)
-    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up,
-        upload and create can take with their retries, at least 30 minutes)
+    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up
+        and the create can take with their retries, at least 30 minutes)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
@@ -691,7 +743,7 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
-        if job.state == "sync" or (not job.batch_id and job.lines < self.adapter.limits.min_requests):
+        if submit.goes_sync(job, self.adapter):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
         self._claim = (job.job_id, attempt_owner(context))

@@ -36,7 +36,7 @@ def build(conn_id: str, **kwargs: object) -> set[str]:
 def test_switching_the_connection_swaps_submit_and_wait_for_a_pod_task_and_keeps_the_rest() -> None:
     provider = build("oai")
     hosted = build("gpu")
-    assert provider - hosted == {"submit", "wait", "submit_2", "wait_2"}
+    assert provider - hosted == {"upload", "submit", "wait", "upload_2", "submit_2", "wait_2"}
     assert hosted - provider == {"run", "run_2"}
     assert {
         "prepare",

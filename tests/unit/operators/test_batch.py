@@ -31,6 +31,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchUploadOperator,
     take_workload_lease,
 )
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
@@ -218,11 +219,15 @@ class Flow:
         )
         return op.execute(self.context("prepare"))  # type: ignore[no-any-return]
 
+    def upload(self, manifest: dict[str, Any], i: int = 0, suffix: str = "") -> dict[str, Any]:
+        op = BatchUploadOperator(task_id=f"upload{suffix}", job=manifest, **self.common)
+        return op.execute(self.context(f"upload{suffix}", i))
+
     def round(self, manifests: list[dict[str, Any]], suffix: str = "") -> list[dict[str, Any]]:
         out = []
         for i, manifest in enumerate(manifests):
             submitted = BatchSubmitOperator(
-                task_id=f"submit{suffix}", job=manifest, prompt=PROMPT, **self.common
+                task_id=f"submit{suffix}", job=self.upload(manifest, i, suffix), prompt=PROMPT, **self.common
             )
             sub = submitted.execute(self.context(f"submit{suffix}", i))
             wait = BatchStatusSensor(
@@ -470,7 +475,8 @@ def test_the_submit_task_stores_the_console_link_of_its_batch(flow: Flow) -> Non
     from airflow_batch_provider.links.batch import BatchConsoleLink
 
     (manifest,) = flow.prepare(2)
-    out = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common).execute(
+    uploaded = flow.upload(manifest)
+    out = BatchSubmitOperator(task_id="submit", job=uploaded, prompt=PROMPT, **flow.common).execute(
         flow.context("submit", 0)
     )
     link = flow.xcom[("submit", BatchConsoleLink().xcom_key)]
@@ -602,6 +608,7 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
     from airflow_batch_provider.exceptions import SubmitError
 
     (manifest,) = flow.prepare(2)
+    flow.upload(manifest)
     op = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
     real_find = op.adapter.find
 
@@ -611,7 +618,7 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
         return found
 
     op.adapter.find = find_then_sigterm  # type: ignore[method-assign]
-    with pytest.raises(SubmitError, match="killed before the upload"):
+    with pytest.raises(SubmitError, match="killed before the create"):
         op.execute(flow.context("submit", 0))
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
     job = ledger.get_job(manifest["job_id"])
@@ -619,3 +626,22 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
     assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"].get("openai.batches_created", 0) == 0
     retry = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
     assert retry.execute(flow.context("submit", 0))["batch_id"]  # claimed at once, created once
+
+
+def test_the_upload_task_stages_a_chunk_once_and_a_cleared_one_reuses_the_recorded_file(flow: Flow) -> None:
+    (manifest,) = flow.prepare(2)
+    first = flow.upload(manifest)
+    cleared = flow.upload(manifest)
+    assert (first["upload"], cleared["upload"]) == ("uploaded", "recorded")
+    assert first["input_ref"] == cleared["input_ref"] and first["job_id"] == manifest["job_id"]
+    stats = httpx.get(f"{flow.url}/_emulator/stats").json()
+    assert (stats["files_uploaded"], stats["batches_created"]) == (1, 0)  # an upload never creates a batch
+    out = BatchSubmitOperator(task_id="submit", job=cleared, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )
+    again = BatchSubmitOperator(task_id="submit", job=cleared, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )
+    assert out["batch_id"] == again["batch_id"]
+    stats = httpx.get(f"{flow.url}/_emulator/stats").json()
+    assert (stats["files_uploaded"], stats["batches_created"]) == (1, 1)  # a cleared submit uploads nothing
