@@ -22,6 +22,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Variable, task
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include" / "vllm"
@@ -96,7 +97,7 @@ with DAG(
         prompt=str(INCLUDE / "eval_prompt.yaml"),
         batch_conn_id=Variable.get("nightly_eval_vllm_conn_id", default="vllm_kubernetes_default"),
         max_attempts=2,
-        max_requests_per_chunk=int(Variable.get("nightly_eval_vllm_chunk", default="20")),
+        chunking=ChunkOptions(max_requests=int(Variable.get("nightly_eval_vllm_chunk", default="20"))),
     )
 
     @task

@@ -1586,7 +1586,9 @@ class Ledger:
             )
             held = conn.execute(select(j.input_kind, j.input_ref).where(j.job_id == job_id)).first()
         if held is None:
-            raise LedgerError(f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?")
+            raise LedgerError(
+                f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+            )
         return str(held.input_kind or input_kind), held.input_ref
 
     def mark_submitted(

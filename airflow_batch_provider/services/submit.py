@@ -1,7 +1,6 @@
-"""Uploading and submitting one job exactly once: upload (claim -> stage -> record), then submit
-(claim -> re-attach | find -> create -> record).
+"""Uploading and submitting one job exactly once: upload, then submit, each under a claim.
 
-The job row written at staging is the intent. Two tasks act on it, each a create-like call:
+Upload is claim -> stage -> record; submit is claim -> re-attach | find -> create -> record. The job row written at staging is the intent. Two tasks act on it, each a create-like call:
 
 - **upload** (:func:`upload_job`): under the job's claim, the staged chunk is put where the
   provider reads it (an uploaded file, an object URI; nothing for providers that take the
@@ -239,9 +238,7 @@ def _claim(
                 )
                 ledger.release_job_claim(job_id, exc.holder)
                 continue
-            log.warning(
-                "%s; waiting %.0fs for it to finish or for its lease to end", exc, CLAIM_RETRY_S
-            )
+            log.warning("%s; waiting %.0fs for it to finish or for its lease to end", exc, CLAIM_RETRY_S)
             sleep(CLAIM_RETRY_S)
 
 
@@ -304,7 +301,12 @@ def _upload_settled(job: JobRow, adapter: BatchAdapter) -> Uploaded | None:
     if job.batch_id or job.state == IN_DOUBT:
         return Uploaded(job.job_id, job.input_kind, job.input_ref, "submitted")
     if job.input_kind is not None:
-        log.info("job %s: its input is staged at the provider already (%s %s)", job.job_id, job.input_kind, job.input_ref)
+        log.info(
+            "job %s: its input is staged at the provider already (%s %s)",
+            job.job_id,
+            job.input_kind,
+            job.input_ref,
+        )
         return Uploaded(job.job_id, job.input_kind, job.input_ref, "recorded")
     if goes_sync(job, adapter):
         return Uploaded(job.job_id, None, None, "sync")

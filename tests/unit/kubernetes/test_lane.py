@@ -8,6 +8,7 @@ import pendulum
 import pytest
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import DeadlineOptions
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.kubernetes.lane import runs_in_pod
 from airflow_batch_provider.pipeline import batch_inference_group
@@ -51,4 +52,4 @@ def test_switching_the_connection_swaps_submit_and_wait_for_a_pod_task_and_keeps
 
 def test_a_deadline_on_the_pod_lane_is_refused_rather_than_ignored() -> None:
     with pytest.raises(ConfigurationError, match="deadline"):
-        build("gpu", deadline="PT4H", deadline_policy="skip")
+        build("gpu", deadline=DeadlineOptions("PT4H", "skip"))

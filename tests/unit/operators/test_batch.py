@@ -14,6 +14,7 @@ import pytest
 from airflow.sdk import BaseNotifier
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
@@ -89,7 +90,7 @@ def resubmit(budget: float | None) -> BatchResubmitOperator:
         batch_conn_id="ops_test",
         round_number=2,
         max_attempts=3,
-        budget_usd=budget,
+        budget=BudgetOptions(budget_usd=budget),
     )
 
 
@@ -178,7 +179,7 @@ def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
         batch_conn_id="br_test",
         records=lambda context: [],
         prompt=PROMPT,
-        max_requests_per_chunk=50,
+        chunking=ChunkOptions(max_requests=50),
     )
     with pytest.raises(ConfigurationError, match="below bedrock's minimum of 100 requests per batch job"):
         prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
@@ -278,7 +279,7 @@ def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
 def test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it(
     flow: Flow,
 ) -> None:
-    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    manifests = flow.prepare(6, chunking=ChunkOptions(max_requests=3))
     assert len(manifests) == 2
     flow.fault(fail_validation=1)  # the first batch created fails validation at the provider
     first = flow.round(manifests)
@@ -452,7 +453,7 @@ def test_a_failed_batch_is_told_once_counted_and_the_run_summary_and_review_grow
 ) -> None:
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail, review_growth_threshold=3)
-    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    manifests = flow.prepare(6, chunking=ChunkOptions(max_requests=3))
     flow.fault(fail_validation=1)
     flow.round(manifests)
     assert sent(mail) == ["batch_failed"]  # the broken notifier beside it changed nothing
@@ -495,7 +496,7 @@ def test_a_refused_resubmit_round_is_a_budget_alert_and_a_broken_notifier_does_n
         batch_conn_id="ops_test",
         round_number=2,
         max_attempts=3,
-        budget_usd=0.010001,
+        budget=BudgetOptions(budget_usd=0.010001),
         alerts=alerts_to(mail),
     )
     assert op.execute({"run_id": RUN, "dag": DAG("d", schedule=None)}) == []  # type: ignore[arg-type]
@@ -509,7 +510,7 @@ def test_prepare_over_its_budget_is_a_budget_alert_before_it_fails(flow: Flow) -
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail)
     with pytest.raises(BudgetExceededError):
-        flow.prepare(5, budget_usd=0.0000001)
+        flow.prepare(5, budget=BudgetOptions(budget_usd=0.0000001))
     assert sent(mail) == ["budget_refused"]
     assert "Nothing was paid" in mail.read_text()
 
@@ -553,7 +554,7 @@ def test_by_default_exhausted_items_go_to_review_and_sync_over_the_budget_is_ref
     (manifest,) = flow.prepare(4)
     flow.fault(fail_token_limit=1)
     flow.round([manifest])
-    out = flow.publish(max_attempts=1, exhausted="sync", budget_usd=0.0000001)
+    out = flow.publish(max_attempts=1, exhausted="sync", budget=BudgetOptions(budget_usd=0.0000001))
     assert out["items_by_state"] == {"review": 4}
     assert sent(mail) == ["budget_refused"]
 

@@ -207,9 +207,10 @@ def test_a_kill_before_the_upload_sends_nothing_and_leaves_the_job_claimable_at_
                 stop=lambda: True,
             )
         assert (w.files_uploaded(), w.batches_created()) == (0, 0)
-        assert upload_job(
-            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2"
-        ).how == "uploaded"
+        assert (
+            upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2").how
+            == "uploaded"
+        )
         retry = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t3")
         assert retry.how == "created" and (w.files_uploaded(), w.batches_created()) == (1, 1)
 
@@ -304,7 +305,12 @@ def test_a_cleared_submit_creates_from_the_recorded_file_and_never_uploads_again
         # killed between upload and create (the task stops before the create)
         with pytest.raises(SubmitError, match="killed before the create"):
             submit_job(
-                ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1", stop=lambda: True
+                ledger=w.ledger,
+                adapter=w.adapter,
+                staging=w.staging,
+                job_id=job_id,
+                owner="t1",
+                stop=lambda: True,
             )
         made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
         cleared = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t3")
