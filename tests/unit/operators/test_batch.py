@@ -100,7 +100,10 @@ def test_a_round_that_would_pass_the_budget_is_not_started_and_its_items_go_to_r
     rows = {r["app_id"]: r for r in ledger.iter_items("w", RUN)}
     assert {rows["i1"]["state"], rows["i2"]["state"]} == {"review"}
     assert rows["i1"]["error_code"] == "budget_exceeded"
-    assert "exceeds the run's budget of $0.010001; raise budget_usd" in rows["i1"]["error_message"]
+    assert (
+        "exceeds the run's budget of $0.010001; raise BudgetOptions(budget_usd=...)"
+        in rows["i1"]["error_message"]
+    )
     assert rows["i0"]["state"] == "succeeded"
     assert ledger.get_jobs("w", RUN, 2) == []
 
