@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -296,26 +297,43 @@ def test_a_cleared_upload_reuses_the_recorded_file_and_never_creates_a_batch(tmp
         assert late.how == "submitted" and (w.files_uploaded(), w.batches_created()) == (1, 1)
 
 
+class Staged:
+    """The real adapter, counting the calls that put a chunk at the provider (or look one up for it)."""
+
+    def __init__(self, adapter: object) -> None:
+        self.adapter, self.stage_calls = adapter, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.adapter, name)
+
+    def stage(self, chunk: object, name: str, size: int) -> object:
+        self.stage_calls += 1
+        return self.adapter.stage(chunk, name, size)  # type: ignore[attr-defined]
+
+
 def test_a_cleared_submit_creates_from_the_recorded_file_and_never_uploads_again(tmp_path: Path) -> None:
     from airflow_batch_provider.exceptions import SubmitError
 
     with world(tmp_path) as w:
         job_id = one_job(w)
         recorded = w.ledger.get_job(job_id).input_ref
+        counted = Staged(w.adapter)
+        adapter: Any = counted
         # killed between upload and create (the task stops before the create)
         with pytest.raises(SubmitError, match="killed before the create"):
             submit_job(
                 ledger=w.ledger,
-                adapter=w.adapter,
+                adapter=adapter,
                 staging=w.staging,
                 job_id=job_id,
                 owner="t1",
                 stop=lambda: True,
             )
-        made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
-        cleared = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t3")
+        made = submit_job(ledger=w.ledger, adapter=adapter, staging=w.staging, job_id=job_id, owner="t2")
+        cleared = submit_job(ledger=w.ledger, adapter=adapter, staging=w.staging, job_id=job_id, owner="t3")
         assert (made.how, cleared.how) == ("created", "recorded")
         assert batch_input_file(w, made.batch_id) == recorded
+        assert counted.stage_calls == 0  # submit never uploads, nor looks a file up to upload
         assert (w.files_uploaded(), w.batches_created()) == (1, 1)
 
 
