@@ -2,10 +2,14 @@
 
 ::
 
-    lease -> prepare -> submit[] -> wait[] -> download[] -> reconcile[] (round 1, mapped per chunk)
-            -> resubmit_2 -> submit_2[] -> ... -> reconcile_2[]          (retryable items, new jobs)
+    lease -> prepare -> upload[] -> submit[] -> wait[] -> download[] -> reconcile[]  (round 1, per chunk)
+            -> resubmit_2 -> upload_2[] -> submit_2[] -> ... -> reconcile_2[]    (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+
+``upload`` stages each chunk at the provider and records the file id (or object URI) in the
+ledger; ``submit`` only creates the batch from it, so the grid shows the upload apart from the
+batch's queueing (``wait``), and a cleared submit never uploads again.
 
 ``lease`` takes the workload for the run (one run of a workload at a time; a second live run fails
 fast naming the holder, a dead holder's lease is taken over); ``publish`` gives it back.
@@ -26,14 +30,19 @@ Rounds with nothing to resubmit map over an empty list and are skipped; later ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from airflow.sdk import TaskGroup
 
-from airflow_batch_provider.core.deadline import DeadlineSpec, check_policy
 from airflow_batch_provider.core.names import check_workload, is_templated
+from airflow_batch_provider.core.options import (
+    BudgetOptions,
+    ChunkOptions,
+    DeadlineOptions,
+    FallbackLimits,
+    refuse_moved,
+)
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.kubernetes.lane import pod_tasks, runs_in_pod
@@ -45,13 +54,13 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchUploadOperator,
     BatchWorkloadLeaseOperator,
     PromptSource,
     RecordSource,
     check_exhausted,
 )
 from airflow_batch_provider.operators.deadline import (
-    HARVEST_TIMEOUT_S,
     BatchDeadlineBranchOperator,
     BatchDeadlineHarvestOperator,
     BatchDeadlineOperator,
@@ -87,29 +96,24 @@ def batch_inference_group(
     staging_root: str | None = None,
     staging_conn_id: str | None = None,
     max_attempts: int = 3,
-    max_requests_per_chunk: int | None = None,
-    max_bytes_per_chunk: int | None = None,
-    max_reject_ratio: float = 0.1,
+    chunking: ChunkOptions | None = None,
     poll: PollPolicy | None = None,
-    deadline: datetime | str | timedelta | DeadlineSpec | None = None,
-    deadline_policy: str | None = None,
-    deadline_margin: float = 0.0,
-    harvest_timeout: float = HARVEST_TIMEOUT_S,
-    fallback_rpm: int | None = None,
-    fallback_tpm: int | None = None,
-    fallback_concurrency: int | None = None,
-    budget_usd: float | str | None = None,
+    deadline: DeadlineOptions | None = None,
+    fallback: FallbackLimits | None = None,
+    budget: BudgetOptions | None = None,
     unfinished: str = "review",
     exhausted: str = "review",
-    pricing_override: str | Mapping[str, Any] | None = None,
     deferrable: bool = True,
     alerts: BatchAlerts | None = None,
     outlets: Sequence[Any] = (),
     group_id: str | None = None,
+    **moved: Any,
 ) -> TaskGroup:
     """Build the TaskGroup that runs one workload through a provider's batch API.
 
-    Call inside a ``DAG`` context.
+    Call inside a ``DAG`` context. The options come in four frozen objects
+    (:mod:`airflow_batch_provider.core.options`), each checked when it is built and handed as one
+    object to the tasks that use it.
 
     :param workload: the workload's name (ledger namespace, staging folder)
     :param records: JSONL/CSV path or URL, or a callable(context) returning dicts
@@ -122,49 +126,44 @@ def batch_inference_group(
     :param staging_root: staging URL (default ``[batch_provider] staging_root``)
     :param staging_conn_id: object store connection for ``staging_root``
     :param max_attempts: attempts per item, the first included; one round per attempt
-    :param max_requests_per_chunk: a tighter per-job request limit than the provider's
-    :param max_bytes_per_chunk: a tighter per-file byte limit than the provider's
-    :param max_reject_ratio: largest tolerated share of bad input records
+    :param chunking: requests and bytes per job, tighter than the provider's, and the tolerated
+        share of bad input (:class:`~airflow_batch_provider.core.options.ChunkOptions`; prepare and
+        resubmit)
     :param poll: poll policy (default from the ``[batch_provider]`` config)
-    :param deadline: when waiting stops and the deadline policy takes over: a time of day with
-        its timezone (``"06:30 Europe/Berlin"``), an offset from the run's start (``"PT4H"``, a
-        timedelta), a :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`, or an absolute
-        (templated) datetime
-    :param deadline_policy: what happens to items not done by the deadline: ``sync_fallback``,
-        ``publish_pending`` or ``skip``; required with a deadline, refused without one
-    :param deadline_margin: seconds before the deadline to stop waiting
-    :param harvest_timeout: seconds to wait for a batch cancelled at the deadline to reach its terminal
-        state (default 600: OpenAI documents up to 10 minutes for a cancel)
-    :param fallback_rpm: requests per minute of the synchronous fallback (default from config)
-    :param fallback_tpm: tokens per minute of the synchronous fallback (default from config)
-    :param fallback_concurrency: requests in flight in the synchronous fallback
-    :param budget_usd: the run's budget (a resubmission round that would pass it is not started and
-        its items go to review); prepare stops before any submit when the cost estimate
-        exceeds it
+    :param deadline: when waiting stops, the policy for what is not done by then, the margin and
+        the harvest timeout (:class:`~airflow_batch_provider.core.options.DeadlineOptions`;
+        ``None``: no deadline)
+    :param fallback: rate limits of the real-time sends: the ``sync_fallback`` policy,
+        ``exhausted='sync'`` and chunks below the provider's minimum
+        (:class:`~airflow_batch_provider.core.options.FallbackLimits`; default from config)
+    :param budget: the run's budget and the prices that estimate and report its cost
+        (:class:`~airflow_batch_provider.core.options.BudgetOptions`)
     :param unfinished: where items still open at the end go: ``review``, ``pending``, ``skipped``
     :param exhausted: where items that exhausted their batch attempts go: ``review`` (default) or
-        ``sync`` (the provider's real-time API at full price, within ``budget_usd``; reported as
+        ``sync`` (the provider's real-time API at full price, within the budget; reported as
         ``exhausted_sync`` in the cost report)
-    :param pricing_override: prices merged over the shipped table (file path or dict)
     :param deferrable: wait in the triggerer. The group turns deferral on (the operators on their
         own follow ``[operators] default_deferrable``); ``False`` polls in a worker
     :param alerts: where the group's alert events go (deadline missed, budget refused, a failed or
         in-doubt batch, review growth, the run's summary); see :mod:`airflow_batch_provider.notifications`
     :param outlets: assets the publish task updates
     :param group_id: the TaskGroup id (default: the workload name)
+    :raises ConfigurationError: a keyword of the flat form (``max_requests_per_chunk=`` ...),
+        naming the option object it moved to, or an option of the wrong type
     """
+    refuse_moved("batch_inference_group", moved)
     if max_attempts < 1:
         raise ConfigurationError(f"max_attempts={max_attempts}; use 1 or more (1 means no resubmission).")
+    chunking = _option("chunking", chunking, ChunkOptions)
+    fallback = _option("fallback", fallback, FallbackLimits)
+    budget = _option("budget", budget, BudgetOptions)
+    if deadline is not None and not isinstance(deadline, DeadlineOptions):
+        raise ConfigurationError(
+            f"deadline={deadline!r}; give DeadlineOptions(when, policy), e.g. "
+            "DeadlineOptions('06:30 Europe/Berlin', 'sync_fallback'), or None."
+        )
     policy = poll or default_poll_policy()
-    spec: DeadlineSpec | None = None
-    deadline_value: Any = deadline
-    absolute = isinstance(deadline, datetime) or (
-        isinstance(deadline, str) and ("{{" in deadline or _is_iso_datetime(deadline))
-    )
     check_workload(workload)  # before Airflow's own key check, with the workload's rule and a fix
-    deadline_policy = check_policy(deadline_policy, deadline is not None)
-    if deadline is not None and not absolute:
-        spec = DeadlineSpec.parse(deadline, deadline_policy, margin_s=deadline_margin)  # type: ignore[arg-type]
     common: dict[str, Any] = {
         "workload": workload,
         "batch_conn_id": batch_conn_id,
@@ -176,7 +175,7 @@ def batch_inference_group(
     # self-hosted lane: read from the connection at parse time; a templated connection is a provider's
     in_pod = not is_templated(batch_conn_id) and runs_in_pod(
         batch_conn_id
-    )  # self-hosted lane: a pod task per chunk replaces submit + wait
+    )  # self-hosted lane: a pod task per chunk replaces upload + submit + wait
     # a workload may contain '.', which Airflow refuses in a group id
     with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
         lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
@@ -184,17 +183,18 @@ def batch_inference_group(
             task_id="prepare",
             records=records,
             prompt=prompt,
-            max_requests_per_chunk=max_requests_per_chunk,
-            max_bytes_per_chunk=max_bytes_per_chunk,
-            max_reject_ratio=max_reject_ratio,
-            budget_usd=budget_usd,
-            pricing_override=pricing_override,
+            chunking=chunking,
+            budget=budget,
             alerts=alerts,
             **common,
         )
-        if spec is not None:
-            resolve = BatchDeadlineOperator(task_id="deadline", spec=spec, doc_md=spec.describe())
-            deadline_value = "{{ ti.xcom_pull(task_ids='" + resolve.task_id + "')['deadline'] }}"
+        # the run's deadline: a rule (time of day, offset) is resolved per run by the deadline task
+        run_deadline = deadline
+        if deadline is not None and deadline.spec is not None:
+            resolve = BatchDeadlineOperator(
+                task_id="deadline", spec=deadline.spec, doc_md=deadline.describe()
+            )
+            run_deadline = deadline.resolved_by(resolve.task_id)
             resolve >> prepare
         lease >> prepare
         manifests: Any = prepare.output
@@ -206,12 +206,9 @@ def batch_inference_group(
                     task_id=f"resubmit{suffix}",
                     round_number=round_number,
                     max_attempts=max_attempts,
-                    max_requests_per_chunk=max_requests_per_chunk,
-                    max_bytes_per_chunk=max_bytes_per_chunk,
-                    deadline=deadline_value,
-                    deadline_margin=deadline_margin,
-                    budget_usd=budget_usd,
-                    pricing_override=pricing_override,
+                    chunking=chunking,
+                    deadline=run_deadline,
+                    budget=budget,
                     trigger_rule="none_failed",
                     alerts=alerts,
                     **common,
@@ -226,34 +223,38 @@ def batch_inference_group(
                     common=common,
                     policy=policy,
                     deferrable=deferrable,
-                    deadline=deadline_value,
-                    deadline_margin=deadline_margin,
+                    deadline=run_deadline.at() if run_deadline is not None else None,
+                    deadline_margin=run_deadline.margin_s if run_deadline is not None else 0.0,
                 )
             else:
+                upload = BatchUploadOperator.partial(task_id=f"upload{suffix}", **common).expand(
+                    job=manifests
+                )
                 submit = BatchSubmitOperator.partial(
                     task_id=f"submit{suffix}",
                     prompt=prompt,
-                    pricing_override=pricing_override,
+                    budget=budget,
+                    fallback=fallback,
                     alerts=alerts,
                     **common,
-                ).expand(job=manifests)
+                ).expand(job=upload.output)
                 wait = BatchStatusSensor.partial(
                     task_id=f"wait{suffix}",
                     batch_conn_id=batch_conn_id,
                     ledger_conn_id=ledger_conn_id,
                     poll=policy,
-                    deadline=deadline_value,
-                    deadline_margin=deadline_margin,
+                    deadline=run_deadline.at() if run_deadline is not None else None,
+                    deadline_margin=run_deadline.margin_s if run_deadline is not None else 0.0,
                     deferrable=deferrable,
                     staging_root=staging_root,
                     staging_conn_id=staging_conn_id,
                     alerts=alerts,
                 ).expand(batch=submit.output)
                 waited = wait.output
-                if deadline_policy is not None:
+                if run_deadline is not None:
                     harvest = BatchDeadlineHarvestOperator.partial(
                         task_id=f"harvest{suffix}",
-                        harvest_timeout=harvest_timeout,
+                        deadline=run_deadline,
                         poll=policy,
                         alerts=alerts,
                         **common,
@@ -263,40 +264,35 @@ def batch_inference_group(
                 batch=waited
             )
             last = BatchReconcileOperator.partial(
-                task_id=f"reconcile{suffix}", prompt=prompt, pricing_override=pricing_override, **common
+                task_id=f"reconcile{suffix}", prompt=prompt, budget=budget, **common
             ).expand(batch=download.output)
         publish = BatchPublishOperator(
             task_id="publish",
             max_attempts=max_attempts,
             unfinished=unfinished,
-            pricing_override=pricing_override,
             prompt=prompt,
             exhausted=exhausted,
-            budget_usd=budget_usd,
-            fallback_rpm=fallback_rpm,
-            fallback_tpm=fallback_tpm,
-            fallback_concurrency=fallback_concurrency,
+            budget=budget,
+            fallback=fallback,
             trigger_rule="none_failed",
             outlets=list(outlets),
             alerts=alerts,
             **common,
         )
-        if deadline_policy is None:
+        if run_deadline is None:
             last >> publish
             return group
         policy_task: Any
-        if deadline_policy == "sync_fallback":
+        if run_deadline.policy == "sync_fallback":
             policy_task = BatchSyncFallbackOperator(
                 task_id="sync_fallback",
                 prompt=prompt,
-                rpm=fallback_rpm,
-                tpm=fallback_tpm,
-                concurrency=fallback_concurrency,
-                pricing_override=pricing_override,
+                limits=fallback,
+                budget=budget,
                 **common,
             )
         else:
-            pending = deadline_policy == "publish_pending"
+            pending = run_deadline.policy == "publish_pending"
             policy_task = BatchDeadlineSettleOperator(
                 task_id="keep_pending" if pending else "skip_unfinished",
                 state="pending" if pending else "skipped",
@@ -307,9 +303,7 @@ def batch_inference_group(
             task_id="deadline_branch",
             workload=workload,
             ledger_conn_id=ledger_conn_id,
-            deadline=deadline_value,
-            deadline_margin=deadline_margin,
-            policy=deadline_policy,
+            deadline=run_deadline,
             publish_task_id=publish.task_id,
             policy_task_id=policy_task.task_id,
             trigger_rule="none_failed",
@@ -320,9 +314,15 @@ def batch_inference_group(
     return group
 
 
-def _is_iso_datetime(value: str) -> bool:
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return True
+_O = TypeVar("_O", ChunkOptions, FallbackLimits, BudgetOptions)
+
+
+def _option(name: str, value: _O | None, kind: type[_O]) -> _O:
+    """The option object given, or its defaults; anything else is refused with the type to use."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ConfigurationError(
+            f"{name}={value!r}; give a {kind.__name__}(...) from airflow_batch_provider.core.options."
+        )
+    return value

@@ -31,6 +31,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, task
 from sample_data import generated_records
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -117,7 +118,7 @@ with DAG(
         prompt=prompt,
         batch_conn_id=CONN_ID,
         max_attempts=3,
-        max_requests_per_chunk=1000,
+        chunking=ChunkOptions(max_requests=1000),
         outlets=[Asset(name="feedback_comment_vectors", uri="abp://embeddings_backfill/results")],
     )
     group >> write_vectors()

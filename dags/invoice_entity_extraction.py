@@ -22,6 +22,7 @@ import pendulum
 from airflow.sdk import DAG, Asset
 from sample_data import generated_records
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
@@ -48,6 +49,6 @@ with DAG(
         prompt=str(INCLUDE / "prompts" / "invoice_extraction.yaml"),
         batch_conn_id="anthropic_batch_default",
         max_attempts=2,
-        max_requests_per_chunk=200,
+        chunking=ChunkOptions(max_requests=200),
         outlets=[Asset(name="invoice_fields", uri="abp://invoice_extraction/results")],
     )

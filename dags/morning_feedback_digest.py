@@ -23,6 +23,7 @@ import pendulum
 from airflow.sdk import DAG, Asset
 from sample_data import generated_records
 
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions, FallbackLimits
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
@@ -48,13 +49,9 @@ with DAG(
         prompt=str(INCLUDE / "prompts" / "feedback_classification.yaml"),
         batch_conn_id="openai_batch_default",
         max_attempts=2,
-        max_requests_per_chunk=1000,
-        deadline="06:30 Europe/Berlin",
-        deadline_policy="sync_fallback",
-        deadline_margin=600,
-        fallback_rpm=500,
-        fallback_tpm=200_000,
-        fallback_concurrency=16,
-        budget_usd=5,
+        chunking=ChunkOptions(max_requests=1000),
+        deadline=DeadlineOptions("06:30 Europe/Berlin", "sync_fallback", margin_s=600),
+        fallback=FallbackLimits(rpm=500, tpm=200_000, concurrency=16),
+        budget=BudgetOptions(budget_usd=5),
         outlets=[Asset(name="feedback_digest", uri="abp://feedback_digest/results")],
     )

@@ -27,6 +27,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Variable, task
 
+from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include" / "vllm"
@@ -102,10 +103,13 @@ with DAG(
         prompt=str(INCLUDE / "eval_prompt.yaml"),
         batch_conn_id=Variable.get("nightly_eval_vllm_conn_id", default="vllm_kubernetes_default"),
         max_attempts=2,
-        max_requests_per_chunk=int(Variable.get("nightly_eval_vllm_chunk", default="20")),
-        deadline=deadline,
-        deadline_policy=(
-            Variable.get("nightly_eval_vllm_deadline_policy", default="sync_fallback") if deadline else None
+        chunking=ChunkOptions(max_requests=int(Variable.get("nightly_eval_vllm_chunk", default="20"))),
+        deadline=(
+            DeadlineOptions(
+                deadline, Variable.get("nightly_eval_vllm_deadline_policy", default="sync_fallback")
+            )
+            if deadline
+            else None
         ),
     )
 

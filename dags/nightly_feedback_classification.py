@@ -17,6 +17,7 @@ import pendulum
 from airflow.sdk import DAG, Asset
 from sample_data import generated_records
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
@@ -42,6 +43,6 @@ with DAG(
         prompt=str(INCLUDE / "prompts" / "feedback_classification.yaml"),
         batch_conn_id="openai_batch_default",
         max_attempts=3,
-        max_requests_per_chunk=1000,
+        chunking=ChunkOptions(max_requests=1000),
         outlets=[Asset(name="feedback_labels", uri="abp://feedback_classification/results")],
     )

@@ -378,7 +378,7 @@ class AnthropicBatchAdapter(BatchAdapter):
         if size > self.limits.max_bytes:
             raise ConfigurationError(
                 f"chunk {name} is {size:,} bytes; a Message Batch takes at most {self.limits.max_bytes:,}. "
-                "Lower max_bytes_per_chunk."
+                "Lower the group's ChunkOptions(max_bytes=...)."
             )
         key = name.removesuffix(".jsonl")
         spool_dir = Path(self.settings.extra.get("spool_dir") or tempfile.gettempdir()) / "abp-anthropic"
@@ -407,7 +407,7 @@ class AnthropicBatchAdapter(BatchAdapter):
             Path(spool).unlink(missing_ok=True)
             raise ConfigurationError(
                 f"chunk {name} holds {len(ids):,} requests; a Message Batch takes 1 to "
-                f"{self.limits.max_requests:,}. Lower max_requests_per_chunk."
+                f"{self.limits.max_requests:,}. Lower the group's ChunkOptions(max_requests=...)."
             )
         window = float(self.settings.extra.get("find_window_s", 93_600))
         skew = float(self.settings.extra.get("find_clock_skew_s", 300))

@@ -33,7 +33,7 @@ extras where your account's quota differs).
 **Chunks below the minimum (the documented choice).** Nothing is padded. :meth:`submit`
 refuses a job with fewer records than the minimum, before anything is created, with a
 :class:`~airflow_batch_provider.exceptions.SubmitError` that names the chunk size, the minimum
-and the remedies: keep chunks large (``max_requests_per_chunk`` of at least the minimum, so only
+and the remedies: keep chunks large (``ChunkOptions(max_requests=...)`` of at least the minimum, so only
 the last chunk of a run can be short, and size runs so it is not), or run tiny workloads through
 the synchronous path (:meth:`realtime_client`, used by the deadline fallback) instead of batch.
 Retry rounds with fewer retryable items than the minimum hit the same refusal; route them to the
@@ -688,7 +688,7 @@ class BedrockBatchAdapter(BatchAdapter):
             raise SubmitError(
                 f"chunk {input_ref.value} holds {records} records, below Bedrock's minimum of "
                 f"{self.min_records} records per batch job, so no job was created (nothing is padded). "
-                f"Merge: set max_requests_per_chunk to at least {self.min_records} so chunks stay large; "
+                f"Merge: set ChunkOptions(max_requests=...) to at least {self.min_records} so chunks stay large; "
                 "or send this workload through the synchronous path (the sync fallback) when runs are "
                 "this small; or, if your account's quota is lower, set the connection extra min_records."
             )

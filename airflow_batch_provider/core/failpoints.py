@@ -24,8 +24,8 @@ ENV_VAR: Final = "ABP_FAILPOINTS"
 FAILPOINTS: Final[dict[str, str]] = {
     "prepare.after_upsert": "items are in the ledger, nothing is staged",
     "prepare.after_stage": "chunks are staged and their jobs recorded, nothing is submitted",
-    "submit.after_claim": "the job is claimed (the intent), nothing is uploaded",
-    "submit.after_upload": "the input file is at the provider, no batch is created",
+    "upload.after_upload": "the input file is at the provider, the ledger does not know its id",
+    "submit.after_claim": "the job is claimed for its create, nothing is created",
     "submit.after_create": "the provider created the batch, the ledger does not know its id",
     "download.mid": "part of a result file is written to staging",
     "reconcile.mid": "part of a result file is applied to the ledger",

@@ -137,7 +137,9 @@ BATCH_STATES: Final[tuple[str, ...]] = get_args(BatchState)
 TERMINAL_BATCH_STATES: Final[frozenset[str]] = frozenset({"completed", "failed", "expired", "cancelled"})
 
 #: A job's steps in ``abp_jobs`` (one staged chunk and what became of it at the provider).
-JobState = Literal["staged", "submitting", "in_doubt", "submitted", "sync", "downloaded", "reconciled"]
+JobState = Literal[
+    "staged", "submitting", "uploaded", "in_doubt", "submitted", "sync", "downloaded", "reconciled"
+]
 JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
 #: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.
 HARVESTED_JOB_STATES: Final[frozenset[str]] = frozenset({"downloaded", "reconciled"})

@@ -71,9 +71,11 @@ def _from_mapping(cls: type[_R], row: Mapping[Any, Any]) -> _R:
 class JobRow:
     """One row of ``abp_jobs``: a staged chunk and what became of it at the provider.
 
-    ``state`` is one of ``staged``, ``submitting``, ``in_doubt``, ``submitted``, ``sync``,
-    ``downloaded``, ``reconciled`` (the operators add their own steps). ``claim_*`` describe the
-    compare-and-set claim for the create call; ``in_doubt_*`` why a create's outcome is unknown.
+    ``state`` is one of ``staged``, ``submitting``, ``uploaded``, ``in_doubt``, ``submitted``,
+    ``sync``, ``downloaded``, ``reconciled`` (the operators add their own steps). ``claim_*``
+    describe the compare-and-set claim for the upload and create calls; ``in_doubt_*`` why a
+    create's outcome is unknown; ``input_kind`` and ``input_ref`` what the upload task staged at
+    the provider (``None`` until it did).
     """
 
     job_id: str
@@ -110,6 +112,7 @@ class JobRow:
     claim_expires_at: datetime | None
     in_doubt_reason: str | None
     in_doubt_at: datetime | None
+    input_kind: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRow:

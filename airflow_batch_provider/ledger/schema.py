@@ -220,6 +220,9 @@ jobs = Table(
     # why a create call's outcome is unknown (state ``in_doubt``)
     Column("in_doubt_reason", Text),
     Column("in_doubt_at", UTCDateTime()),
+    # what the upload task staged at the provider: ``file`` (input_ref is the file id), ``uri``
+    # (input_ref is the object URI) or ``inline`` (nothing at the provider; submit posts the chunk)
+    Column("input_kind", String(16)),
     Index("ix_abp_jobs_run", "workload", "run_id", "round"),
 )
 
@@ -299,7 +302,14 @@ audit = Table(
 #: Columns added after version 1, by table: an older ledger gets them with ``ALTER TABLE ... ADD``.
 ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     "abp_items": ("review_action", "review_note"),
-    "abp_jobs": ("claim_owner", "claim_count", "claim_expires_at", "in_doubt_reason", "in_doubt_at"),
+    "abp_jobs": (
+        "claim_owner",
+        "claim_count",
+        "claim_expires_at",
+        "in_doubt_reason",
+        "in_doubt_at",
+        "input_kind",
+    ),
     "abp_runs": ("dag_id",),
 }
 

@@ -1564,6 +1564,33 @@ class Ledger:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
+    def record_upload(self, job_id: str, input_kind: str, input_ref: str | None) -> tuple[str, str | None]:
+        """Record what the upload task staged at the provider; the first recorded upload wins.
+
+        A compare-and-set: the job takes ``input_kind``/``input_ref`` (and state ``uploaded``)
+        only while it has no recorded input and no batch. Returns what the job holds afterwards:
+        the arguments when this call recorded them, else the upload recorded earlier (a second
+        file for the same chunk is then not used: the caller reports it).
+
+        :param job_id: the job
+        :param input_kind: ``file``, ``uri`` or ``inline``
+        :param input_ref: the file id or URI (``None`` for ``inline``)
+        :raises LedgerError: no such job
+        """
+        j = s.jobs.c
+        with self.engine.begin() as conn:
+            conn.execute(
+                s.jobs.update()
+                .where(j.job_id == job_id, j.input_kind.is_(None), j.batch_id.is_(None))
+                .values(input_kind=input_kind, input_ref=input_ref, state="uploaded")
+            )
+            held = conn.execute(select(j.input_kind, j.input_ref).where(j.job_id == job_id)).first()
+        if held is None:
+            raise LedgerError(
+                f"job {job_id!r} is not in the ledger; was the prepare task of this run cleared?"
+            )
+        return str(held.input_kind or input_kind), held.input_ref
+
     def mark_submitted(
         self, job_id: str, batch_id: str, input_ref: str, submitted_at: datetime | None = None
     ) -> None:

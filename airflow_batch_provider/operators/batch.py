@@ -1,4 +1,4 @@
-"""Operators of one batch workload run: prepare, submit, download, reconcile, resubmit, publish.
+"""Operators of one batch workload run: prepare, upload, submit, download, reconcile, resubmit, publish.
 
 They are thin: the ledger holds state, the adapter talks to the provider, ``core`` decides.
 Every operator can be cleared and run again; it converges to the same ledger and never creates a
@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions, FallbackLimits
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.states import RETRYABLE_STATES, UNFINISHED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceError
@@ -38,7 +39,9 @@ from airflow_batch_provider.staging import Staging
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_batch_provider.core.ratelimit import RetryPolicy
     from airflow_batch_provider.notifications import BatchAlerts, BatchEvent
+    from airflow_batch_provider.services.fallback import FallbackSettings
     from airflow_batch_provider.services.records import SourceRecord
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,20 @@ def load_prompt(prompt: PromptSource, context: Mapping[str, Any] | None = None) 
             )
         return made
     return PromptTemplate.load(prompt)
+
+
+def limits_settings(
+    limits: FallbackLimits, window_s: float = 60.0, retry: RetryPolicy | None = None
+) -> FallbackSettings:
+    """The real-time send settings of a task: the group's limits, the config for what they leave unset.
+
+    :param limits: the group's fallback limits
+    :param window_s: the rate window in seconds (60 for per-minute limits)
+    :param retry: retry policy per item (default :class:`~airflow_batch_provider.core.ratelimit.RetryPolicy`)
+    """
+    from airflow_batch_provider.services.fallback import fallback_settings
+
+    return fallback_settings(limits.rpm, limits.tpm, limits.concurrency, window_s, limits.headroom, retry)
 
 
 def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: BatchEvent) -> None:
@@ -445,13 +462,11 @@ class BatchPrepareOperator(BatchBaseOperator):
     :param records: a path/URL of a JSONL or CSV file (read with ``ObjectStoragePath``), or a
         callable taking the task context and returning an iterable of dicts
     :param prompt: the prompt (or a path to its YAML file)
-    :param max_requests_per_chunk: a tighter limit than the provider's, to spread work over jobs
-    :param max_bytes_per_chunk: a tighter byte limit per file than the provider's
-    :param max_reject_ratio: largest tolerated share of bad records (0..1)
+    :param chunking: requests and bytes per job, tighter than the provider's, and the largest
+        tolerated share of bad records (``max_reject_ratio``)
     :param records_conn_id: connection of the object store holding ``records``
-    :param budget_usd: the run's budget in USD; when the cost estimate of the staged items (batch
-        prices, every item at its output ceiling) exceeds it, the task fails before any submit
-    :param pricing_override: a pricing file path or dict merged over the shipped prices
+    :param budget: the run's budget and prices; when the cost estimate of the staged items (batch
+        prices, every item at its output ceiling) exceeds the budget, the task fails before any submit
     """
 
     # ``records`` is rendered by hand when it is a string: Airflow would call a callable template
@@ -462,12 +477,9 @@ class BatchPrepareOperator(BatchBaseOperator):
         *,
         records: RecordSource,
         prompt: PromptSource,
-        max_requests_per_chunk: int | None = None,
-        max_bytes_per_chunk: int | None = None,
-        max_reject_ratio: float = 0.1,
+        chunking: ChunkOptions | None = None,
         records_conn_id: str | None = None,
-        budget_usd: float | str | None = None,
-        pricing_override: str | Mapping[str, Any] | None = None,
+        budget: BudgetOptions | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -475,13 +487,10 @@ class BatchPrepareOperator(BatchBaseOperator):
 
         if not is_templated(self.workload):
             check_workload(self.workload)  # at DAG parse time; Staging.run_dir checks a rendered one
-        self.budget_usd = budget_usd
-        self.pricing_override = pricing_override
+        self.budget = budget or BudgetOptions()
         self.records = records
         self.prompt = prompt
-        self.max_requests_per_chunk = max_requests_per_chunk
-        self.max_bytes_per_chunk = max_bytes_per_chunk
-        self.max_reject_ratio = max_reject_ratio
+        self.chunking = chunking or ChunkOptions()
         self.records_conn_id = records_conn_id
 
     def template(self, context: Context | None = None) -> PromptTemplate:
@@ -520,7 +529,7 @@ class BatchPrepareOperator(BatchBaseOperator):
 
         :param run_id: the Airflow run id
         :param context: the task context (for the alert)
-        :raises BudgetExceededError: the estimate exceeds ``budget_usd`` (nothing was submitted)
+        :raises BudgetExceededError: the estimate exceeds the budget (nothing was submitted)
         """
         from airflow_batch_provider.core.cost import check_budget, estimate_cost
         from airflow_batch_provider.exceptions import PricingError
@@ -529,14 +538,15 @@ class BatchPrepareOperator(BatchBaseOperator):
         requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
         try:
             estimate = estimate_cost(
-                requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
+                requests, load_prices(self.budget.pricing_override), "batch", provider=self.adapter.name
             )
         except PricingError as exc:
-            if self.budget_usd is not None:
+            if self.budget.budget is not None:
                 raise
             self.log.warning("no cost estimate: %s", exc)
             return
-        shown = "none" if self.budget_usd is None else f"${self.budget_usd}"
+        budget = self.budget.budget
+        shown = "none" if budget is None else f"${budget}"
         self.log.info(
             "cost estimate before submit: $%s for %d items (%d input tokens, up to %d output tokens, "
             "batch prices as of %s); budget %s",
@@ -547,9 +557,8 @@ class BatchPrepareOperator(BatchBaseOperator):
             estimate.prices_as_of,
             shown,
         )
-        if self.budget_usd is None:
+        if budget is None:
             return
-        budget = Decimal(str(self.budget_usd))
         if estimate.cost > budget and context is not None:
             from airflow_batch_provider.notifications import BatchEvent
 
@@ -559,7 +568,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 run_id,
                 f"{self.workload}: the run was not submitted: its {estimate.items:,} items are estimated at up to "
                 f"${estimate.cost.quantize(Decimal('0.000001'))}, over the ${budget} budget. Nothing was paid; "
-                "raise budget_usd, send fewer items, or use a cheaper model.",
+                "raise BudgetOptions(budget_usd=...), send fewer items, or use a cheaper model.",
                 "error",
                 {"budget": str(budget), "spent": "0", "needed": str(estimate.cost), "items": estimate.items},
                 _dag_id(context),
@@ -575,13 +584,14 @@ class BatchPrepareOperator(BatchBaseOperator):
         template = self.template(context)
         ledger = self.ledger
         floor = self.adapter.limits.min_requests
-        if self.max_requests_per_chunk is not None and self.max_requests_per_chunk < floor:
+        max_requests = self.chunking.max_requests
+        if max_requests is not None and max_requests < floor:
             # Every chunk would go through the real-time API, several at once: full price, and
             # the real-time path resumes a run's interrupted sends assuming one sender at a time.
             raise ConfigurationError(
-                f"max_requests_per_chunk={self.max_requests_per_chunk} is below {self.adapter.name}'s minimum "
+                f"ChunkOptions(max_requests={max_requests}) is below {self.adapter.name}'s minimum "
                 f"of {floor} requests per batch job: every chunk would be sent through the real-time API "
-                f"at full price. Raise max_requests_per_chunk to at least {floor}, or leave it unset."
+                f"at full price. Raise max_requests to at least {floor}, or leave it unset."
             )
         # a kind the provider does not accept is refused before anything reaches the ledger
         check_kind(self.workload, template, self.adapter)
@@ -628,41 +638,92 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"({result.rejected} rejected) and nothing was staged; fix the source and retry the task."
             )
         pending = ledger.iter_item_rows(self.workload, run_id, states=["pending"], shape=OpenItem)
-        manifests = self.stage_round(
-            context, 1, pending, self.max_requests_per_chunk, self.max_bytes_per_chunk
-        )
+        manifests = self.stage_round(context, 1, pending, max_requests, self.chunking.max_bytes)
         failpoint("prepare.after_stage")
         self.estimate_and_check_budget(run_id, context)
         total = result.read
-        if total and result.rejected / total > self.max_reject_ratio:
+        ratio = self.chunking.max_reject_ratio
+        if total and result.rejected / total > ratio:
             raise ConfigurationError(
                 f"{result.rejected} of {total} records were rejected ({result.rejected / total:.1%}), more "
-                f"than max_reject_ratio={self.max_reject_ratio:.1%}; the good records are staged and the bad ones "
-                "are in the log and the ledger (state review). Fix the input, or raise max_reject_ratio."
+                f"than max_reject_ratio={ratio:.1%}; the good records are staged and the bad ones "
+                "are in the log and the ledger (state review). Fix the input, or raise "
+                "ChunkOptions(max_reject_ratio=...)."
             )
         self.log.info("round 1: %d jobs staged", len(manifests))
         return manifests
 
 
+class BatchUploadOperator(BatchBaseOperator):
+    """Stage one chunk at the provider, exactly once, and record where it is; never creates a batch.
+
+    The steps are :func:`airflow_batch_provider.services.submit.upload_job`'s: a recorded upload
+    is used as it is (a cleared upload sends nothing); otherwise, under the job's claim, the
+    staged chunk is uploaded (a file), written to the object store the provider reads (a URI), or,
+    for providers that take the requests inline, only checked; the file id or URI is recorded in
+    the ledger. The adapter looks a file up by the job's key before uploading, so a lost reply is
+    found; a second file is never used, and is reported (``orphan_input``). A chunk that goes
+    through the real-time API (below the provider's minimum) is not uploaded.
+
+    :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param claim_lease_s: how long the claim is held (default: longer than the look-up and the
+        upload can take with their retries, at least 30 minutes)
+    """
+
+    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
+    ui_color = "#dcebf7"
+
+    def __init__(self, *, job: Mapping[str, Any], claim_lease_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.claim_lease_s = claim_lease_s
+        self._claim: tuple[str, str] | None = None
+        self._killed = False
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_batch_provider.services import submit
+
+        job_id = str(self.job["job_id"])
+        self._claim = (job_id, attempt_owner(context))
+        try:
+            done = submit.upload_job(
+                ledger=self.ledger,
+                adapter=self.adapter,
+                staging=self.staging,
+                job_id=job_id,
+                owner=self._claim[1],
+                lease_s=self.claim_lease_s,
+                stop=lambda: self._killed,
+            )
+        finally:
+            self._claim = None
+        return {**dict(self.job), **done.to_xcom()}
+
+    def on_kill(self) -> None:
+        """Stop before the upload and give back the claim when nothing is in flight (see :func:`kill_claim`)."""
+        kill_claim(self)
+
+
 class BatchSubmitOperator(BatchBaseOperator):
-    """Upload one staged chunk and create its provider batch, exactly once.
+    """Create one uploaded chunk's provider batch, exactly once; never uploads.
 
     The steps are :func:`airflow_batch_provider.services.submit.submit_job`'s: claim the job in
     the ledger (compare-and-set, so a zombie attempt and its retry never both create), re-attach
-    to a recorded batch, ask the provider for a batch with the job's key, and only then upload and
-    create. A create whose outcome is unknown leaves the job *in doubt*: nothing is created for it
-    again, and the wait task resolves it.
+    to a recorded batch, ask the provider for a batch with the job's key, and only then create it
+    from the input the upload task recorded. A create whose outcome is unknown leaves the job *in
+    doubt*: nothing is created for it again, and the wait task resolves it.
 
     A chunk smaller than the provider's minimum job size (Bedrock: 100 records) is not padded and
     not merged across rounds: its items go through the provider's real-time API right here, at
     full price, rate-limited like the deadline fallback, and the job is marked ``sync``. The
     downstream tasks of that chunk pass through.
 
-    :param job: the job manifest from prepare or resubmit (``job_id``)
+    :param job: the upload task's result for one job (``job_id``)
     :param prompt: the workload's prompt (output validation on the synchronous path)
-    :param pricing_override: pricing file path or dict (synchronous path)
-    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up,
-        upload and create can take with their retries, at least 30 minutes)
+    :param budget: its ``pricing_override`` prices the synchronous path
+    :param fallback: rate limits of the synchronous path (default from config)
+    :param claim_lease_s: how long the submit claim is held (default: longer than the look-up
+        and the create can take with their retries, at least 30 minutes)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "job")
@@ -672,14 +733,16 @@ class BatchSubmitOperator(BatchBaseOperator):
         *,
         job: Mapping[str, Any],
         prompt: PromptSource | None = None,
-        pricing_override: str | Mapping[str, Any] | None = None,
+        budget: BudgetOptions | None = None,
+        fallback: FallbackLimits | None = None,
         claim_lease_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.job = job
         self.prompt = prompt
-        self.pricing_override = pricing_override
+        self.budget = budget or BudgetOptions()
+        self.fallback = fallback or FallbackLimits()
         self.claim_lease_s = claim_lease_s
         self._claim: tuple[str, str] | None = None
         self._killed = False
@@ -691,7 +754,7 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
-        if job.state == "sync" or (not job.batch_id and job.lines < self.adapter.limits.min_requests):
+        if submit.goes_sync(job, self.adapter):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
         self._claim = (job.job_id, attempt_owner(context))
@@ -728,7 +791,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         """
         import asyncio
 
-        from airflow_batch_provider.services.fallback import fallback_settings, run_fallback
+        from airflow_batch_provider.services.fallback import run_fallback
 
         if self.prompt is None:
             raise ConfigurationError(
@@ -764,8 +827,8 @@ class BatchSubmitOperator(BatchBaseOperator):
                 client=self.adapter.realtime_client(),
                 rows=rows,
                 template=template,
-                settings=fallback_settings(),
-                prices=load_prices(self.pricing_override),
+                settings=limits_settings(self.fallback),
+                prices=load_prices(self.budget.pricing_override),
             )
         )
         self.log.info("synchronous path for job %s: %s", job.job_id, summary)
@@ -805,7 +868,7 @@ class BatchReconcileOperator(BatchBaseOperator):
 
     :param batch: the download task's result for one job
     :param prompt: the workload's prompt (for output validation)
-    :param pricing_override: a pricing file path or dict merged over the shipped prices
+    :param budget: its ``pricing_override`` prices the answers
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "batch")
@@ -815,13 +878,13 @@ class BatchReconcileOperator(BatchBaseOperator):
         *,
         batch: Mapping[str, Any],
         prompt: PromptSource,
-        pricing_override: str | Mapping[str, Any] | None = None,
+        budget: BudgetOptions | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.batch = batch
         self.prompt = prompt
-        self.pricing_override = pricing_override
+        self.budget = budget or BudgetOptions()
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.get_job(self.batch["job_id"])
@@ -831,7 +894,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             self.staging,
             job.job_id,
             load_prompt(self.prompt, context),
-            report.batch_pricer(self.adapter.name, job.model, self.pricing_override),
+            report.batch_pricer(self.adapter.name, job.model, self.budget.pricing_override),
         )
 
 
@@ -844,29 +907,24 @@ class BatchResubmitOperator(BatchBaseOperator):
 
     :param round_number: the round this task stages (2 for the first resubmission)
     :param max_attempts: attempts cap per item (the first submission counts as 1)
-    :param max_requests_per_chunk: a tighter per-chunk request limit
-    :param max_bytes_per_chunk: a tighter per-chunk byte limit
-    :param deadline: this run's deadline (ISO string or datetime, templated); once it has passed
-        (minus ``deadline_margin``) no new round starts and the items are left to the deadline policy
-    :param deadline_margin: seconds before ``deadline`` at which waiting stops
-    :param budget_usd: the run's budget: a round whose estimate, added to what the run has paid so
+    :param chunking: tighter per-chunk request and byte limits
+    :param deadline: this run's deadline, as a moment (``DeadlineOptions.resolved_by`` for a rule);
+        once it has passed (minus its margin) no new round starts and the items are left to the
+        deadline policy
+    :param budget: the run's budget: a round whose estimate, added to what the run has paid so
         far, exceeds it is not started, and its items go to ``review`` (``budget_exceeded``)
-    :param pricing_override: pricing file path or dict (for the estimate)
     """
 
-    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "deadline")
+    template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "deadline_at")
 
     def __init__(
         self,
         *,
         round_number: int,
         max_attempts: int,
-        max_requests_per_chunk: int | None = None,
-        max_bytes_per_chunk: int | None = None,
-        deadline: Any = None,
-        deadline_margin: float = 0.0,
-        budget_usd: float | str | None = None,
-        pricing_override: str | Mapping[str, Any] | None = None,
+        chunking: ChunkOptions | None = None,
+        deadline: DeadlineOptions | None = None,
+        budget: BudgetOptions | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -876,22 +934,22 @@ class BatchResubmitOperator(BatchBaseOperator):
             )
         self.round_number = round_number
         self.max_attempts = max_attempts
-        self.max_requests_per_chunk = max_requests_per_chunk
-        self.max_bytes_per_chunk = max_bytes_per_chunk
+        self.chunking = chunking or ChunkOptions()
         self.deadline = deadline
-        self.deadline_margin = deadline_margin
-        self.budget_usd = budget_usd
-        self.pricing_override = pricing_override
+        #: the run's deadline (templated: rendered when the task runs)
+        self.deadline_at: str | None = deadline.at() if deadline is not None else None
+        self.budget = budget or BudgetOptions()
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         run_id = context["run_id"]
         from airflow_batch_provider.core.deadline import deadline_passed
 
-        if deadline_passed(self.deadline or None, self.deadline_margin, utcnow()):
+        margin = self.deadline.margin_s if self.deadline is not None else 0.0
+        if deadline_passed(self.deadline_at or None, margin, utcnow()):
             self.log.info(
                 "round %d not started: the deadline %s has passed; open items go to the deadline policy",
                 self.round_number,
-                self.deadline,
+                self.deadline_at,
             )
             return []
         retry, to_review = self.ledger.retry_candidates(self.workload, run_id, self.max_attempts)
@@ -904,16 +962,16 @@ class BatchResubmitOperator(BatchBaseOperator):
         eligible = [r for r in items if r.attempts < self.max_attempts]
         started = self.ledger.get_jobs(self.workload, run_id, self.round_number)
         if (
-            self.budget_usd is not None
+            self.budget.budget is not None
             and eligible
             and not started
             and self.over_budget(run_id, eligible, context)
         ):
             return []
         max_requests = rounds.retry_chunk_limit(
-            self.ledger, self.workload, run_id, self.round_number, eligible, self.max_requests_per_chunk
+            self.ledger, self.workload, run_id, self.round_number, eligible, self.chunking.max_requests
         )
-        return self.stage_round(context, self.round_number, eligible, max_requests, self.max_bytes_per_chunk)
+        return self.stage_round(context, self.round_number, eligible, max_requests, self.chunking.max_bytes)
 
     def over_budget(self, run_id: str, rows: Sequence[OpenItem], context: Context | None = None) -> bool:
         """Say whether this round would take the run over its budget; if so, send its items to review.
@@ -928,10 +986,11 @@ class BatchResubmitOperator(BatchBaseOperator):
 
         requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
         estimate = estimate_cost(
-            requests, load_prices(self.pricing_override), "batch", provider=self.adapter.name
+            requests, load_prices(self.budget.pricing_override), "batch", provider=self.adapter.name
         )
         spent = self.ledger.run_cost(self.workload, run_id)
-        budget = Decimal(str(self.budget_usd))
+        budget = self.budget.budget
+        assert budget is not None
         if spent + estimate.cost <= budget:
             self.log.info(
                 "round %d estimate $%s; paid so far $%s; budget $%s",
@@ -943,7 +1002,7 @@ class BatchResubmitOperator(BatchBaseOperator):
             return False
         message = (
             f"round {self.round_number} not started: ${spent:.6f} already paid plus ${estimate.cost:.6f} estimated "
-            f"for {len(rows)} items exceeds the run's budget of ${budget}; raise budget_usd to resubmit them."
+            f"for {len(rows)} items exceeds the run's budget of ${budget}; raise BudgetOptions(budget_usd=...) to resubmit them."
         )
         self.log.error("%s They go to review (error code budget_exceeded).", message)
         if context is not None:
@@ -984,7 +1043,7 @@ class BatchPublishOperator(BatchBaseOperator):
     their batch has ended meanwhile; answers for items another route settled are kept as
     discarded cost. Items that exhausted their batch attempts go where ``exhausted`` says:
     ``review`` (default), or ``sync``: the provider's real-time API at full price, within
-    ``budget_usd`` (the report counts them apart, as ``exhausted_sync``). Permanent failures go
+    the budget (the report counts them apart, as ``exhausted_sync``). Permanent failures go
     to ``review``. Items still open go where ``unfinished`` says. Then every item of the run is in
     exactly one final state; the results table is upserted, ``results.jsonl`` and ``report.json``
     (with the failed and in-doubt batches) are written to staging, the report is logged and
@@ -996,16 +1055,13 @@ class BatchPublishOperator(BatchBaseOperator):
 
     :param max_attempts: the attempts cap (as in resubmit)
     :param unfinished: ``review`` (default), ``pending`` (published as pending) or ``skipped``
-    :param pricing_override: pricing file path or dict merged over the shipped prices
     :param prompt: the workload's prompt (validates late results); without it no late harvest
     :param exhausted: ``review`` (default) or ``sync``: where items that exhausted their batch
         attempts go
-    :param budget_usd: the run's budget; ``sync`` sends exhausted items only while the run's paid
-        cost plus their estimate at real-time prices stays within it (else they go to review and a
-        ``budget_refused`` alert is sent)
-    :param fallback_rpm: requests per minute of the real-time sends (default from config)
-    :param fallback_tpm: tokens per minute of the real-time sends (default from config)
-    :param fallback_concurrency: requests in flight of the real-time sends
+    :param budget: the run's budget and prices; ``sync`` sends exhausted items only while the
+        run's paid cost plus their estimate at real-time prices stays within the budget (else they
+        go to review and a ``budget_refused`` alert is sent)
+    :param fallback: rate limits of the real-time sends (default from config)
     """
 
     def __init__(
@@ -1013,13 +1069,10 @@ class BatchPublishOperator(BatchBaseOperator):
         *,
         max_attempts: int,
         unfinished: str = "review",
-        pricing_override: str | Mapping[str, Any] | None = None,
         prompt: PromptSource | None = None,
         exhausted: str = "review",
-        budget_usd: float | str | None = None,
-        fallback_rpm: int | None = None,
-        fallback_tpm: int | None = None,
-        fallback_concurrency: int | None = None,
+        budget: BudgetOptions | None = None,
+        fallback: FallbackLimits | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -1028,13 +1081,10 @@ class BatchPublishOperator(BatchBaseOperator):
         check_exhausted(exhausted, prompt)
         self.max_attempts = max_attempts
         self.unfinished = unfinished
-        self.pricing_override = pricing_override
         self.prompt = prompt
         self.exhausted = exhausted
-        self.budget_usd = budget_usd
-        self.fallback_rpm = fallback_rpm
-        self.fallback_tpm = fallback_tpm
-        self.fallback_concurrency = fallback_concurrency
+        self.budget = budget or BudgetOptions()
+        self.fallback = fallback or FallbackLimits()
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
@@ -1066,7 +1116,7 @@ class BatchPublishOperator(BatchBaseOperator):
             self.workload,
             run_id,
             self.adapter.name,
-            self.pricing_override,
+            self.budget.pricing_override,
             max_attempts=self.max_attempts,
         )
         published = ledger.publish(self.workload, run_id)
@@ -1142,7 +1192,7 @@ class BatchPublishOperator(BatchBaseOperator):
 
         from airflow_batch_provider import notifications
         from airflow_batch_provider.core.cost import estimate_cost
-        from airflow_batch_provider.services.fallback import FALLBACK_FROM, fallback_settings, run_fallback
+        from airflow_batch_provider.services.fallback import FALLBACK_FROM, run_fallback
 
         run_id = context["run_id"]
         rows = [
@@ -1157,12 +1207,12 @@ class BatchPublishOperator(BatchBaseOperator):
         ]
         if not rows:
             return {"items": 0}
-        prices = load_prices(self.pricing_override)
-        if self.budget_usd is not None:
+        prices = load_prices(self.budget.pricing_override)
+        budget = self.budget.budget
+        if budget is not None:
             requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
             estimate = estimate_cost(requests, prices, "sync", provider=self.adapter.name)
             spent = self.ledger.run_cost(self.workload, run_id)
-            budget = Decimal(str(self.budget_usd))
             if spent + estimate.cost > budget:
                 self.log.error(
                     "%d items exhausted their batch attempts; sending them through the real-time API "
@@ -1199,7 +1249,7 @@ class BatchPublishOperator(BatchBaseOperator):
                 client=self.adapter.realtime_client(),
                 rows=rows,
                 template=template,
-                settings=fallback_settings(self.fallback_rpm, self.fallback_tpm, self.fallback_concurrency),
+                settings=limits_settings(self.fallback),
                 prices=prices,
             )
         )
@@ -1225,7 +1275,7 @@ class BatchPublishOperator(BatchBaseOperator):
         if not late or template is None:
             return
         for job in late:
-            cost_of = report.batch_pricer(self.adapter.name, job.model, self.pricing_override)
+            cost_of = report.batch_pricer(self.adapter.name, job.model, self.budget.pricing_override)
             done = harvest.reconcile_job(
                 self.ledger, self.adapter, self.staging, job.job_id, template, cost_of
             )

@@ -30,6 +30,7 @@ from airflow.sdk import BaseBranchOperator, BaseOperator
 
 from airflow_batch_provider.adapters.base import BatchRef
 from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
+from airflow_batch_provider.core.options import HARVEST_TIMEOUT_S, DeadlineOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -98,11 +99,6 @@ class BatchDeadlineOperator(BaseOperator):
         }
 
 
-#: Default seconds the harvest waits for a cancelled batch's terminal state: OpenAI documents up
-#: to 10 minutes for a cancel to complete.
-HARVEST_TIMEOUT_S = 600.0
-
-
 class BatchDeadlineHarvestOperator(BatchBaseOperator):
     """After a sensor: cancel a batch the deadline cut short and wait until it is terminal.
 
@@ -116,7 +112,8 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
     answer that arrives after the fallback answered an item is kept as discarded cost.
 
     :param batch: the sensor's result for one job
-    :param harvest_timeout: seconds to wait for the terminal state after the cancel (default 600)
+    :param deadline: the group's deadline options: ``harvest_timeout_s`` is how long to wait for
+        the terminal state after the cancel (``None``: :data:`HARVEST_TIMEOUT_S`, 600 seconds)
     :param poll: the run's poll policy (default :class:`PollPolicy`)
     """
 
@@ -127,13 +124,14 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
         self,
         *,
         batch: Mapping[str, Any],
-        harvest_timeout: float = HARVEST_TIMEOUT_S,
+        deadline: DeadlineOptions | None = None,
         poll: PollPolicy | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.batch = batch
-        self.harvest_timeout = harvest_timeout
+        self.deadline = deadline
+        self.harvest_timeout = deadline.harvest_timeout_s if deadline is not None else HARVEST_TIMEOUT_S
         self.poll = poll or PollPolicy()
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -157,8 +155,8 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
         if status is None or not status.terminal:
             self.log.warning(
                 "batch %s is not terminal %.0fs after the cancel (%s); its items stay open for the deadline "
-                "policy and its files are fetched once it has ended. Raise harvest_timeout (or "
-                "deadline_margin) to wait longer.",
+                "policy and its files are fetched once it has ended. Raise DeadlineOptions(harvest_timeout_s=...) "
+                "(or margin_s) to wait longer.",
                 ref.batch_id,
                 self.harvest_timeout,
                 waited.reason,
@@ -184,15 +182,14 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
 
     :param workload: the workload's name
     :param ledger_conn_id: the ledger connection (``None``: embedded)
-    :param deadline: this run's deadline (ISO string, templated)
-    :param deadline_margin: seconds before the deadline at which waiting stopped
-    :param policy: the DAG's deadline policy (for the log)
+    :param deadline: the group's deadline options, with this run's deadline as a moment
+        (``DeadlineOptions.resolved_by`` for a rule); its margin and policy
     :param publish_task_id: the publish task's full id
     :param policy_task_id: the policy task's full id
     :param alerts: where the ``deadline_missed`` event goes (sent when the deadline passed with items open)
     """
 
-    template_fields: Sequence[str] = ("deadline",)
+    template_fields: Sequence[str] = ("deadline_at",)
     ui_color = "#fbe3e4"
 
     def __init__(
@@ -200,9 +197,7 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
         *,
         workload: str,
         ledger_conn_id: str | None,
-        deadline: str | datetime | None,
-        deadline_margin: float,
-        policy: str,
+        deadline: DeadlineOptions,
         publish_task_id: str,
         policy_task_id: str,
         alerts: BatchAlerts | None = None,
@@ -213,8 +208,9 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
         self.workload = workload
         self.ledger_conn_id = ledger_conn_id
         self.deadline = deadline
-        self.deadline_margin = deadline_margin
-        self.policy = policy
+        #: the run's deadline (templated: rendered when the task runs)
+        self.deadline_at: str = deadline.at()
+        self.policy = deadline.policy
         self.publish_task_id = publish_task_id
         self.policy_task_id = policy_task_id
 
@@ -226,8 +222,8 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
     def choose_branch(self, context: Context) -> str:
         counts = self.ledger.count_states(self.workload, context["run_id"])
         still_open = {s: n for s, n in counts.items() if s in OPEN_AT_DEADLINE and n}
-        deadline = self.deadline if self.deadline else None
-        passed = deadline_passed(deadline, self.deadline_margin, datetime.now(timezone.utc))
+        deadline = self.deadline_at if self.deadline_at else None
+        passed = deadline_passed(deadline, self.deadline.margin_s, datetime.now(timezone.utc))
         self.log.info(
             "items by state: %s; deadline %s (%s)", counts, deadline, "passed" if passed else "ahead"
         )

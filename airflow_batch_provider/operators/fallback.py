@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_batch_provider.core.options import BudgetOptions, FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.ledger.records import OpenItem
-from airflow_batch_provider.operators.batch import BatchBaseOperator, PromptSource, load_prompt
-from airflow_batch_provider.services.fallback import (
-    FALLBACK_FROM,
-    FallbackSettings,
-    fallback_settings,
-    run_fallback,
+from airflow_batch_provider.operators.batch import (
+    BatchBaseOperator,
+    PromptSource,
+    limits_settings,
+    load_prompt,
 )
+from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
 from airflow_batch_provider.settings import load_prices
 
 if TYPE_CHECKING:
@@ -35,13 +35,12 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
     """Send the run's items still open at the deadline through the real-time API, at full price.
 
     :param prompt: the workload's prompt (for output validation)
-    :param rpm: requests per minute (default ``[batch_provider] fallback_rpm``, 500)
-    :param tpm: tokens per minute (default ``[batch_provider] fallback_tpm``, 200000)
-    :param concurrency: requests in flight (default ``[batch_provider] fallback_concurrency``, 16)
+    :param limits: requests per minute, tokens per minute, requests in flight and headroom (what
+        it leaves unset comes from ``[batch_provider] fallback_rpm`` 500, ``fallback_tpm`` 200000,
+        ``fallback_concurrency`` 16)
     :param window_s: the rate window in seconds (60 for per-minute limits)
-    :param headroom: share of ``rpm``/``tpm`` used, 0 to 1
     :param retry: retry policy per item (default :class:`RetryPolicy`)
-    :param pricing_override: a pricing file path or dict merged over the shipped prices
+    :param budget: its ``pricing_override`` prices the answers
     """
 
     ui_color = "#f6d5c1"
@@ -50,30 +49,22 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         self,
         *,
         prompt: PromptSource,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        concurrency: int | None = None,
+        limits: FallbackLimits | None = None,
         window_s: float = 60.0,
-        headroom: float = 1.0,
         retry: RetryPolicy | None = None,
-        pricing_override: str | Mapping[str, Any] | None = None,
+        budget: BudgetOptions | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.prompt = prompt
-        self.rpm = rpm
-        self.tpm = tpm
-        self.concurrency = concurrency
+        self.limits = limits or FallbackLimits()
         self.window_s = window_s
-        self.headroom = headroom
         self.retry = retry or RetryPolicy()
-        self.pricing_override = pricing_override
+        self.budget = budget or BudgetOptions()
 
     def settings(self) -> FallbackSettings:
-        """The limits, from the arguments or the ``[batch_provider]`` config."""
-        return fallback_settings(
-            self.rpm, self.tpm, self.concurrency, self.window_s, self.headroom, self.retry
-        )
+        """The limits, from :attr:`limits` or the ``[batch_provider]`` config."""
+        return limits_settings(self.limits, self.window_s, self.retry)
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
@@ -101,7 +92,7 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
                 rows=rows,
                 template=template,
                 settings=settings,
-                prices=load_prices(self.pricing_override),
+                prices=load_prices(self.budget.pricing_override),
             )
         )
         if summary.get("possibly_paid_twice"):

@@ -160,7 +160,7 @@ def retry_chunk_limit(
     :param run_id: the Airflow run id
     :param round_: the round being staged
     :param rows: the items going out again (with ``error_code``)
-    :param configured: the DAG's ``max_requests_per_chunk``
+    :param configured: the DAG's ``ChunkOptions.max_requests``
     """
     if not any(r.error_code == TOKEN_LIMIT for r in rows):
         return configured

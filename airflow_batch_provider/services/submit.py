@@ -1,16 +1,27 @@
-"""Submitting one job exactly once: claim -> (re-attach | find) -> upload -> create -> record.
+"""Uploading and submitting one job exactly once: upload, then submit, each under a claim.
 
-The job row written at staging is the intent. The rules:
+Upload is claim -> stage -> record; submit is claim -> re-attach | find -> create -> record. The job row written at staging is the intent. Two tasks act on it, each a create-like call:
+
+- **upload** (:func:`upload_job`): under the job's claim, the staged chunk is put where the
+  provider reads it (an uploaded file, an object URI; nothing for providers that take the
+  requests inline) and recorded with :meth:`Ledger.record_upload`. A recorded upload is used as
+  it is; the adapter looks a file up by the job's key before uploading, so a lost upload reply is
+  found, not sent again; where two files exist anyway, the first recorded one is used and the
+  other is reported. Upload never creates a batch;
+- **submit** (:func:`submit_job`): creates the batch from the recorded input. It never uploads:
+  a cleared or retried submit re-attaches, or creates from the same file.
+
+The rules:
 
 - **claim**: the job is claimed in the ledger with compare-and-set (:meth:`Ledger.claim_job`)
   before anything reaches the provider. A zombie attempt (lost heartbeat, still running) and the
   new attempt of the same task have different owners, so they can never both pass this point;
-  the loser waits while the holder's lease runs, re-attaching if the holder records a batch.
-  The lease (:func:`claim_lease_s`) is longer than the worst case of the look-up, the upload and
-  the create with their bounded retries, so a live holder never loses it mid-call;
+  the loser waits while the holder's lease runs, re-attaching if the holder records its result.
+  The lease (:func:`claim_lease_s`) is longer than the worst case of the look-up and the call
+  with their bounded retries, so a live holder never loses it mid-call;
 - **re-attach first**: a batch id the ledger recorded is used as it is; then the provider is
   asked for a batch created with the job's idempotency key (a create whose reply was lost);
-  only then is the input uploaded and the batch created;
+  only then is the batch created;
 - **in doubt**: when the adapter cannot tell whether a create it sent took effect
   (:class:`BatchInDoubtError`), the job is marked in doubt and nothing is created for it again
   until :func:`resolve_in_doubt` decides: found (attach), proven absent (the job is claimable again
@@ -29,9 +40,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Final, Literal
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
 
-from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
+from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef, InputRef
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.exceptions import (
     BatchInDoubtError,
@@ -44,6 +56,7 @@ from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
+_S = TypeVar("_S")
 
 #: The shortest submit claim, in seconds (see :func:`claim_lease_s`).
 CLAIM_LEASE_S: Final = 30 * 60.0
@@ -79,7 +92,7 @@ def epoch(value: datetime | None, default: float | None = None) -> float:
 def claim_lease_s(adapter: BatchAdapter) -> float:
     """How long a submit claim is held: longer than the create steps can take at their worst.
 
-    The steps under the claim are a look-up by key, an upload and a create; each create-like call
+    The steps under a claim are a look-up by key and an upload or a create; each create-like call
     makes up to ``create_attempts`` tries of at most ``timeout`` seconds, with the backoff and
     ``Retry-After`` waits between them. The lease is twice that sum (the look-ups after an
     ambiguous failure page through the provider's list), and never below :data:`CLAIM_LEASE_S`.
@@ -195,19 +208,26 @@ def holder_is_dead(holder: str) -> bool:
 
 
 def _claim(
-    ledger: Ledger, job_id: str, owner: str, lease_s: float, sleep: Callable[[float], None]
-) -> Submitted | None:
-    """Claim the job; while another live attempt holds it, wait for its lease or its batch id.
+    ledger: Ledger,
+    job_id: str,
+    owner: str,
+    lease_s: float,
+    sleep: Callable[[float], None],
+    settled: Callable[[JobRow], _S | None],
+) -> _S | None:
+    """Claim the job; while another live attempt holds it, wait for its lease or for ``settled``.
 
-    A holder proven dead (a process of this host that is gone, e.g. killed mid-submit) has its
-    claim released at once instead of waiting for the lease to end.
+    ``settled`` says what makes waiting pointless (the holder recorded the batch, or the upload):
+    its answer is returned instead of a claim. A holder proven dead (a process of this host that
+    is gone, e.g. killed mid-call) has its claim released at once instead of waiting for the
+    lease to end.
     """
     while True:
         try:
             ledger.claim_job(job_id, owner, lease_s)
             return None
         except (JobClaimedError, JobNotClaimableError) as exc:
-            known = _known(ledger.get_job(job_id))
+            known = settled(ledger.get_job(job_id))
             if known is not None:
                 return known
             if isinstance(exc, JobClaimedError) and holder_is_dead(exc.holder):
@@ -218,10 +238,182 @@ def _claim(
                 )
                 ledger.release_job_claim(job_id, exc.holder)
                 continue
-            log.warning(
-                "%s; waiting %.0fs for it to record its batch or for its lease to end", exc, CLAIM_RETRY_S
-            )
+            log.warning("%s; waiting %.0fs for it to finish or for its lease to end", exc, CLAIM_RETRY_S)
             sleep(CLAIM_RETRY_S)
+
+
+def _stop_check(stop: Callable[[], bool] | None, job_id: str, before: str) -> None:
+    if stop is not None and stop():
+        raise SubmitError(
+            f"job {job_id}: the task was killed before {before}; nothing more was sent for it. "
+            "Its claim is released and its retry goes on from what the ledger recorded."
+        )
+
+
+def goes_sync(job: JobRow, adapter: BatchAdapter) -> bool:
+    """Whether a job's items go through the real-time API instead of a batch (below the provider's minimum).
+
+    Such a chunk is neither uploaded nor created: the submit task sends its items one by one.
+
+    :param job: the ledger job row
+    :param adapter: the provider adapter
+    """
+    return job.state == "sync" or (not job.batch_id and job.lines < adapter.limits.min_requests)
+
+
+# ---------------------------------------------------------------------------- upload
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """Where a job's input stands after the upload task.
+
+    :param job_id: the ledger job
+    :param input_kind: ``file``, ``uri`` or ``inline`` (``None``: nothing to upload, see ``how``)
+    :param input_ref: the provider's file id or the object URI (``None`` for ``inline``)
+    :param how: ``uploaded`` now, ``recorded`` (the ledger knew the upload), ``submitted`` (the
+        job has a batch or is in doubt: its input is the provider's already), ``sync`` (the chunk
+        goes through the real-time API: nothing is uploaded)
+    :param orphan: a second file this attempt uploaded for the chunk while another was recorded
+        (a lost upload reply): it is not used; delete it at the provider
+    """
+
+    job_id: str
+    input_kind: str | None
+    input_ref: str | None
+    how: Literal["uploaded", "recorded", "submitted", "sync"]
+    orphan: str | None = None
+
+    def to_xcom(self) -> dict[str, Any]:
+        """The small dict the submit task reads (it reads the ledger, not this)."""
+        out: dict[str, Any] = {
+            "job_id": self.job_id,
+            "input_kind": self.input_kind,
+            "input_ref": self.input_ref,
+            "upload": self.how,
+        }
+        if self.orphan is not None:
+            out["orphan_input"] = self.orphan
+        return out
+
+
+def _upload_settled(job: JobRow, adapter: BatchAdapter) -> Uploaded | None:
+    if job.batch_id or job.state == IN_DOUBT:
+        return Uploaded(job.job_id, job.input_kind, job.input_ref, "submitted")
+    if job.input_kind is not None:
+        log.info(
+            "job %s: its input is staged at the provider already (%s %s)",
+            job.job_id,
+            job.input_kind,
+            job.input_ref,
+        )
+        return Uploaded(job.job_id, job.input_kind, job.input_ref, "recorded")
+    if goes_sync(job, adapter):
+        return Uploaded(job.job_id, None, None, "sync")
+    return None
+
+
+def upload_job(
+    *,
+    ledger: Ledger,
+    adapter: BatchAdapter,
+    staging: Staging,
+    job_id: str,
+    owner: str,
+    lease_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    stop: Callable[[], bool] | None = None,
+) -> Uploaded:
+    """Stage a job's chunk at the provider at most once and record it; never creates a batch.
+
+    A recorded upload is used as it is (a cleared upload task sends nothing). Otherwise, under
+    the job's claim, the staged chunk is checked against its checksum and handed to
+    :meth:`BatchAdapter.stage`, which looks a file up by the job's key before uploading it (a
+    lost upload reply is found, not uploaded again); the result is recorded with
+    :meth:`Ledger.record_upload`, where the first recorded file wins.
+
+    :param ledger: the ledger
+    :param adapter: the provider adapter
+    :param staging: the staging area
+    :param job_id: the ledger job
+    :param owner: this attempt's claim owner (:func:`claim_owner`)
+    :param lease_s: how long the claim is held (default :func:`claim_lease_s`)
+    :param sleep: how to wait while another attempt holds the claim
+    :param stop: asked before the upload; ``True`` (the task is being killed) ends the call with
+        :class:`SubmitError` before anything reaches the provider
+    """
+    done = _upload_settled(ledger.get_job(job_id), adapter)
+    if done is not None:
+        return done
+    waited = _claim(
+        ledger, job_id, owner, lease_s or claim_lease_s(adapter), sleep, lambda j: _upload_settled(j, adapter)
+    )
+    if waited is not None:
+        return waited
+    try:
+        return stage_input(ledger, adapter, staging, job_id, stop)
+    finally:
+        ledger.release_job_claim(job_id, owner)
+
+
+def stage_input(
+    ledger: Ledger,
+    adapter: BatchAdapter,
+    staging: Staging,
+    job_id: str,
+    stop: Callable[[], bool] | None = None,
+) -> Uploaded:
+    """The upload step under the claim: stage the chunk at the provider and record where it is.
+
+    :param ledger: the ledger
+    :param adapter: the provider adapter
+    :param staging: the staging area
+    :param job_id: the claimed job
+    :param stop: asked before the upload (see :func:`upload_job`)
+    """
+    job = ledger.get_job(job_id)  # read again under the claim: an earlier holder may have finished
+    done = _upload_settled(job, adapter)
+    if done is not None:
+        return done
+    path = staging.at(job.staged_path)
+    staging.verify(path, job.input_sha256)
+    _stop_check(stop, job_id, "the upload")
+    ledger.update_job(job_id, state="submitting")  # an upload may be in flight from here on
+    with path.open("rb") as fh:
+        ref = adapter.stage(fh, f"{job.idempotency_key}.jsonl", int(job.size_bytes))
+    failpoint("upload.after_upload")
+    value = None if ref.kind == "inline" else ref.value
+    if ref.kind == "inline":
+        _discard_spool(ref, path)
+    kind, held = ledger.record_upload(job_id, ref.kind, value)
+    if (kind, held) != (ref.kind, value):
+        log.error(
+            "job %s: %s %s was recorded for this chunk before this attempt's %s %s; the recorded one is used "
+            "and %s is not: delete it at the provider",
+            job_id,
+            kind,
+            held,
+            ref.kind,
+            value,
+            value,
+        )
+        return Uploaded(job_id, kind, held, "recorded", orphan=value)
+    log.info("job %s: staged at the provider as %s %s (%d lines)", job_id, ref.kind, value, job.lines)
+    return Uploaded(job_id, ref.kind, value, "uploaded")
+
+
+def _discard_spool(ref: InputRef, staged: Any) -> None:
+    """Remove a local copy an adapter made of an inline chunk (the submit task makes its own).
+
+    Only a local file that is not the staged chunk itself is removed.
+    """
+    spool = Path(ref.value)
+    local = str(staged).removeprefix("file://")
+    if spool.is_absolute() and spool.is_file() and spool.resolve() != Path(local).resolve():
+        spool.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- submit
 
 
 def submit_job(
@@ -236,34 +428,67 @@ def submit_job(
     on_in_doubt: Callable[[JobRow, str], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Submitted:
-    """Create the provider batch of a staged job at most once, or re-attach to it.
+    """Create the provider batch of an uploaded job at most once, or re-attach to it.
+
+    Submit never uploads: the input is the one the upload task recorded (:func:`upload_job`).
 
     :param ledger: the ledger
     :param adapter: the provider adapter
-    :param staging: the staging area (the staged chunk is verified against its checksum)
+    :param staging: the staging area (an inline chunk is read from it and verified)
     :param job_id: the ledger job
     :param owner: this attempt's claim owner (:func:`claim_owner`)
     :param lease_s: how long the claim is held (default :func:`claim_lease_s`)
     :param sleep: how to wait while another attempt holds the claim
     :param on_in_doubt: called with the job row and the reason right after the job is marked in
         doubt (the ``batch_in_doubt`` alert); an error it raises is logged, never raised
-    :param stop: asked before the upload and before the create; ``True`` (the task is being
-        killed) ends the call with :class:`SubmitError` before anything more reaches the provider
+    :param stop: asked before the create; ``True`` (the task is being killed) ends the call with
+        :class:`SubmitError` before anything more reaches the provider
+    :raises SubmitError: no upload is recorded for the job (run its upload task first)
     """
     known = _known(ledger.get_job(job_id))
     if known is not None:
         return known
-    waited = _claim(ledger, job_id, owner, lease_s or claim_lease_s(adapter), sleep)
+    waited = _claim(ledger, job_id, owner, lease_s or claim_lease_s(adapter), sleep, _known)
     if waited is not None:
         return waited
     try:
         failpoint("submit.after_claim")
-        return _create(ledger, adapter, staging, job_id, on_in_doubt, stop)
+        return create_batch(ledger, adapter, staging, job_id, on_in_doubt, stop)
     finally:
         ledger.release_job_claim(job_id, owner)
 
 
-def _create(
+def recorded_input(job: JobRow, adapter: BatchAdapter, staging: Staging) -> InputRef:
+    """The input the upload task recorded for a job, ready for :meth:`BatchAdapter.submit`.
+
+    An ``inline`` input is nothing at the provider: the staged chunk is read again here (a local
+    step of the adapter, which the create posts). Nothing is ever uploaded here.
+
+    :param job: the ledger job row
+    :param adapter: the provider adapter
+    :param staging: the staging area
+    :raises SubmitError: no upload is recorded, or the adapter would upload the chunk now
+    """
+    if job.input_kind is None:
+        raise SubmitError(
+            f"job {job.job_id} (round {job.round}, chunk {job.chunk_index}) has no uploaded input in the "
+            "ledger, and submit never uploads: run (or clear) its upload task first, then submit."
+        )
+    if job.input_kind != "inline":
+        return InputRef(job.input_kind, str(job.input_ref))  # type: ignore[arg-type]
+    path = staging.at(job.staged_path)
+    staging.verify(path, job.input_sha256)
+    with path.open("rb") as fh:
+        ref = adapter.stage(fh, f"{job.idempotency_key}.jsonl", int(job.size_bytes))
+    if ref.kind != "inline":
+        raise SubmitError(
+            f"job {job.job_id}: its input was recorded as inline, but {adapter.name} staged it as {ref.kind} "
+            f"{ref.value} now; submit never uploads. Clear the job's upload task and submit again."
+        )
+    return ref
+
+
+def create_batch(
     ledger: Ledger,
     adapter: BatchAdapter,
     staging: Staging,
@@ -271,13 +496,15 @@ def _create(
     on_in_doubt: Callable[[JobRow, str], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> Submitted:
-    def check(before: str) -> None:
-        if stop is not None and stop():
-            raise SubmitError(
-                f"job {job_id}: the task was killed before {before}; nothing more was sent for it. "
-                "Its claim is released and its retry submits it (re-attaching by key to anything sent)."
-            )
+    """The create step under the claim: re-attach by key, or create the batch from the recorded input.
 
+    :param ledger: the ledger
+    :param adapter: the provider adapter
+    :param staging: the staging area (inline inputs)
+    :param job_id: the claimed job
+    :param on_in_doubt: see :func:`submit_job`
+    :param stop: asked before the create (see :func:`submit_job`)
+    """
     job = ledger.get_job(job_id)  # read again under the claim: an earlier holder may have finished
     known = _known(job)
     if known is not None:
@@ -289,15 +516,9 @@ def _create(
         log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
         ledger.mark_submitted(job_id, found.batch_id, job.input_ref or "")
         return Submitted(job_id, found.batch_id, epoch(job.created_at), "found")
-    path = staging.at(job.staged_path)
-    staging.verify(path, job.input_sha256)
-    ledger.update_job(job_id, state="submitting")
-    check("the upload")
-    with path.open("rb") as fh:
-        input_ref = adapter.stage(fh, f"{key}.jsonl", int(job.size_bytes))
-    ledger.update_job(job_id, input_ref=input_ref.value)
-    failpoint("submit.after_upload")
-    check("the create")
+    input_ref = recorded_input(job, adapter, staging)
+    _stop_check(stop, job_id, "the create")
+    ledger.update_job(job_id, state="submitting")  # a create may be in flight from here on
     try:
         ref: BatchRef = adapter.submit(
             input_ref, key, batch_metadata(job), kind=job.kind, created_after=intent
@@ -314,7 +535,7 @@ def _create(
                 log.exception("the in-doubt callback of job %s failed", job_id)
         return Submitted(job_id, None, epoch(job.created_at), "in_doubt")
     failpoint("submit.after_create")
-    ledger.mark_submitted(job_id, ref.batch_id, input_ref.value)
+    ledger.mark_submitted(job_id, ref.batch_id, job.input_ref or "")
     log.info("created batch %s for job %s (%d lines)", ref.batch_id, job_id, job.lines)
     return Submitted(job_id, ref.batch_id, time.time(), "created")
 
@@ -397,16 +618,17 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     return moved
 
 
-#: Job states in which nothing of the job has reached the provider under the current claim.
-NOTHING_SENT: Final = frozenset({"staged"})
+#: Job states in which no upload and no create of the job is in flight under the current claim.
+NOTHING_SENT: Final = frozenset({"staged", "uploaded"})
 
 
 def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:
     """Release a killed attempt's claim when nothing of its job can be in flight; say whether it did.
 
     Called from ``on_kill`` (the task's SIGTERM handler, which runs between two statements of
-    the task itself). While the job is still ``staged`` nothing was uploaded or created, and the
-    task stops at its next :func:`submit_job` check, so its retry may claim the job at once. Once
+    the task itself). While the job is ``staged`` or ``uploaded`` no upload and no create is in
+    flight, and the task stops at its next check (:func:`upload_job`, :func:`submit_job`), so its
+    retry may claim the job at once. Once
     the job is ``submitting`` an upload or a create may be in flight: the claim is kept until its
     lease ends (or its holder is seen dead), and the retry re-attaches by key. Nothing else is
     changed.

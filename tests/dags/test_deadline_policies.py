@@ -39,6 +39,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import DeadlineOptions, FallbackLimits
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -63,12 +64,8 @@ with DAG(dag_id="deadline_{policy}", schedule=None, start_date=pendulum.datetime
         prompt=PROMPT,
         batch_conn_id="openai_batch_default",
         max_attempts=2,
-        deadline="PT{deadline_s}S",
-        deadline_policy="{policy}",
-        harvest_timeout=30,
-        fallback_rpm=600,
-        fallback_tpm=200000,
-        fallback_concurrency=8,
+        deadline=DeadlineOptions("PT{deadline_s}S", "{policy}", harvest_timeout_s=30),
+        fallback=FallbackLimits(rpm=600, tpm=200000, concurrency=8),
         deferrable=False,
     )
 """

@@ -4,7 +4,8 @@ Each case kills real Airflow processes (``DAG.test`` runs tasks and triggers in 
 so the kill takes the whole worker, as an OOM kill or a lost node does), resumes the same run
 until it succeeds, and checks the invariant against the emulator's own record: every row in
 exactly one final state, no custom id in two batches, no batch the ledger does not know, the
-published cost equal to what the emulator billed.
+published cost equal to what the emulator billed, each chunk uploaded once and its batch created from
+the file its job recorded.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ pytestmark = pytest.mark.reliability
 BATCH_PATH_KILLS = {
     "prepare": (Kill(failpoint="prepare.after_upsert"), Kill(failpoint="prepare.after_stage")),
     "submit": (
+        Kill(failpoint="upload.after_upload=2"),
         Kill(failpoint="submit.after_claim"),
-        Kill(failpoint="submit.after_upload=2"),
         Kill(failpoint="submit.after_create"),
     ),
     "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
 }
 #: a kill right after each kind of task returned, before Airflow recorded it
 STEP_KILLS = (
+    Kill(after_task="upload:1"),  # between upload and submit: the rerun upload reuses the recorded file
     Kill(after_task="submit:1"),
     Kill(after_task="wait:0"),
     Kill(after_task="reconcile:1"),

@@ -437,6 +437,7 @@ class Verdict:
     cost_mismatch: list[str]
     states: dict[str, int]
     batches: int
+    inputs: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
@@ -446,6 +447,7 @@ class Verdict:
         out += [f"batch the ledger does not know: {x}" for x in self.unknown_batches]
         out += [f"billed more often than the ledger knows: {x}" for x in self.unrecorded_payments]
         out += [f"cost: {x}" for x in self.cost_mismatch]
+        out += [f"input files: {x}" for x in self.inputs]
         return out
 
     def explain(self) -> str:
@@ -559,6 +561,7 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
         mismatch.append(f"the reports say ${published_paid}, the emulator's usage costs ${expected_paid}")
 
     verdict = Verdict(
+        inputs=check_input_files(base_url, jobs),
         rows=rows,
         lost=lost,
         sent_twice=sent_twice,
@@ -580,6 +583,34 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
     TALLY.paid_twice += len(paid_twice)
     TALLY.unknown_batches += len(unknown)
     return verdict
+
+
+def check_input_files(base_url: str, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """(e) Each chunk was uploaded once and its batch was created from the file its job recorded.
+
+    Against the emulator's OpenAI files and batches (other providers take their chunks inline):
+    no two files carry one job's key, and the input file of each job's batch is the ``input_ref``
+    the upload task recorded for it.
+
+    :param base_url: the emulator
+    :param jobs: the ledger's job rows of the workload
+    """
+    auth = {"Authorization": "Bearer sk-chaos"}
+    files = httpx.get(f"{base_url}/v1/files", params={"limit": 10_000}, headers=auth, timeout=30).json()[
+        "data"
+    ]
+    by_name = Counter(str(f["filename"]) for f in files)
+    problems = [f"{name} uploaded {n} times" for name, n in sorted(by_name.items()) if n > 1]
+    for job in jobs:
+        if job.get("input_kind") != "file" or not job.get("batch_id"):
+            continue
+        batch = httpx.get(f"{base_url}/v1/batches/{job['batch_id']}", headers=auth, timeout=30).json()
+        if batch.get("input_file_id") != job["input_ref"]:
+            problems.append(
+                f"job {job['job_id']} recorded {job['input_ref']}, its batch {job['batch_id']} read "
+                f"{batch.get('input_file_id')}"
+            )
+    return problems
 
 
 def count_faults(base_url: str, kinds: Iterable[str] = ()) -> dict[str, int]:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pendulum
 import pytest
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions, FallbackLimits
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -56,11 +58,11 @@ def test_the_run_takes_the_workload_lease_before_prepare() -> None:
 
 def test_the_sensor_and_the_harvest_poll_with_the_same_policy_and_the_harvest_waits_ten_minutes() -> None:
     policy = PollPolicy(initial_interval=2)
-    dag = build(max_attempts=1, poll=policy, deadline="PT1H", deadline_policy="skip")
+    dag = build(max_attempts=1, poll=policy, deadline=DeadlineOptions("PT1H", "skip"))
     wait: Any = dag.get_task("w.wait")
     harvest: Any = dag.get_task("w.harvest")
     assert wait.partial_kwargs["poll"] is harvest.partial_kwargs["poll"] is policy
-    assert harvest.partial_kwargs["harvest_timeout"] >= 600
+    assert harvest.partial_kwargs["deadline"].harvest_timeout_s >= 600
 
 
 @pytest.mark.parametrize("workload", ["../..", "a/b", "", "x" * 101])  # hostile input
@@ -85,7 +87,7 @@ def test_the_group_hands_its_alerts_to_every_task_that_raises_an_event() -> None
     from airflow_batch_provider.notifications import BatchAlerts
 
     alerts = BatchAlerts(notifiers=[lambda context, event: None])
-    dag = build(max_attempts=2, alerts=alerts, deadline="PT1H", deadline_policy="skip")
+    dag = build(max_attempts=2, alerts=alerts, deadline=DeadlineOptions("PT1H", "skip"))
     for task_id in ("w.prepare", "w.resubmit_2", "w.publish", "w.deadline_branch"):
         assert dag.get_task(task_id).alerts is alerts, task_id  # type: ignore[attr-defined]
     for task_id in ("w.submit", "w.wait", "w.harvest", "w.submit_2", "w.wait_2"):
@@ -107,8 +109,76 @@ def test_the_connection_may_be_chosen_at_run_time_from_a_template() -> None:
 
 
 def test_the_exhausted_route_is_handed_to_publish_and_an_unknown_one_is_refused() -> None:
-    dag = build(max_attempts=2, exhausted="sync", budget_usd=5)
+    dag = build(max_attempts=2, exhausted="sync", budget=BudgetOptions(budget_usd=5))
     publish: Any = dag.get_task("w.publish")
-    assert (publish.exhausted, publish.budget_usd) == ("sync", 5)
+    assert (publish.exhausted, publish.budget.budget) == ("sync", 5)
     with pytest.raises(ConfigurationError, match="exhausted='dlq'"):
         build(exhausted="dlq")
+
+
+def test_the_group_hands_each_task_its_options_as_one_object_each() -> None:
+    chunking = ChunkOptions(max_requests=50, max_bytes=10_000, max_reject_ratio=0.2)
+    deadline = DeadlineOptions("06:30 Europe/Berlin", "sync_fallback", margin_s=60, harvest_timeout_s=120)
+    fallback = FallbackLimits(rpm=100, tpm=10_000, concurrency=4, headroom=0.8)
+    budget = BudgetOptions(budget_usd="7.50", pricing_override={"openai": {}})
+    dag = build(max_attempts=2, chunking=chunking, deadline=deadline, fallback=fallback, budget=budget)
+    task: Any = dag.get_task
+    for task_id in ("w.prepare", "w.resubmit_2"):
+        assert task(task_id).chunking is chunking, task_id
+    for task_id in ("w.prepare", "w.resubmit_2", "w.publish", "w.sync_fallback"):
+        assert task(task_id).budget is budget, task_id
+    for task_id in ("w.submit", "w.reconcile", "w.submit_2"):
+        assert task(task_id).partial_kwargs["budget"] is budget, task_id
+    assert task("w.publish").fallback is fallback and task("w.sync_fallback").limits is fallback
+    assert task("w.submit").partial_kwargs["fallback"] is fallback
+    # the tasks after the deadline task read the run's deadline from it; the rest of the options are the DAG's
+    resolved = task("w.deadline_branch").deadline
+    assert resolved == task("w.resubmit_2").deadline == task("w.harvest").partial_kwargs["deadline"]
+    assert (resolved.policy, resolved.margin_s, resolved.harvest_timeout_s) == ("sync_fallback", 60, 120)
+    assert task("w.deadline_branch").deadline_at == "{{ ti.xcom_pull(task_ids='w.deadline')['deadline'] }}"
+    assert "deadline_at" in task("w.resubmit_2").template_fields
+    assert task("w.wait").partial_kwargs["deadline_margin"] == 60
+    # the pricing override is nowhere else: one object carries it
+    assert not any("pricing_override" in vars(t) for t in dag.tasks if not hasattr(t, "partial_kwargs"))
+
+
+def test_an_absolute_deadline_needs_no_deadline_task_and_each_task_reads_it_as_is() -> None:
+    dag = build(max_attempts=2, deadline=DeadlineOptions("2026-01-01T06:30:00+00:00", "skip"))
+    assert "w.deadline" not in dag.task_ids
+    assert dag.get_task("w.deadline_branch").deadline_at == "2026-01-01T06:30:00+00:00"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("flat", "hint"),
+    [
+        (
+            {"max_requests_per_chunk": 10},
+            "max_requests_per_chunk= -> chunking=ChunkOptions(max_requests=...)",
+        ),
+        ({"pricing_override": "p.json"}, "pricing_override= -> budget=BudgetOptions(pricing_override=...)"),
+        (
+            {"fallback_rpm": 5, "deadline_margin": 3},
+            "deadline_margin= -> deadline=DeadlineOptions(..., margin_s=...)",
+        ),
+    ],
+)
+def test_a_flat_keyword_of_the_old_form_is_refused_naming_the_option_object_it_moved_to(
+    flat: dict[str, Any], hint: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(hint)):
+        build(**flat)
+
+
+def test_an_option_of_the_wrong_kind_is_refused_with_the_class_to_use() -> None:
+    with pytest.raises(ConfigurationError, match=r"budget=5; give a BudgetOptions\(...\)"):
+        build(budget=5)
+    with pytest.raises(ConfigurationError, match=r"chunking=\{'max_requests': 5\}; give a ChunkOptions"):
+        build(chunking={"max_requests": 5})
+
+
+def test_the_upload_of_each_chunk_is_a_mapped_task_of_its_own_between_prepare_and_submit() -> None:
+    dag = build(max_attempts=2)
+    assert dag.get_task("w.upload").downstream_task_ids == {"w.submit"}
+    assert dag.get_task("w.submit").upstream_task_ids == {"w.upload"}
+    assert dag.get_task("w.upload").upstream_task_ids == {"w.prepare"}
+    assert dag.get_task("w.upload_2").upstream_task_ids == {"w.resubmit_2"}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 PROMPT = Path(__file__).resolve().parents[3] / "include" / "prompts" / "feedback_classification.yaml"
@@ -25,6 +26,7 @@ with DAG(
         prompt=str(PROMPT),
         batch_conn_id="openai_batch_default",
         max_attempts=1,
-        max_bytes_per_chunk=20_000,
-        max_reject_ratio=float(os.environ.get("ABP_MAX_REJECT_RATIO", "0.2")),
+        chunking=ChunkOptions(
+            max_bytes=20_000, max_reject_ratio=float(os.environ.get("ABP_MAX_REJECT_RATIO", "0.2"))
+        ),
     )

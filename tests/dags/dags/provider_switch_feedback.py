@@ -17,6 +17,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -36,5 +37,5 @@ with DAG(
         prompt=replace(template, model=os.environ.get("ABP_SWITCH_MODEL", template.model)),
         batch_conn_id="llm_batch",
         max_attempts=1,
-        max_requests_per_chunk=int(os.environ.get("ABP_SWITCH_CHUNK", "150")),
+        chunking=ChunkOptions(max_requests=int(os.environ.get("ABP_SWITCH_CHUNK", "150"))),
     )

@@ -26,6 +26,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -73,8 +74,12 @@ with DAG(
         ),
         batch_conn_id="chaos_batch",
         max_attempts=int(os.environ.get("ABP_CHAOS_ATTEMPTS", "2")),
-        max_requests_per_chunk=int(os.environ.get("ABP_CHAOS_CHUNK", "10")),
-        deadline=deadline,
-        deadline_policy="sync_fallback" if deadline else None,
-        harvest_timeout=float(os.environ.get("ABP_CHAOS_HARVEST_TIMEOUT", "300")),
+        chunking=ChunkOptions(max_requests=int(os.environ.get("ABP_CHAOS_CHUNK", "10"))),
+        deadline=DeadlineOptions(
+            deadline,
+            "sync_fallback",
+            harvest_timeout_s=float(os.environ.get("ABP_CHAOS_HARVEST_TIMEOUT", "300")),
+        )
+        if deadline
+        else None,
     )

@@ -9,6 +9,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 PROMPT = Path(__file__).resolve().parents[3] / "include" / "prompts" / "feedback_classification.yaml"
@@ -41,5 +42,5 @@ with DAG(
         prompt=str(PROMPT),
         batch_conn_id="openai_batch_default",
         max_attempts=3,
-        max_requests_per_chunk=200,
+        chunking=ChunkOptions(max_requests=200),
     )

@@ -369,7 +369,7 @@ def test_a_chunk_below_the_minimum_is_refused_before_any_job_is_created(env: Env
         env.adapter.submit(input_ref, "abp-small", {"model": CLAUDE})
     message = str(exc.value)
     assert "7 records" in message and "minimum of 100" in message
-    assert "max_requests_per_chunk" in message and "synchronous" in message
+    assert "ChunkOptions(max_requests=...)" in message and "synchronous" in message
     assert env.jobs_created() == 0
 
 

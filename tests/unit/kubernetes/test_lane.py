@@ -8,6 +8,7 @@ import pendulum
 import pytest
 from airflow.sdk import DAG
 
+from airflow_batch_provider.core.options import DeadlineOptions
 from airflow_batch_provider.kubernetes.lane import runs_in_pod
 from airflow_batch_provider.pipeline import batch_inference_group
 
@@ -35,7 +36,7 @@ def build(conn_id: str, **kwargs: object) -> set[str]:
 def test_switching_the_connection_swaps_submit_and_wait_for_a_pod_task_and_keeps_the_rest() -> None:
     provider = build("oai")
     hosted = build("gpu")
-    assert provider - hosted == {"submit", "wait", "submit_2", "wait_2"}
+    assert provider - hosted == {"upload", "submit", "wait", "upload_2", "submit_2", "wait_2"}
     assert hosted - provider == {"run", "run_2"}
     assert {
         "prepare",
@@ -56,9 +57,7 @@ def test_a_deadline_on_the_pod_lane_reaches_every_round_s_pod_task_with_its_marg
             prompt="p.yaml",
             batch_conn_id="gpu",
             max_attempts=2,
-            deadline="PT4H",
-            deadline_policy="skip",
-            deadline_margin=30,
+            deadline=DeadlineOptions("PT4H", "skip", margin_s=30),
         )
     for task_id in ("w.run", "w.run_2"):
         kwargs = dag.get_task(task_id).partial_kwargs  # type: ignore[attr-defined]

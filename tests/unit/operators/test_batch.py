@@ -14,6 +14,7 @@ import pytest
 from airflow.sdk import BaseNotifier
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.results import ItemResult, Usage
@@ -29,6 +30,7 @@ from airflow_batch_provider.operators.batch import (
     BatchReconcileOperator,
     BatchResubmitOperator,
     BatchSubmitOperator,
+    BatchUploadOperator,
     take_workload_lease,
 )
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
@@ -88,7 +90,7 @@ def resubmit(budget: float | None) -> BatchResubmitOperator:
         batch_conn_id="ops_test",
         round_number=2,
         max_attempts=3,
-        budget_usd=budget,
+        budget=BudgetOptions(budget_usd=budget),
     )
 
 
@@ -98,7 +100,10 @@ def test_a_round_that_would_pass_the_budget_is_not_started_and_its_items_go_to_r
     rows = {r["app_id"]: r for r in ledger.iter_items("w", RUN)}
     assert {rows["i1"]["state"], rows["i2"]["state"]} == {"review"}
     assert rows["i1"]["error_code"] == "budget_exceeded"
-    assert "exceeds the run's budget of $0.010001; raise budget_usd" in rows["i1"]["error_message"]
+    assert (
+        "exceeds the run's budget of $0.010001; raise BudgetOptions(budget_usd=...)"
+        in rows["i1"]["error_message"]
+    )
     assert rows["i0"]["state"] == "succeeded"
     assert ledger.get_jobs("w", RUN, 2) == []
 
@@ -177,7 +182,7 @@ def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
         batch_conn_id="br_test",
         records=lambda context: [],
         prompt=PROMPT,
-        max_requests_per_chunk=50,
+        chunking=ChunkOptions(max_requests=50),
     )
     with pytest.raises(ConfigurationError, match="below bedrock's minimum of 100 requests per batch job"):
         prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
@@ -218,11 +223,15 @@ class Flow:
         )
         return op.execute(self.context("prepare"))  # type: ignore[no-any-return]
 
+    def upload(self, manifest: dict[str, Any], i: int = 0, suffix: str = "") -> dict[str, Any]:
+        op = BatchUploadOperator(task_id=f"upload{suffix}", job=manifest, **self.common)
+        return op.execute(self.context(f"upload{suffix}", i))
+
     def round(self, manifests: list[dict[str, Any]], suffix: str = "") -> list[dict[str, Any]]:
         out = []
         for i, manifest in enumerate(manifests):
             submitted = BatchSubmitOperator(
-                task_id=f"submit{suffix}", job=manifest, prompt=PROMPT, **self.common
+                task_id=f"submit{suffix}", job=self.upload(manifest, i, suffix), prompt=PROMPT, **self.common
             )
             sub = submitted.execute(self.context(f"submit{suffix}", i))
             wait = BatchStatusSensor(
@@ -273,7 +282,7 @@ def flow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Flow]:
 def test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it(
     flow: Flow,
 ) -> None:
-    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    manifests = flow.prepare(6, chunking=ChunkOptions(max_requests=3))
     assert len(manifests) == 2
     flow.fault(fail_validation=1)  # the first batch created fails validation at the provider
     first = flow.round(manifests)
@@ -447,7 +456,7 @@ def test_a_failed_batch_is_told_once_counted_and_the_run_summary_and_review_grow
 ) -> None:
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail, review_growth_threshold=3)
-    manifests = flow.prepare(6, max_requests_per_chunk=3)
+    manifests = flow.prepare(6, chunking=ChunkOptions(max_requests=3))
     flow.fault(fail_validation=1)
     flow.round(manifests)
     assert sent(mail) == ["batch_failed"]  # the broken notifier beside it changed nothing
@@ -470,7 +479,8 @@ def test_the_submit_task_stores_the_console_link_of_its_batch(flow: Flow) -> Non
     from airflow_batch_provider.links.batch import BatchConsoleLink
 
     (manifest,) = flow.prepare(2)
-    out = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common).execute(
+    uploaded = flow.upload(manifest)
+    out = BatchSubmitOperator(task_id="submit", job=uploaded, prompt=PROMPT, **flow.common).execute(
         flow.context("submit", 0)
     )
     link = flow.xcom[("submit", BatchConsoleLink().xcom_key)]
@@ -489,7 +499,7 @@ def test_a_refused_resubmit_round_is_a_budget_alert_and_a_broken_notifier_does_n
         batch_conn_id="ops_test",
         round_number=2,
         max_attempts=3,
-        budget_usd=0.010001,
+        budget=BudgetOptions(budget_usd=0.010001),
         alerts=alerts_to(mail),
     )
     assert op.execute({"run_id": RUN, "dag": DAG("d", schedule=None)}) == []  # type: ignore[arg-type]
@@ -503,7 +513,7 @@ def test_prepare_over_its_budget_is_a_budget_alert_before_it_fails(flow: Flow) -
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail)
     with pytest.raises(BudgetExceededError):
-        flow.prepare(5, budget_usd=0.0000001)
+        flow.prepare(5, budget=BudgetOptions(budget_usd=0.0000001))
     assert sent(mail) == ["budget_refused"]
     assert "Nothing was paid" in mail.read_text()
 
@@ -547,7 +557,7 @@ def test_by_default_exhausted_items_go_to_review_and_sync_over_the_budget_is_ref
     (manifest,) = flow.prepare(4)
     flow.fault(fail_token_limit=1)
     flow.round([manifest])
-    out = flow.publish(max_attempts=1, exhausted="sync", budget_usd=0.0000001)
+    out = flow.publish(max_attempts=1, exhausted="sync", budget=BudgetOptions(budget_usd=0.0000001))
     assert out["items_by_state"] == {"review": 4}
     assert sent(mail) == ["budget_refused"]
 
@@ -602,6 +612,7 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
     from airflow_batch_provider.exceptions import SubmitError
 
     (manifest,) = flow.prepare(2)
+    flow.upload(manifest)
     op = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
     real_find = op.adapter.find
 
@@ -611,7 +622,7 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
         return found
 
     op.adapter.find = find_then_sigterm  # type: ignore[method-assign]
-    with pytest.raises(SubmitError, match="killed before the upload"):
+    with pytest.raises(SubmitError, match="killed before the create"):
         op.execute(flow.context("submit", 0))
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
     job = ledger.get_job(manifest["job_id"])
@@ -619,3 +630,22 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
     assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"].get("openai.batches_created", 0) == 0
     retry = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
     assert retry.execute(flow.context("submit", 0))["batch_id"]  # claimed at once, created once
+
+
+def test_the_upload_task_stages_a_chunk_once_and_a_cleared_one_reuses_the_recorded_file(flow: Flow) -> None:
+    (manifest,) = flow.prepare(2)
+    first = flow.upload(manifest)
+    cleared = flow.upload(manifest)
+    assert (first["upload"], cleared["upload"]) == ("uploaded", "recorded")
+    assert first["input_ref"] == cleared["input_ref"] and first["job_id"] == manifest["job_id"]
+    stats = httpx.get(f"{flow.url}/_emulator/stats").json()
+    assert (stats["files_uploaded"], stats["batches_created"]) == (1, 0)  # an upload never creates a batch
+    out = BatchSubmitOperator(task_id="submit", job=cleared, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )
+    again = BatchSubmitOperator(task_id="submit", job=cleared, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )
+    assert out["batch_id"] == again["batch_id"]
+    stats = httpx.get(f"{flow.url}/_emulator/stats").json()
+    assert (stats["files_uploaded"], stats["batches_created"]) == (1, 1)  # a cleared submit uploads nothing

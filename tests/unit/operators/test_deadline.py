@@ -15,6 +15,7 @@ import pytest
 from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.deadline import DeadlineSpec
+from airflow_batch_provider.core.options import DeadlineOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -50,14 +51,12 @@ def _inject(op: Any, **props: Any) -> Any:
     return op
 
 
-def _branch(ledger: Ledger, deadline: datetime | None) -> BatchDeadlineBranchOperator:
+def _branch(ledger: Ledger, deadline: datetime) -> BatchDeadlineBranchOperator:
     op = BatchDeadlineBranchOperator(
         task_id="deadline_branch",
         workload=WORKLOAD,
         ledger_conn_id=None,
-        deadline=deadline.isoformat() if deadline else None,
-        deadline_margin=5,
-        policy="skip",
+        deadline=DeadlineOptions(deadline.isoformat(), "skip", margin_s=5),
         publish_task_id="g.publish",
         policy_task_id="g.skip_unfinished",
     )
@@ -132,7 +131,7 @@ def test_no_resubmission_round_starts_after_the_deadline(ledger: Ledger) -> None
         workload=WORKLOAD,
         round_number=2,
         max_attempts=3,
-        deadline=(NOW - timedelta(seconds=1)).isoformat(),
+        deadline=DeadlineOptions((NOW - timedelta(seconds=1)).isoformat(), "skip"),
     )
     assert _inject(op, ledger=ledger).execute({"run_id": RUN}) == []  # type: ignore[arg-type]
 
@@ -195,16 +194,18 @@ def test_the_harvest_cancels_a_batch_cut_short_and_waits_for_its_partial_results
     assert outcomes.count("cancelled") == 30 - outcomes.count("succeeded")
 
 
-def test_the_group_refuses_a_deadline_without_a_policy_and_a_policy_without_a_deadline() -> None:
+def test_a_deadline_without_its_policy_or_with_an_unknown_one_is_refused_when_the_dag_is_parsed() -> None:
     from airflow.sdk import DAG
 
     from airflow_batch_provider.pipeline import batch_inference_group
 
+    with pytest.raises(ConfigurationError, match="without deadline_policy"):
+        DeadlineOptions("PT1H", None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="'later' is not one of"):
+        DeadlineOptions("PT1H", "later")  # type: ignore[arg-type]
     common: dict[str, Any] = {"workload": "w", "records": "x.jsonl", "prompt": PROMPT, "batch_conn_id": "c"}
-    with DAG(dag_id="d1", schedule=None), pytest.raises(ConfigurationError, match="deadline_policy"):
-        batch_inference_group(deadline="PT1H", **common)
-    with DAG(dag_id="d2", schedule=None), pytest.raises(ConfigurationError, match="without a deadline"):
-        batch_inference_group(deadline_policy="skip", **common)
+    with DAG(dag_id="d1", schedule=None), pytest.raises(ConfigurationError, match="give DeadlineOptions"):
+        batch_inference_group(deadline="PT1H", **common)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -223,8 +224,7 @@ def test_the_group_routes_the_deadline_branch_to_the_policy_task_then_publish(po
             prompt=PROMPT,
             batch_conn_id="c",
             max_attempts=2,
-            deadline="06:30 Europe/Berlin",
-            deadline_policy=policy,
+            deadline=DeadlineOptions("06:30 Europe/Berlin", policy),  # type: ignore[arg-type]
         )
     ids = set(dag.task_ids)
     assert {"w.deadline", "w.harvest", "w.harvest_2", "w.deadline_branch", f"w.{task}", "w.publish"} <= ids

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.options import FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.ledger import Ledger
@@ -39,11 +40,12 @@ REPO = Path(__file__).resolve().parents[3]
 # The task as a worker runs it: the operator's execute in its own process.
 TASK = """
 import json, sys
+from airflow_batch_provider.core.options import FallbackLimits
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 prompt = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", params={"max_tokens": 16})
 op = BatchSyncFallbackOperator(
-    task_id="sync_fallback", workload="wl", batch_conn_id="emu", prompt=prompt, concurrency=1
+    task_id="sync_fallback", workload="wl", batch_conn_id="emu", prompt=prompt, limits=FallbackLimits(concurrency=1)
 )
 print(json.dumps(op.execute({"run_id": sys.argv[1]})))
 """
@@ -125,7 +127,7 @@ def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment
 
 def test_the_settings_come_from_the_arguments_or_the_config() -> None:
     op = BatchSyncFallbackOperator(
-        task_id="f", workload=WORKLOAD, prompt=PROMPT, rpm=10, tpm=1000, concurrency=2
+        task_id="f", workload=WORKLOAD, prompt=PROMPT, limits=FallbackLimits(rpm=10, tpm=1000, concurrency=2)
     )
     assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
 

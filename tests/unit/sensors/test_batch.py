@@ -119,6 +119,7 @@ def test_a_finished_trigger_event_resumes_with_the_batch_state(emulator: str) ->
 def in_doubt_sensor(
     w: World, job_id: str, script: str, **kw: Any
 ) -> tuple[BatchStatusSensor, dict[str, Any]]:
+    w.upload(job_id)
     w.arm(script)
     sub = submit.submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
     assert sub.in_doubt

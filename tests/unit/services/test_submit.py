@@ -6,12 +6,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from airflow_batch_provider.exceptions import JobClaimedError
 from airflow_batch_provider.services import report, submit
-from airflow_batch_provider.services.submit import epoch, submit_job
+from airflow_batch_provider.services.submit import epoch, submit_job, upload_job
 from tests.unit.services.workload import RUN, WORKLOAD, World, world
 
 
@@ -19,9 +21,11 @@ def created(w: World) -> int:
     return int(w.stats()["batches_created"])
 
 
-def one_job(w: World) -> str:
+def one_job(w: World, *, upload: bool = True) -> str:
+    """Stage one job of 3 items and (unless told) run its upload step, as the upload task does."""
     (manifest,) = w.stage(3)
-    return str(manifest["job_id"])
+    job_id = str(manifest["job_id"])
+    return w.upload(job_id) if upload else job_id
 
 
 def test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch(tmp_path: Path) -> None:
@@ -191,11 +195,11 @@ def test_a_kill_before_the_upload_sends_nothing_and_leaves_the_job_claimable_at_
     from airflow_batch_provider.exceptions import SubmitError
 
     with world(tmp_path) as w:
-        job_id = one_job(w)
+        job_id = one_job(w, upload=False)
         with pytest.raises(
             SubmitError, match=re.escape(f"job {job_id}: the task was killed before the upload")
         ):
-            submit_job(
+            upload_job(
                 ledger=w.ledger,
                 adapter=w.adapter,
                 staging=w.staging,
@@ -203,9 +207,13 @@ def test_a_kill_before_the_upload_sends_nothing_and_leaves_the_job_claimable_at_
                 owner="t1",
                 stop=lambda: True,
             )
-        assert w.batches_created() == 0
-        retry = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
-        assert retry.how == "created" and w.batches_created() == 1
+        assert (w.files_uploaded(), w.batches_created()) == (0, 0)
+        assert (
+            upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2").how
+            == "uploaded"
+        )
+        retry = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t3")
+        assert retry.how == "created" and (w.files_uploaded(), w.batches_created()) == (1, 1)
 
 
 def test_a_kill_releases_the_claim_only_while_nothing_of_the_job_can_be_in_flight(tmp_path: Path) -> None:
@@ -214,6 +222,9 @@ def test_a_kill_releases_the_claim_only_while_nothing_of_the_job_can_be_in_fligh
         w.ledger.claim_job(job_id, "t1", 600)
         assert submit.release_on_kill(w.ledger, job_id, "t2") is False  # not the holder: left alone
         assert submit.release_on_kill(w.ledger, job_id, "t1") is True
+        w.ledger.claim_job(job_id, "t3", 600)
+        w.ledger.update_job(job_id, state="uploaded")  # between upload and create: nothing in flight
+        assert submit.release_on_kill(w.ledger, job_id, "t3") is True
         w.ledger.claim_job(job_id, "t3", 600)
         w.ledger.update_job(job_id, state="submitting")  # an upload or a create may be in flight
         assert submit.release_on_kill(w.ledger, job_id, "t3") is False
@@ -244,3 +255,167 @@ def test_the_in_doubt_callback_hears_of_the_job_once_and_a_failing_one_changes_n
         assert again.in_doubt
         assert [j for j, _ in heard] == [job_id]
         assert heard[0][1]
+
+
+# ---------------------------------------------------------------------------- upload, its own step
+
+
+def batch_input_file(w: World, batch_id: str | None) -> str:
+    """The input file id the emulator's batch was created from."""
+    return str(httpx.get(f"{w.url}/v1/batches/{batch_id}", headers=AUTH).json()["input_file_id"])
+
+
+AUTH = {"Authorization": "Bearer sk-test"}
+
+
+def test_submit_never_uploads_a_job_whose_upload_is_not_recorded_is_refused_with_the_remedy(
+    tmp_path: Path,
+) -> None:
+    from airflow_batch_provider.exceptions import SubmitError
+
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        with pytest.raises(SubmitError, match="submit never uploads: run \\(or clear\\) its upload task"):
+            submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert (w.files_uploaded(), w.batches_created()) == (0, 0)
+        assert w.ledger.get_job(job_id).claim_owner is None  # the refusal gives the claim back
+
+
+def test_a_cleared_upload_reuses_the_recorded_file_and_never_creates_a_batch(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        first = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        again = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
+        assert (first.how, again.how) == ("uploaded", "recorded")
+        assert again.input_ref == first.input_ref and first.input_kind == "file"
+        job = w.ledger.get_job(job_id)
+        assert (job.state, job.input_kind, job.input_ref) == ("uploaded", "file", first.input_ref)
+        assert (w.files_uploaded(), w.batches_created()) == (1, 0)
+        # after the batch exists, a cleared upload still sends nothing
+        submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t3")
+        late = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t4")
+        assert late.how == "submitted" and (w.files_uploaded(), w.batches_created()) == (1, 1)
+
+
+class Staged:
+    """The real adapter, counting the calls that put a chunk at the provider (or look one up for it)."""
+
+    def __init__(self, adapter: object) -> None:
+        self.adapter, self.stage_calls = adapter, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.adapter, name)
+
+    def stage(self, chunk: object, name: str, size: int) -> object:
+        self.stage_calls += 1
+        return self.adapter.stage(chunk, name, size)  # type: ignore[attr-defined]
+
+
+def test_a_cleared_submit_creates_from_the_recorded_file_and_never_uploads_again(tmp_path: Path) -> None:
+    from airflow_batch_provider.exceptions import SubmitError
+
+    with world(tmp_path) as w:
+        job_id = one_job(w)
+        recorded = w.ledger.get_job(job_id).input_ref
+        counted = Staged(w.adapter)
+        adapter: Any = counted
+        # killed between upload and create (the task stops before the create)
+        with pytest.raises(SubmitError, match="killed before the create"):
+            submit_job(
+                ledger=w.ledger,
+                adapter=adapter,
+                staging=w.staging,
+                job_id=job_id,
+                owner="t1",
+                stop=lambda: True,
+            )
+        made = submit_job(ledger=w.ledger, adapter=adapter, staging=w.staging, job_id=job_id, owner="t2")
+        cleared = submit_job(ledger=w.ledger, adapter=adapter, staging=w.staging, job_id=job_id, owner="t3")
+        assert (made.how, cleared.how) == ("created", "recorded")
+        assert batch_input_file(w, made.batch_id) == recorded
+        assert counted.stage_calls == 0  # submit never uploads, nor looks a file up to upload
+        assert (w.files_uploaded(), w.batches_created()) == (1, 1)
+
+
+def test_an_upload_whose_reply_was_lost_is_found_by_its_key_and_one_file_is_used(tmp_path: Path) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        w.arm("upload:500_after")  # the file is stored, the reply is lost
+        got = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert got.how == "uploaded" and w.files_uploaded() == 1
+        made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
+        assert batch_input_file(w, made.batch_id) == got.input_ref
+
+
+def test_a_kill_after_the_upload_before_it_was_recorded_finds_the_file_and_uploads_nothing_more(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        job = w.ledger.get_job(job_id)
+        # the dead attempt's upload reached the provider; the ledger never heard of it
+        with w.staging.at(job.staged_path).open("rb") as fh:
+            orphan = w.adapter.stage(fh, f"{job.idempotency_key}.jsonl", job.size_bytes)
+        got = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
+        assert (got.how, got.input_ref) == ("uploaded", orphan.value)
+        assert w.files_uploaded() == 1
+
+
+class RacedUpload:
+    """An adapter whose upload returns after another attempt recorded a different file for the chunk."""
+
+    def __init__(self, w: World, job_id: str) -> None:
+        self.w, self.job_id = w, job_id
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.w.adapter, name)
+
+    def stage(self, chunk: object, name: str, size: int) -> object:
+        ref = self.w.adapter.stage(chunk, f"other-{name}", size)  # type: ignore[arg-type]
+        self.w.ledger.record_upload(self.job_id, "file", "file-recorded-first")
+        return ref
+
+
+def test_when_two_files_exist_for_a_chunk_the_first_recorded_is_used_and_the_other_is_reported(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        raced: object = RacedUpload(w, job_id)
+        got = upload_job(ledger=w.ledger, adapter=raced, staging=w.staging, job_id=job_id, owner="t1")  # type: ignore[arg-type]
+        assert (got.how, got.input_ref) == ("recorded", "file-recorded-first")
+        assert got.orphan and got.orphan != got.input_ref
+        assert got.to_xcom()["orphan_input"] == got.orphan
+        assert w.ledger.get_job(job_id).input_ref == "file-recorded-first"
+
+
+def test_an_inline_provider_uploads_nothing_and_submit_posts_the_staged_chunk(tmp_path: Path) -> None:
+    with world(tmp_path, provider="anthropic") as w:
+        job_id = one_job(w, upload=False)
+        got = upload_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        assert (got.how, got.input_kind, got.input_ref) == ("uploaded", "inline", None)
+        assert not list((tmp_path / "abp-anthropic").glob("*.jsonl"))  # the check's local copy is gone
+        assert w.batches_created() == 0
+        made = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t2")
+        assert made.how == "created" and w.batches_created() == 1
+        assert w.ledger.count_states(WORKLOAD, RUN) == {"submitted": 3}
+
+
+def test_a_chunk_below_the_providers_minimum_is_not_uploaded(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    with world(tmp_path) as w:
+        job_id = one_job(w, upload=False)
+        small = SmallMinimum(w.adapter, replace(w.adapter.limits, min_requests=10))
+        got = upload_job(ledger=w.ledger, adapter=small, staging=w.staging, job_id=job_id, owner="t1")  # type: ignore[arg-type]
+        assert got.how == "sync" and w.files_uploaded() == 0
+
+
+class SmallMinimum:
+    """An adapter with a larger minimum job size than the chunk."""
+
+    def __init__(self, adapter: object, limits: object) -> None:
+        self.adapter, self.limits = adapter, limits
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.adapter, name)

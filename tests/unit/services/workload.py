@@ -88,6 +88,17 @@ class World:
             max_requests=max_requests,
         )
 
+    def upload(self, job_id: str, owner: str = "upload-try1") -> str:
+        """Run the upload step of a staged job (as the upload task does); return the job id."""
+        from airflow_batch_provider.services.submit import upload_job
+
+        upload_job(ledger=self.ledger, adapter=self.adapter, staging=self.staging, job_id=job_id, owner=owner)
+        return job_id
+
+    def files_uploaded(self) -> int:
+        """Files the emulator's OpenAI router accepted."""
+        return int(self.stats()["files_uploaded"])
+
     def ref(self, job_id: str) -> BatchRef:
         job = self.ledger.get_job(job_id)
         return BatchRef(self.adapter.name, job.batch_id, job.idempotency_key)
