@@ -2,7 +2,8 @@
 
 It serialises primitives only (connection id, batch id, policy numbers), never a secret; it
 reads the connection in the triggerer with the async connection API and polls with the SDK's
-native async client, so the event loop is never blocked.
+native async client, built off the loop once per connection and shared by the triggers of the
+loop (:meth:`BatchHook.aget_status_client`), so the event loop is never blocked.
 """
 
 from __future__ import annotations
@@ -113,8 +114,7 @@ class BatchStatusTrigger(BaseTrigger):
         policy = PollPolicy.from_dict(self.policy)
         state = start(policy, self.submitted_at)
         ref = BatchRef(self.provider, self.batch_id, self.idempotency_key)
-        adapter = await BatchHook.aget_adapter(self.batch_conn_id)
-        client = adapter.async_client()
+        client = await BatchHook.aget_status_client(self.batch_conn_id)
         last: BatchStatus | None = None
         try:
             while True:

@@ -1572,8 +1572,9 @@ def test_a_staged_transition_refuses_moves_the_states_forbid_and_stale_reads_in_
 
 
 def two_attempts_in_one_job(ledger: Ledger) -> tuple[str, str, str]:
-    """A job that carries two attempts of item "a" (a job the chunker never builds, but the ledger
-    accepts): return the job and the custom ids of attempts 1 and 2 (2 is the item's current one)."""
+    """A job that carries two attempts of item "a" (the chunker never builds one, and ``record_job``
+    refuses it on PostgreSQL: the second attempt is a hostile row written by hand): return the job
+    and the custom ids of attempts 1 and 2 (2 is the item's current one)."""
     ledger.upsert_items(WL, "r1", [prep("a")])
     key = item_key("a")
     cid1, cid2 = make_custom_id(key, 1, 0), make_custom_id(key, 2, 0)
@@ -1593,8 +1594,24 @@ def two_attempts_in_one_job(ledger: Ledger) -> tuple[str, str, str]:
             "lines": 2,
             "size_bytes": 200,
         },
-        [(key, "v1", cid1, 1), (key, "v1", cid2, 2)],
+        [(key, "v1", cid2, 2)],
     )
+    now = utcnow()
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            s.attempts.insert().values(
+                job_id=job_id,
+                custom_id=cid1,
+                workload=WL,
+                item_key=key,
+                prompt_version="v1",
+                run_id="r1",
+                attempt=1,
+                mode="batch",
+                created_at=now,
+                updated_at=now,
+            )
+        )
     ledger.mark_submitted(job_id, "batch_x", "file-x")
     assert item(ledger, "a")["custom_id"] == cid2
     return job_id, cid1, cid2
