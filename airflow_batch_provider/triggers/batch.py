@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -23,6 +24,20 @@ log = logging.getLogger(__name__)
 
 #: The ``status`` values of an event (the policy's actions other than ``wait``).
 TRIGGER_STATUSES: Final[tuple[str, ...]] = ("done", "deadline", "timeout", "give_up")
+
+
+def first_poll_delay(batch_id: str, interval: float) -> float:
+    """Seconds to wait before a trigger's first poll: a fixed share of ``interval`` per batch.
+
+    Triggers of a round defer together (one mapped wait task per chunk): polling in step, they
+    would all parse their replies in the same turn of the event loop and delay every other
+    trigger by the whole burst. Spread over one poll interval by a hash of the batch id, they
+    stay spread, and a trigger that is resumed polls on the same cadence as before.
+
+    :param batch_id: the provider's batch id
+    :param interval: the policy's first interval
+    """
+    return interval * (zlib.crc32(batch_id.encode()) % 1000) / 1000
 
 
 def count_poll_error(error: str, workload: str, provider: str) -> None:
@@ -117,6 +132,7 @@ class BatchStatusTrigger(BaseTrigger):
         client = await BatchHook.aget_status_client(self.batch_conn_id)
         last: BatchStatus | None = None
         try:
+            await asyncio.sleep(first_poll_delay(self.batch_id, policy.initial_interval))
             while True:
                 status: BatchStatus | None = None
                 error: str | None = None
