@@ -127,15 +127,28 @@ class BatchHook(BaseHook):
         Building an SDK client is slow and blocking (an SSL context with its CA store: about 0.1 s
         of CPU and 0.8 MiB each, measured in ``benchmarks/bench_triggers.py``): it is built once per
         connection and event loop, off the loop, and shared; it closes when the last trigger using it
-        closes its lease. The connection is read on every call, so a changed connection (a rotated
-        key) gets a new client while triggers already running keep theirs.
+        closes its lease. The connection is read on every call (calls made while a read of it is
+        in flight share that read), so a changed connection (a rotated key) gets a new client
+        while triggers already running keep theirs.
 
         :param batch_conn_id: the connection id
         """
+        loop = asyncio.get_running_loop()
+        reads = _READS.setdefault(loop, {})
+        read = reads.get(batch_conn_id)
+        if read is None:
+            # Triggers that start together read the connection once (Airflow's async read loads
+            # the secrets backends synchronously, on the loop, on every call).
+            read = reads[batch_conn_id] = asyncio.ensure_future(cls._aread_settings(batch_conn_id))
+            read.add_done_callback(lambda done: reads.pop(batch_conn_id, None))
+        conn_type, settings = await asyncio.shield(read)
+        return await _shared_status_client(conn_type, batch_conn_id, settings)
+
+    @classmethod
+    async def _aread_settings(cls, batch_conn_id: str) -> tuple[str, AdapterSettings]:
         conn = await cls.aget_connection(batch_conn_id)
         conn_type = conn.conn_type or ""
-        settings = await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
-        return await _shared_status_client(conn_type, batch_conn_id, settings)
+        return conn_type, await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
 
     def probe(self, adapter: BatchAdapter) -> str:
         """Make one cheap authenticated read against the API and describe what answered.
@@ -205,6 +218,10 @@ class _Shared:
     users: int = 0
 
 
+#: event loop -> connection id -> the read of its settings in flight
+_READS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, asyncio.Future[tuple[str, AdapterSettings]]]
+] = weakref.WeakKeyDictionary()
 #: event loop -> settings digest -> the shared client (a closed loop's entries go with it)
 _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Shared]] = (
     weakref.WeakKeyDictionary()

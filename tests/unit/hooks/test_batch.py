@@ -172,7 +172,7 @@ def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return threads
 
 
-async def test_triggers_of_one_connection_share_one_client_built_off_the_event_loop(
+async def test_triggers_of_one_connection_share_one_read_and_one_client_built_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch, emulator: str
 ) -> None:
     import asyncio
@@ -186,8 +186,17 @@ async def test_triggers_of_one_connection_share_one_client_built_off_the_event_l
         json.dumps({"conn_type": "openai_batch", "host": f"{emulator}/v1", "password": KEY}),
     )
     threads = _count_builds(monkeypatch)
+    reads: list[str] = []
+    real_read = BatchHook._aread_settings.__func__  # type: ignore[attr-defined]
+
+    async def read(cls: type[BatchHook], batch_conn_id: str) -> Any:
+        reads.append(batch_conn_id)
+        return await real_read(cls, batch_conn_id)
+
+    monkeypatch.setattr(BatchHook, "_aread_settings", classmethod(read))
     leases = await asyncio.gather(*(BatchHook.aget_status_client("hook_shared") for _ in range(50)))
     assert len(threads) == 1
+    assert reads == ["hook_shared"]  # triggers starting together read the connection once
     assert threads[0] != threading.get_ident()  # the SDK client was built in a worker thread
     with pytest.raises(Exception, match=r"not found|404"):  # a real call through the shared client
         await leases[0].status(BatchRef("openai", "batch_unknown", "k"))
