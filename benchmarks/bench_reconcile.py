@@ -402,7 +402,7 @@ def floor_in_place(ledger: Ledger, results: list[ItemResult], cost_of: Callable[
     ]
     names = ", ".join(FLOOR_STAGE_COLUMNS)
     with ledger.engine.begin() as conn:
-        cur = conn.connection.driver_connection.cursor()
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
             cur.execute(
                 "CREATE TEMPORARY TABLE IF NOT EXISTS bench_floor_stage (job_id TEXT, custom_id TEXT, "

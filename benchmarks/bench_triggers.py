@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -218,7 +218,7 @@ def run_triggers(
     os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
         {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "sk-bench"}
     )
-    shipped: Callable[[str], Awaitable[AsyncStatusClient]] = BatchHook.aget_status_client
+    shipped = BatchHook.aget_status_client
 
     async def on_loop(batch_conn_id: str) -> AsyncStatusClient:
         adapter = await BatchHook.aget_adapter(batch_conn_id)
@@ -229,7 +229,7 @@ def run_triggers(
     try:
         return asyncio.run(_run_triggers(batch_ids, seconds, interval))
     finally:
-        BatchHook.aget_status_client = shipped  # type: ignore[method-assign]
+        BatchHook.aget_status_client = shipped  # type: ignore[method-assign,assignment]
 
 
 def _ms(seconds: float) -> float:
