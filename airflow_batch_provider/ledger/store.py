@@ -585,24 +585,19 @@ _RESULT_LINE_COLUMNS: Final = (
     "custom_id",
     "outcome",
     "target",
-    "error_code",
-    "error_message",
-    "input_tokens",
-    "output_tokens",
-    "cached_input_tokens",
-    "cache_write_tokens",
-    "cost_nusd",
+    *_ATTEMPT_USAGE_COLUMNS,
     "output_json",
 )
 
 
-def _states(names: Iterable[str]) -> list[Any]:
-    """State names inlined as SQL literals (they come from the fixed vocabulary)."""
-    return [literal_column(f"'{name}'") for name in sorted(names)]
-
-
 def _word(name: str) -> Any:
+    """A word of the fixed vocabulary (a state, an outcome, a verdict) inlined as an SQL literal."""
     return literal_column(f"'{name}'")
+
+
+def _states(names: Iterable[str]) -> list[Any]:
+    """State names inlined as SQL literals."""
+    return [_word(name) for name in sorted(names)]
 
 
 @dataclass(frozen=True)
@@ -670,7 +665,7 @@ class _ResultRules:
 def _result_rules(job_id: str, workload: str) -> _ResultRules:
     """Build the statements of :class:`_ResultRules` for one job.
 
-    The rules (what ``_item_change`` decided per line in Python before, now one ``CASE`` in SQL):
+    The rules (decided per line in Python until 30 Nov, now one ``CASE`` in SQL):
 
     - a line is *taken* when it answers the item's current attempt (``custom_id`` matches), or is
       a late success while the item has no usable result and may still succeed, **and** the item's
