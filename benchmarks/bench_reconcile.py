@@ -7,8 +7,10 @@ Two measurements:
    (file, WAL) and on PostgreSQL when one can be found. Two baselines: the database's write floor
    (the same lines' attempt columns, priced the same way, written in one transaction into an
    attempts-shaped table: psycopg2 ``COPY`` on PostgreSQL, one prepared ``executemany`` on
-   SQLite), and an executemany UPDATE of the job's attempt rows by primary key with the same
-   outcome, usage and cost, a commit per 1,000 rows. Also the rerun (a cleared reconcile task: same results
+   SQLite), an executemany UPDATE of the job's attempt rows by primary key with the same
+   outcome, usage and cost, a commit per 1,000 rows, and the **in-place write floor**: the same lines
+   decided beforehand (outcome -> state), staged the same way in a temporary table and applied with
+   one ``UPDATE ... FROM`` of the attempts and one of the items, in one transaction. Also the rerun (a cleared reconcile task: same results
    again, nothing changes), against the same floor.
 2. :meth:`OpenAIBatchAdapter.parse_results` over a generated OpenAI batch output file of N lines
    (the documented line shapes, 2% error lines) against ``json.loads`` per line and nothing else.
@@ -345,6 +347,103 @@ def floor_results(ledger: Ledger, results: list[ItemResult], cost_of: Callable[[
     return floor_insert(ledger.engine, BARE_ATTEMPTS.name, RESULT_COLUMNS, rows)
 
 
+FLOOR_STAGE_COLUMNS = [
+    "job_id",
+    "custom_id",
+    "item_key",
+    "outcome",
+    "error_code",
+    "error_message",
+    "input_tokens",
+    "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
+    "cost_nusd",
+    "state",
+    "output_json",
+]
+
+
+def floor_in_place(ledger: Ledger, results: list[ItemResult], cost_of: Callable[[Usage], Decimal]) -> int:
+    """The database's floor for what reconcile must write: the same lines, decided beforehand in
+    the plainest way (outcome -> state), staged in one temporary table (COPY on PostgreSQL, one
+    prepared executemany on SQLite) and applied with one ``UPDATE ... FROM`` of the attempts and
+    one of the items, in one transaction. No reading, no rules, no guard, no counting.
+
+    :param ledger: gives the engine
+    :param results: the results
+    :param cost_of: prices one line
+    """
+    import io
+
+    from airflow_batch_provider.core.custom_ids import parse_custom_id
+    from airflow_batch_provider.ledger.store import _OUTCOME_STATE
+
+    now = utcnow()
+    pg = ledger.engine.dialect.name == "postgresql"
+    stamp = now if pg else now.strftime("%Y-%m-%d %H:%M:%S.%f")
+    rows = [
+        (
+            JOB_ID,
+            r.custom_id,
+            parse_custom_id(r.custom_id).key,
+            r.outcome,
+            r.error_code,
+            r.error_message,
+            r.usage.input_tokens,
+            r.usage.output_tokens,
+            r.usage.cached_input_tokens,
+            r.usage.cache_write_tokens,
+            to_nusd(cost_of(r.usage)),
+            _OUTCOME_STATE[r.outcome],
+            json.dumps(r.output) if r.outcome == "succeeded" else None,
+        )
+        for r in results
+    ]
+    names = ", ".join(FLOOR_STAGE_COLUMNS)
+    with ledger.engine.begin() as conn:
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cur.execute(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS bench_floor_stage (job_id TEXT, custom_id TEXT, "
+                "item_key TEXT, outcome TEXT, error_code TEXT, error_message TEXT, input_tokens BIGINT, "
+                "output_tokens BIGINT, cached_input_tokens BIGINT, cache_write_tokens BIGINT, "
+                "cost_nusd BIGINT, state TEXT, output_json TEXT)"
+            )
+            cur.execute("DELETE FROM bench_floor_stage")
+            if pg:
+                buf = io.StringIO()
+                buf.writelines("\t".join("\\N" if v is None else str(v) for v in row) + "\n" for row in rows)
+                buf.seek(0)
+                cur.copy_expert(f"COPY bench_floor_stage ({names}) FROM STDIN", buf)
+                cur.execute("ANALYZE bench_floor_stage")
+                mark = "%s"
+            else:
+                marks = ", ".join("?" for _ in FLOOR_STAGE_COLUMNS)
+                cur.executemany(f"INSERT INTO bench_floor_stage ({names}) VALUES ({marks})", rows)
+                mark = "?"
+            t = "bench_floor_stage"
+            cur.execute(
+                f"UPDATE abp_attempts SET outcome = {t}.outcome, error_code = {t}.error_code, "
+                f"error_message = {t}.error_message, input_tokens = {t}.input_tokens, "
+                f"output_tokens = {t}.output_tokens, cached_input_tokens = {t}.cached_input_tokens, "
+                f"cache_write_tokens = {t}.cache_write_tokens, cost_nusd = {t}.cost_nusd, "
+                f"updated_at = {mark} FROM {t} "
+                f"WHERE abp_attempts.job_id = {t}.job_id AND abp_attempts.custom_id = {t}.custom_id",
+                (stamp,),
+            )
+            cur.execute(
+                f"UPDATE abp_items SET state = {t}.state, output_json = {t}.output_json, "
+                f"error_code = {t}.error_code, error_message = {t}.error_message, updated_at = {mark} "
+                f"FROM {t} WHERE abp_items.workload = {mark} AND abp_items.item_key = {t}.item_key "
+                f"AND abp_items.prompt_version = 'bench-v1'",
+                (stamp, WORKLOAD),
+            )
+        finally:
+            cur.close()
+    return len(rows)
+
+
 def empty_bare(ledger: Ledger) -> None:
     """Untimed: the bare attempts table empty again."""
     with ledger.engine.begin() as conn:
@@ -378,6 +477,9 @@ def bench_database(label: str, url: str, n: int, repeat: int) -> list[dict[str, 
             lambda: floor_results(ledger, results, cost_of), repeat, setup=lambda: empty_bare(ledger)
         )
         empty_bare(ledger)
+        t_in_place = timed(
+            lambda: floor_in_place(ledger, results, cost_of), repeat, setup=lambda: reset_job(ledger)
+        )
         t_apply = timed(lambda: _apply(ledger, results, cost_of, n), repeat, setup=lambda: reset_job(ledger))
         t_rerun = timed(lambda: _apply(ledger, results, cost_of, n), repeat)
         reset_job(ledger)
@@ -416,6 +518,18 @@ def bench_database(label: str, url: str, n: int, repeat: int) -> list[dict[str, 
             copy_floor,
             subject="Ledger.apply_results",
             baseline_name=copy_name,
+            note=note,
+        ),
+        row(
+            f"{label}: apply_results against the in-place write floor",
+            "lines/s",
+            per_s(n, t_apply.best_s),
+            per_s(n, t_in_place.best_s),
+            subject="Ledger.apply_results",
+            baseline_name=(
+                f"{floor_name(ledger.engine)} of the decided lines into a temporary table, then one "
+                "UPDATE ... FROM of the attempts and one of the items"
+            ),
             note=note,
         ),
         row(

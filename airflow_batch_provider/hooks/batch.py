@@ -7,12 +7,23 @@ reads them without importing the hooks.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import importlib
+import json
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
+from airflow_batch_provider.adapters.base import (
+    AdapterSettings,
+    AsyncStatusClient,
+    BatchAdapter,
+    BatchRef,
+    BatchStatus,
+)
 from airflow_batch_provider.adapters.registry import adapter_class
 from airflow_batch_provider.get_provider_info import get_provider_info
 
@@ -102,14 +113,42 @@ class BatchHook(BaseHook):
 
         :param batch_conn_id: the connection id
         """
-        import asyncio
-
         conn = await cls.aget_connection(batch_conn_id)
         conn_type = conn.conn_type or ""
         adapter = adapter_class(conn_type)
         # a cloud hook may read its own connection (aws_conn_id, gcp_conn_id): off the loop
         settings = await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
         return adapter(settings)
+
+    @classmethod
+    async def aget_status_client(cls, batch_conn_id: str) -> AsyncStatusClient:
+        """Return an async status client of the connection, shared by the triggers of this event loop.
+
+        Building an SDK client is slow and blocking (an SSL context with its CA store: about 0.1 s
+        of CPU and 0.8 MiB each, measured in ``benchmarks/bench_triggers.py``): it is built once per
+        connection and event loop, off the loop, and shared; it closes when the last trigger using it
+        closes its lease. The connection is read on every call (calls made while a read of it is
+        in flight share that read), so a changed connection (a rotated key) gets a new client
+        while triggers already running keep theirs.
+
+        :param batch_conn_id: the connection id
+        """
+        loop = asyncio.get_running_loop()
+        reads = _READS.setdefault(loop, {})
+        read = reads.get(batch_conn_id)
+        if read is None:
+            # Triggers that start together read the connection once (Airflow's async read loads
+            # the secrets backends synchronously, on the loop, on every call).
+            read = reads[batch_conn_id] = asyncio.ensure_future(cls._aread_settings(batch_conn_id))
+            read.add_done_callback(lambda done: reads.pop(batch_conn_id, None))
+        conn_type, settings = await asyncio.shield(read)
+        return await _shared_status_client(conn_type, batch_conn_id, settings)
+
+    @classmethod
+    async def _aread_settings(cls, batch_conn_id: str) -> tuple[str, AdapterSettings]:
+        conn = await cls.aget_connection(batch_conn_id)
+        conn_type = conn.conn_type or ""
+        return conn_type, await asyncio.to_thread(hook_class(conn_type).adapter_settings, conn)
 
     def probe(self, adapter: BatchAdapter) -> str:
         """Make one cheap authenticated read against the API and describe what answered.
@@ -154,3 +193,86 @@ class OpenAIBatchHook(BatchHook):
         client = adapter.client.with_options(max_retries=0)  # type: ignore[attr-defined]
         page = client.batches.list(limit=1)
         return f"{client.base_url} listed {len(page.data)} batch(es) on the first page"
+
+
+def _new_status_client(conn_type: str, settings: AdapterSettings) -> AsyncStatusClient:
+    """Import the adapter (and its SDK) and build its async status client: blocking, run in a thread."""
+    return adapter_class(conn_type)(settings).async_client()
+
+
+def _fingerprint(conn_type: str, batch_conn_id: str, settings: AdapterSettings) -> str:
+    """A digest of what a status client is built from (the secret enters only the digest)."""
+    material = json.dumps(
+        [conn_type, batch_conn_id, settings.api_key, settings.base_url, settings.extra],
+        sort_keys=True,
+        default=repr,
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+@dataclass
+class _Shared:
+    """One status client being built or built, and how many leases hold it."""
+
+    built: asyncio.Future[AsyncStatusClient]
+    users: int = 0
+
+
+#: event loop -> connection id -> the read of its settings in flight
+_READS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, asyncio.Future[tuple[str, AdapterSettings]]]
+] = weakref.WeakKeyDictionary()
+#: event loop -> settings digest -> the shared client (a closed loop's entries go with it)
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _StatusLease(AsyncStatusClient):
+    """One trigger's hold on a shared status client; ``close`` gives it back (once)."""
+
+    def __init__(
+        self, clients: dict[str, _Shared], key: str, shared: _Shared, client: AsyncStatusClient
+    ) -> None:
+        self._clients = clients
+        self._key = key
+        self._shared: _Shared | None = shared
+        self._client = client
+
+    async def status(self, ref: BatchRef) -> BatchStatus:
+        if self._shared is None:
+            raise RuntimeError("this status client lease was closed; ask the hook for a new one.")
+        return await self._client.status(ref)
+
+    async def close(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is None:
+            return
+        shared.users -= 1
+        if shared.users == 0:
+            if self._clients.get(self._key) is shared:
+                del self._clients[self._key]
+            await self._client.close()
+
+
+async def _shared_status_client(
+    conn_type: str, batch_conn_id: str, settings: AdapterSettings
+) -> AsyncStatusClient:
+    """Lease the status client of these settings on the running loop, building it (off the loop) once."""
+    clients = _SHARED.setdefault(asyncio.get_running_loop(), {})
+    key = _fingerprint(conn_type, batch_conn_id, settings)
+    shared = clients.get(key)
+    if shared is None:
+        shared = clients[key] = _Shared(
+            asyncio.ensure_future(asyncio.to_thread(_new_status_client, conn_type, settings))
+        )
+    shared.users += 1
+    try:
+        client = await asyncio.shield(shared.built)
+    except BaseException:
+        shared.users -= 1
+        failed = shared.built.done() and (shared.built.cancelled() or shared.built.exception() is not None)
+        if failed and clients.get(key) is shared:
+            del clients[key]  # a failed build is not kept: the next trigger tries again
+        raise
+    return _StatusLease(clients, key, shared, client)

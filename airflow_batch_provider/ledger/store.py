@@ -29,9 +29,9 @@ from typing import Any, Final, TypeVar, overload
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     Column,
     Engine,
+    Integer,
     MetaData,
     String,
     Table,
@@ -44,6 +44,8 @@ from sqlalchemy import (
     func,
     inspect,
     literal_column,
+    not_,
+    null,
     or_,
     select,
     text,
@@ -220,10 +222,8 @@ NEW_ITEM_COLUMNS: Final = (
     "updated_at",
 )
 
-#: What one result line writes to its attempt row (from the staging table's columns of that name).
-_ATTEMPT_RESULT_COLUMNS: Final = (
-    "outcome",
-    "discarded",
+#: What one result line writes to its attempt row besides its outcome (staging columns of that name).
+_ATTEMPT_USAGE_COLUMNS: Final = (
     "error_code",
     "error_message",
     "input_tokens",
@@ -254,15 +254,19 @@ def _bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, 
 APPLY_SLICE = 5000
 
 _staging_meta = MetaData()
-#: Per-connection staging table of :meth:`Ledger.apply_results`: one row per result line, holding
-#: what the line writes to its attempt and (``state`` not null) to its item.
+#: Per-connection staging table of :meth:`Ledger.apply_results`: one row per result line of a slice.
+#: Python fills what the line says (``seq`` to ``output_json``); one set-based statement then
+#: decides, against the line's attempt and item, what the line does (``b_key`` to ``route``).
 RESULTS_STAGE = Table(
     "abp_stage_results",
     _staging_meta,
-    Column("custom_id", String(64), primary_key=True),
-    Column("att_write", String(8)),  # 'full': outcome, usage and cost; 'discard': discarded only
+    Column("seq", Integer),  # the line's place in the slice (several lines for one item apply in order)
+    # The job's id on every line: joined through it, each line looks its attempt up by key (a
+    # constant would let the planner walk every attempt of the job for each line instead).
+    Column("job_id", String(250)),
+    Column("custom_id", Text),  # no key and no length: a hostile line's id is staged too, then unknown
     Column("outcome", String(32)),
-    Column("discarded", Boolean),
+    Column("target", String(32)),  # the item state the outcome leads to
     Column("error_code", String(100)),
     Column("error_message", Text),
     Column("input_tokens", BigInteger),
@@ -270,14 +274,17 @@ RESULTS_STAGE = Table(
     Column("cached_input_tokens", BigInteger),
     Column("cache_write_tokens", BigInteger),
     Column("cost_nusd", BigInteger),
+    Column("output_json", Text),  # succeeded lines only
+    # decided in SQL (NULL b_key: the job never sent this custom id)
     Column("b_key", String(64)),
     Column("b_version", String(100)),
-    Column("b_from", String(32)),
-    Column("state", String(32)),
-    Column("output_json", Text),
+    Column("b_from", String(32)),  # the item's state as read (NULL: the item is gone)
+    Column("state", String(32)),  # the item's new state, NULL: the item does not move
+    Column("verdict", String(8)),  # applied | late | discard (a paid-for success that is not used)
+    Column("att_write", String(8)),  # full | discard (discarded flag only) | NULL (recorded already)
     Column("succeeded_hash", String(64)),
     Column("route", String(32)),
-    Column("job_id", String(250)),
+    Column("rnk", Integer),  # the line's turn among this slice's lines for its item (1 almost always)
     prefixes=["TEMPORARY"],
     postgresql_on_commit="DELETE ROWS",
 )
@@ -311,7 +318,9 @@ _CLEARED_ON_CHANGE: Final = (
 )
 
 
-def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> None:
+def _stage(
+    conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]], columns: Sequence[str] | None = None
+) -> None:
     """Fill a per-connection temporary table with ``rows`` (tuples in column order), emptied first.
 
     The floor of each database: PostgreSQL gets ``COPY ... FROM STDIN``, SQLite one prepared
@@ -321,10 +330,11 @@ def _stage(conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]]) -> N
     :param conn: an open transaction
     :param table: the staging table (``TEMPORARY``)
     :param rows: the rows
+    :param columns: the columns the tuples fill (default: every column, in order); the others stay NULL
     """
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
-    _insert_rows(conn, table, [c.name for c in table.c], rows)
+    _insert_rows(conn, table, [c.name for c in table.c] if columns is None else columns, rows)
     if conn.dialect.name == "postgresql":
         # Autovacuum never sees a temporary table: without statistics the planner may pick a
         # hash join that scans the whole items table for a slice of a few thousand rows.
@@ -566,6 +576,198 @@ def _transition(
             )
         total = total + Moved(moved, len(group) - moved)
     return total
+
+
+#: What Python stages per result line, in :data:`RESULTS_STAGE`'s column order.
+_RESULT_LINE_COLUMNS: Final = (
+    "seq",
+    "job_id",
+    "custom_id",
+    "outcome",
+    "target",
+    *_ATTEMPT_USAGE_COLUMNS,
+    "output_json",
+)
+
+
+def _word(name: str) -> Any:
+    """A word of the fixed vocabulary (a state, an outcome, a verdict) inlined as an SQL literal."""
+    return literal_column(f"'{name}'")
+
+
+def _states(names: Iterable[str]) -> list[Any]:
+    """State names inlined as SQL literals."""
+    return [_word(name) for name in sorted(names)]
+
+
+@dataclass(frozen=True)
+class _ResultRules:
+    """The statements that decide and apply a staged slice of one job's result lines.
+
+    :param decide: fills each line's item, verdict and writes (lines whose item exists)
+    :param decide_gone: the same for lines whose attempt exists but whose item is gone (``late``)
+    :param twice: finds an item addressed by more than one line of the slice
+    :param rank: numbers each item's lines in slice order (``rnk``)
+    :param write_full: records outcome, usage and cost on the lines' attempts
+    :param write_discard: marks the attempts of unused successes discarded
+    :param item_values: what the items' move sets besides the state
+    :param tally: (outcome, verdict, count) of the known lines
+    :param workload: the job's workload
+    """
+
+    decide: Any
+    decide_gone: Any
+    twice: Any
+    rank: Any
+    write_full: Any
+    write_discard: Any
+    item_values: Mapping[str, Any]
+    tally: Any
+    workload: str
+
+    def apply(self, conn: Connection, now: datetime, several: bool) -> None:
+        """Decide and apply the staged slice (its lines' custom ids are distinct).
+
+        Lines for distinct items are decided at once. Should several lines of the slice address one
+        item (two attempts of it in one job), they go in turns, each decided against the item as
+        the turn before left it, as if applied one after another.
+
+        :param conn: the open transaction that staged the slice
+        :param now: the ``updated_at`` to write
+        :param several: more than one line is staged
+        """
+        t = RESULTS_STAGE.c
+        conn.execute(self.decide)
+        conn.execute(self.decide_gone)
+        turns = 1
+        if several and conn.execute(self.twice).first() is not None:
+            conn.execute(self.rank)
+            turns = int(conn.execute(select(func.max(t.rnk))).scalar_one())
+            later = and_(t.rnk > 1, t.b_from.is_not(None))
+            conn.execute(RESULTS_STAGE.update().where(later).values(verdict=None, att_write=None, state=None))
+        for turn in range(1, turns + 1):
+            if turn > 1:
+                done = or_(t.rnk < turn, t.b_from.is_(None))
+                conn.execute(RESULTS_STAGE.update().where(done).values(att_write=None, state=None))
+                conn.execute(self.decide.where(t.rnk == turn))
+            conn.execute(self.write_full.values(updated_at=now))
+            conn.execute(self.write_discard.values(updated_at=now))
+            _transition(
+                conn,
+                now,
+                staged=RESULTS_STAGE,
+                workload=self.workload,
+                targets=set(_OUTCOME_STATE.values()),
+                values=self.item_values,
+            )
+
+
+def _result_rules(job_id: str, workload: str) -> _ResultRules:
+    """Build the statements of :class:`_ResultRules` for one job.
+
+    The rules (decided per line in Python until 30 Nov, now one ``CASE`` in SQL):
+
+    - a line is *taken* when it answers the item's current attempt (``custom_id`` matches), or is
+      a late success while the item has no usable result and may still succeed, **and** the item's
+      state may reach the line's target (:func:`~airflow_batch_provider.core.states.sources_of`);
+    - a taken line is ``applied`` and moves the item unless it is there already; a line not taken
+      is ``discard`` (a paid-for success not used) or ``late`` (kept as cost only);
+    - the attempt is written in full unless it holds this outcome and cost already (a rerun), and
+      an unused success marks it discarded;
+    - a line for an item that is gone is ``late`` and only its attempt is written.
+
+    :param job_id: the job
+    :param workload: its workload
+    """
+    a, c, t = s.attempts.c, s.items.c, RESULTS_STAGE.c
+    success = t.outcome == _word("succeeded")
+    late = or_(c.custom_id.is_(None), c.custom_id != t.custom_id)
+    late_success_taken = and_(success, c.state.in_(_states(sources_of("succeeded") - USABLE_STATES)))
+    reaches = or_(
+        *(
+            and_(t.target == _word(target), c.state.in_(_states(sources_of(target))))
+            for target in sorted(set(_OUTCOME_STATE.values()))
+        )
+    )
+    taken = and_(or_(not_(late), late_success_taken), reaches)
+    recorded = and_(a.outcome == t.outcome, a.cost_nusd == t.cost_nusd)
+    this_attempt = and_(a.job_id == t.job_id, a.custom_id == t.custom_id)
+    decide = (
+        RESULTS_STAGE.update()
+        .where(
+            this_attempt,
+            c.workload == workload,
+            c.item_key == a.item_key,
+            c.prompt_version == a.prompt_version,
+        )
+        .values(
+            b_key=a.item_key,
+            b_version=a.prompt_version,
+            b_from=c.state,
+            verdict=case((taken, _word("applied")), (success, _word("discard")), else_=_word("late")),
+            att_write=case(
+                (recorded, case((and_(not_(taken), success, not_(a.discarded)), _word("discard")))),
+                else_=_word("full"),
+            ),
+            state=case((and_(taken, c.state != t.target), t.target)),
+            succeeded_hash=c.input_hash,
+            route=case((a.attempt <= 1, _word("batch")), else_=_word("resubmitted")),
+        )
+    )
+    decide_gone = (
+        RESULTS_STAGE.update()
+        .where(this_attempt, t.b_key.is_(None))
+        .values(
+            b_key=a.item_key,
+            b_version=a.prompt_version,
+            verdict=_word("late"),
+            att_write=case((recorded, null()), else_=_word("full")),
+        )
+    )
+    twice = (
+        select(t.b_key)
+        .where(t.b_key.is_not(None))
+        .group_by(t.b_key, t.b_version)
+        .having(func.count() > 1)
+        .limit(1)
+    )
+    turns = (
+        select(
+            t.seq.label("line"),
+            func.row_number().over(partition_by=(t.b_key, t.b_version), order_by=t.seq).label("turn"),
+        )
+        .where(t.b_key.is_not(None))
+        .subquery("turns")
+    )
+    rank = RESULTS_STAGE.update().where(t.seq == turns.c.line).values(rnk=turns.c.turn)
+    write_full = (
+        s.attempts.update()
+        .where(this_attempt, t.att_write == _word("full"))
+        .values(
+            outcome=t.outcome,
+            discarded=or_(t.outcome == _word("invalid_output"), t.verdict == _word("discard")),
+            **{name: t[name] for name in _ATTEMPT_USAGE_COLUMNS},
+        )
+    )
+    write_discard = (
+        s.attempts.update().where(this_attempt, t.att_write == _word("discard")).values(discarded=True)
+    )
+    moved_success = t.state == _word("succeeded")
+    item_values = {
+        "error_code": t.error_code,
+        "error_message": t.error_message,
+        "output_json": case((moved_success, t.output_json), else_=c.output_json),
+        "succeeded_hash": case((moved_success, t.succeeded_hash), else_=c.succeeded_hash),
+        "route": case((moved_success, t.route), else_=c.route),
+        "custom_id": case((moved_success, t.custom_id), else_=c.custom_id),
+        "job_id": case((moved_success, job_id), else_=c.job_id),
+    }
+    tally = (
+        select(t.outcome, t.verdict, func.count()).where(t.b_key.is_not(None)).group_by(t.outcome, t.verdict)
+    )
+    return _ResultRules(
+        decide, decide_gone, twice, rank, write_full, write_discard, item_values, tally, workload
+    )
 
 
 #: PostgreSQL advisory lock held while the schema is created or upgraded (any constant will do;
@@ -1647,8 +1849,15 @@ class Ledger:
         """Upsert result lines of one job by custom id, and move items accordingly.
 
         A result for the item's current attempt sets its state; a result for an older attempt is
-        kept in the attempts table (its cost is real) and counted as ``late``. A line seen twice
-        in one pass is counted as a duplicate and applied once. Repeating the pass changes nothing.
+        kept in the attempts table (its cost is real) and counted as ``late``; a success that
+        comes too late to be used (the item settled meanwhile) is kept as discarded cost. A line
+        seen twice in one pass is counted as a duplicate and applied once. Repeating the pass
+        changes nothing.
+
+        Set-based: Python prices each line; a slice of :data:`APPLY_SLICE` lines is staged in a
+        temporary table (``COPY`` on PostgreSQL, one ``executemany`` on SQLite), one ``UPDATE ...
+        FROM`` decides every line against its attempt and item (:func:`_result_rules`), and one
+        ``UPDATE ... FROM`` per table applies them, the items' through :func:`_transition`.
 
         :param job_id: the job whose files these are
         :param results: parsed results (streamed)
@@ -1656,154 +1865,53 @@ class Ledger:
         """
         stats = ReconcileStats()
         seen: set[str] = set()
-        job = self.job(job_id)
-        workload = job["workload"]
-        a, c, t = s.attempts.c, s.items.c, RESULTS_STAGE.c
-        # What reconcile reads per line: its attempt, and its item's state (outer: may be gone).
-        read = select(
-            a.custom_id,
-            a.item_key,
-            a.prompt_version,
-            a.attempt,
-            a.outcome,
-            a.discarded,
-            a.cost_nusd,
-            c.state,
-            c.custom_id,
-            c.input_hash,
-        ).select_from(
-            s.attempts.outerjoin(
-                s.items,
-                and_(c.workload == workload, c.item_key == a.item_key, c.prompt_version == a.prompt_version),
-            )
-        )
+        rules = _result_rules(job_id, self.job(job_id)["workload"])
+        prices: dict[Usage, int] = {}
         for batch in _chunks(results, APPLY_SLICE):
-            now = utcnow()
-            with self.engine.begin() as conn:
-                cids = list({r.custom_id for r in batch} - seen)
-                known = {
-                    r[0]: r
-                    for r in (
-                        conn.execute(read.where(a.job_id == job_id, a.custom_id.in_(cids))) if cids else ()
-                    )
-                }
-                items: dict[tuple[str, str], dict[str, Any]] = {}
-                staged: list[tuple[Any, ...]] = []
-                again: list[dict[str, Any]] = []  # a second move of one item in this slice
-                moved_here: set[tuple[str, str]] = set()
-                targets: set[str] = set()
-                writes = Counter[str]()
-                for res in batch:
-                    if res.custom_id in seen:
-                        stats.duplicates += 1
-                        continue
-                    seen.add(res.custom_id)
-                    att = known.get(res.custom_id)
-                    if att is None:
-                        stats.unknown += 1
-                        continue
-                    _, key, version, attempt, outcome, discarded, cost_nusd, state, item_cid, input_hash = att
-                    stats.outcomes[res.outcome] += 1
-                    cost = to_nusd(cost_of(res.usage))
-                    pair = (key, version)
-                    item = items.get(pair)
-                    if item is None and state is not None:
-                        item = items[pair] = {"state": state, "custom_id": item_cid, "input_hash": input_hash}
-                    verdict, values = _item_change(item, {"attempt": attempt, "job_id": job_id}, res)
-                    if verdict == "applied":
-                        stats.applied += 1
-                    else:
-                        stats.late += 1
-                    # A pass that already recorded this line writes nothing for it again.
-                    att_write = None if (outcome == res.outcome and cost_nusd == cost) else "full"
-                    if att_write is None and verdict == "discard" and not discarded:
-                        att_write = "discard"
-                    move: tuple[Any, ...] = (None,) * 8
-                    if values and item is not None:
-                        if pair in moved_here:
-                            again.append(
-                                {
-                                    "b_workload": workload,
-                                    "b_key": key,
-                                    "b_version": version,
-                                    "b_from": item["state"],
-                                }
-                                | values
-                            )
-                        else:
-                            moved_here.add(pair)
-                            targets.add(values["state"])
-                            move = (
-                                key,
-                                version,
-                                item["state"],
-                                values["state"],
-                                values.get("output_json"),
-                                values.get("succeeded_hash"),
-                                values.get("route"),
-                                values.get("job_id"),
-                            )
-                        item.update(values)  # later lines of this slice see the new state
-                    if att_write is None and move[3] is None:
-                        continue
-                    if att_write:
-                        writes[att_write] += 1
-                    usage = res.usage
-                    staged.append(
-                        (
-                            res.custom_id,
-                            att_write,
-                            res.outcome,
-                            res.outcome == "invalid_output" or verdict == "discard",
-                            res.error_code,
-                            res.error_message,
-                            usage.input_tokens,
-                            usage.output_tokens,
-                            usage.cached_input_tokens,
-                            usage.cache_write_tokens,
-                            cost,
-                            *move,
-                        )
-                    )
-                if not staged:
+            lines: list[tuple[Any, ...]] = []
+            for res in batch:
+                cid = res.custom_id
+                if cid in seen:
+                    stats.duplicates += 1
                     continue
-                _stage(conn, RESULTS_STAGE, staged)
-                # On SQLite, an expression (``custom_id || ''``) keeps the staging table's key out of
-                # the plan: otherwise SQLite may walk every attempt of the job for each slice
-                # (quadratic in the job's lines) instead of looking each staged line up by the
-                # attempts' primary key.
-                staged_cid = t.custom_id.concat("") if conn.dialect.name == "sqlite" else t.custom_id
-                this_line = and_(a.job_id == job_id, a.custom_id == staged_cid)
-                if writes["full"]:
-                    conn.execute(
-                        s.attempts.update()
-                        .where(this_line, t.att_write == "full")
-                        .values({**{name: t[name] for name in _ATTEMPT_RESULT_COLUMNS}, "updated_at": now})
+                seen.add(cid)
+                usage = res.usage
+                cost = prices.get(usage)
+                if cost is None:
+                    if len(prices) >= APPLY_SLICE:
+                        prices.clear()
+                    cost = prices[usage] = to_nusd(cost_of(usage))
+                lines.append(
+                    (
+                        len(lines),
+                        job_id,
+                        cid,
+                        res.outcome,
+                        _OUTCOME_STATE[res.outcome],
+                        res.error_code,
+                        res.error_message,
+                        usage.input_tokens,
+                        usage.output_tokens,
+                        usage.cached_input_tokens,
+                        usage.cache_write_tokens,
+                        cost,
+                        json.dumps(res.output, ensure_ascii=False) if res.outcome == "succeeded" else None,
                     )
-                if writes["discard"]:
-                    conn.execute(
-                        s.attempts.update()
-                        .where(this_line, t.att_write == "discard")
-                        .values(discarded=True, updated_at=now)
-                    )
-                success = t.state == literal_column("'succeeded'")
-                _transition(
-                    conn,
-                    now,
-                    staged=RESULTS_STAGE,
-                    workload=workload,
-                    targets=targets,
-                    values={
-                        "error_code": t.error_code,
-                        "error_message": t.error_message,
-                        **{
-                            name: case((success, t[name]), else_=c[name])
-                            for name in ("output_json", "succeeded_hash", "route", "custom_id", "job_id")
-                        },
-                    },
                 )
-                if again:
-                    _transition(conn, now, rows=again)
+            if not lines:
+                continue
+            with self.engine.begin() as conn:
+                _stage(conn, RESULTS_STAGE, lines, _RESULT_LINE_COLUMNS)
+                rules.apply(conn, utcnow(), several=len(lines) > 1)
+                known = 0
+                for outcome, verdict, count in conn.execute(rules.tally):
+                    known += count
+                    stats.outcomes[outcome] += count
+                    if verdict == "applied":
+                        stats.applied += count
+                    else:
+                        stats.late += count
+                stats.unknown += len(lines) - known
         return stats
 
     @staticmethod
@@ -2433,46 +2541,3 @@ def _usage_of(row: RowMapping) -> Usage:
         cached_input_tokens=int(row["cached_input_tokens"] or 0),
         cache_write_tokens=int(row["cache_write_tokens"] or 0),
     )
-
-
-def _item_change(
-    item: Mapping[str, Any] | None, att: Mapping[Any, Any], res: ItemResult
-) -> tuple[str, dict[str, Any] | None]:
-    """Decide what one result line does to its item.
-
-    Returns the verdict (``applied``: the line is the item's news; ``late``: it is not, kept as cost
-    only; ``discard``: a paid-for output that will not be used) and the item columns to set.
-
-    :param item: the item's current ``state``, ``custom_id`` and ``input_hash`` (``None``: gone)
-    :param att: the attempt row the line answers
-    :param res: the result line
-    """
-    if item is None:
-        return "late", None
-    target = _OUTCOME_STATE[res.outcome]
-    current = item["state"]
-    success = res.outcome == "succeeded"
-    late = item["custom_id"] != res.custom_id
-    # An older attempt that answered late: a success is still taken while the item has no usable
-    # result; anything else is kept only as cost.
-    if late and not (success and current not in USABLE_STATES and can_transition(current, "succeeded")):
-        return ("discard" if success else "late"), None
-    if current == target:
-        return "applied", None
-    if not can_transition(current, target):
-        # The item settled otherwise meanwhile (skipped, review): a success here is unused output.
-        return ("discard" if success else "late"), None
-    values: dict[str, Any] = {
-        "state": target,
-        "error_code": res.error_code,
-        "error_message": res.error_message,
-    }
-    if target == "succeeded":
-        values.update(
-            output_json=json.dumps(res.output, ensure_ascii=False),
-            succeeded_hash=item["input_hash"],
-            route="batch" if int(att["attempt"]) <= 1 else "resubmitted",
-            custom_id=res.custom_id,
-            job_id=att["job_id"],
-        )
-    return "applied", values

@@ -2,7 +2,8 @@
 
 It serialises primitives only (connection id, batch id, policy numbers), never a secret; it
 reads the connection in the triggerer with the async connection API and polls with the SDK's
-native async client, so the event loop is never blocked.
+native async client, built off the loop once per connection and shared by the triggers of the
+loop (:meth:`BatchHook.aget_status_client`), so the event loop is never blocked.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -22,6 +24,20 @@ log = logging.getLogger(__name__)
 
 #: The ``status`` values of an event (the policy's actions other than ``wait``).
 TRIGGER_STATUSES: Final[tuple[str, ...]] = ("done", "deadline", "timeout", "give_up")
+
+
+def first_poll_delay(batch_id: str, interval: float) -> float:
+    """Seconds to wait before a trigger's first poll: a fixed share of ``interval`` per batch.
+
+    Triggers of a round defer together (one mapped wait task per chunk): polling in step, they
+    would all parse their replies in the same turn of the event loop and delay every other
+    trigger by the whole burst. Spread over one poll interval by a hash of the batch id, they
+    stay spread, and a trigger that is resumed polls on the same cadence as before.
+
+    :param batch_id: the provider's batch id
+    :param interval: the policy's first interval
+    """
+    return interval * (zlib.crc32(batch_id.encode()) % 1000) / 1000
 
 
 def count_poll_error(error: str, workload: str, provider: str) -> None:
@@ -113,10 +129,10 @@ class BatchStatusTrigger(BaseTrigger):
         policy = PollPolicy.from_dict(self.policy)
         state = start(policy, self.submitted_at)
         ref = BatchRef(self.provider, self.batch_id, self.idempotency_key)
-        adapter = await BatchHook.aget_adapter(self.batch_conn_id)
-        client = adapter.async_client()
+        client = await BatchHook.aget_status_client(self.batch_conn_id)
         last: BatchStatus | None = None
         try:
+            await asyncio.sleep(first_poll_delay(self.batch_id, policy.initial_interval))
             while True:
                 status: BatchStatus | None = None
                 error: str | None = None

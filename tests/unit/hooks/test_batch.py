@@ -150,3 +150,88 @@ def test_the_vllm_test_button_checks_the_exchange_folder_the_pods_share(
         monkeypatch, "t_vllm", conn_type="vllm_kubernetes", extra={"exchange_path": str(tmp_path / "missing")}
     )
     assert not ok and "FileNotFoundError" in message, message
+
+
+# -- the status client the triggers share -------------------------------------------------------------
+
+
+def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the thread of every status-client build (the real build still runs)."""
+    import threading
+
+    from airflow_batch_provider.hooks import batch as hook_module
+
+    threads: list[int] = []
+    real = hook_module._new_status_client
+
+    def build(conn_type: str, settings: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(conn_type, settings)
+
+    monkeypatch.setattr(hook_module, "_new_status_client", build)
+    return threads
+
+
+async def test_triggers_of_one_connection_share_one_read_and_one_client_built_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, emulator: str
+) -> None:
+    import asyncio
+    import threading
+
+    from airflow_batch_provider.adapters.base import BatchRef
+    from airflow_batch_provider.hooks import batch as hook_module
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_HOOK_SHARED",
+        json.dumps({"conn_type": "openai_batch", "host": f"{emulator}/v1", "password": KEY}),
+    )
+    threads = _count_builds(monkeypatch)
+    reads: list[str] = []
+    real_read = BatchHook._aread_settings.__func__  # type: ignore[attr-defined]
+
+    async def read(cls: type[BatchHook], batch_conn_id: str) -> Any:
+        reads.append(batch_conn_id)
+        return await real_read(cls, batch_conn_id)
+
+    monkeypatch.setattr(BatchHook, "_aread_settings", classmethod(read))
+    leases = await asyncio.gather(*(BatchHook.aget_status_client("hook_shared") for _ in range(50)))
+    assert len(threads) == 1
+    assert reads == ["hook_shared"]  # triggers starting together read the connection once
+    assert threads[0] != threading.get_ident()  # the SDK client was built in a worker thread
+    with pytest.raises(Exception, match=r"not found|404"):  # a real call through the shared client
+        await leases[0].status(BatchRef("openai", "batch_unknown", "k"))
+    for lease in leases[:-1]:
+        await lease.close()
+    clients = hook_module._SHARED[asyncio.get_running_loop()]
+    assert len(clients) == 1  # one trigger still holds it
+    await leases[-1].close()
+    await leases[-1].close()  # closing twice gives back once
+    assert clients == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        await leases[0].status(BatchRef("openai", "batch_unknown", "k"))
+
+
+async def test_a_changed_connection_gets_its_own_client_and_the_old_one_stays_with_its_triggers(
+    monkeypatch: pytest.MonkeyPatch, emulator: str
+) -> None:
+    fields = {"conn_type": "openai_batch", "host": f"{emulator}/v1", "password": KEY}
+    monkeypatch.setenv("AIRFLOW_CONN_HOOK_ROTATED", json.dumps(fields))
+    threads = _count_builds(monkeypatch)
+    old = await BatchHook.aget_status_client("hook_rotated")
+    monkeypatch.setenv("AIRFLOW_CONN_HOOK_ROTATED", json.dumps({**fields, "password": "sk-rotated"}))
+    new = await BatchHook.aget_status_client("hook_rotated")
+    assert len(threads) == 2
+    assert old._client is not new._client  # type: ignore[attr-defined]
+    await old.close()
+    await new.close()
+
+
+async def test_a_failed_client_build_is_not_kept_and_the_next_trigger_builds_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_HOOK_SMTP", json.dumps({"conn_type": "smtp", "host": "x"}))
+    threads = _count_builds(monkeypatch)
+    for _ in range(2):
+        with pytest.raises(ConfigurationError, match="'smtp'"):
+            await BatchHook.aget_status_client("hook_smtp")
+    assert len(threads) == 2

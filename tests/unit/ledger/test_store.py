@@ -1563,3 +1563,208 @@ def test_a_staged_transition_refuses_moves_the_states_forbid_and_stale_reads_in_
         )
     assert moved == Moved(moved=1, refused=2)
     assert [item(ledger, k)["state"] for k in ("a", "b", "c")] == ["succeeded", "staged", "pending"]
+
+
+# ---------------------------------------------------------------------------------------------- set-based reconcile
+# apply_results decides every line in SQL (one UPDATE ... FROM over a staged slice): these try to
+# break the rules that path must keep, with slices of 2 lines so that lines meet inside one slice
+# and across slices.
+
+
+def two_attempts_in_one_job(ledger: Ledger) -> tuple[str, str, str]:
+    """A job that carries two attempts of item "a" (the chunker never builds one, and ``record_job``
+    refuses it on PostgreSQL: the second attempt is a hostile row written by hand): return the job
+    and the custom ids of attempts 1 and 2 (2 is the item's current one)."""
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    key = item_key("a")
+    cid1, cid2 = make_custom_id(key, 1, 0), make_custom_id(key, 2, 0)
+    job_id = f"{WL}:r1:r1:c00000"
+    ledger.record_job(
+        {
+            "job_id": job_id,
+            "workload": WL,
+            "run_id": "r1",
+            "round": 1,
+            "chunk_index": 0,
+            "provider": "openai",
+            "model": "gpt-4o-mini",
+            "idempotency_key": f"key-{job_id}",
+            "staged_path": "/staging/x.jsonl",
+            "input_sha256": "0" * 64,
+            "lines": 2,
+            "size_bytes": 200,
+        },
+        [(key, "v1", cid2, 2)],
+    )
+    now = utcnow()
+    with ledger.engine.begin() as conn:
+        conn.execute(
+            s.attempts.insert().values(
+                job_id=job_id,
+                custom_id=cid1,
+                workload=WL,
+                item_key=key,
+                prompt_version="v1",
+                run_id="r1",
+                attempt=1,
+                mode="batch",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    ledger.mark_submitted(job_id, "batch_x", "file-x")
+    assert item(ledger, "a")["custom_id"] == cid2
+    return job_id, cid1, cid2
+
+
+def test_two_lines_for_one_item_in_one_slice_apply_in_line_order(ledger: Ledger) -> None:
+    """The current attempt fails, then the older attempt's success lands: the success is taken."""
+    job_id, cid1, cid2 = two_attempts_in_one_job(ledger)
+    stats = ledger.apply_results(job_id, [fail(cid2), ok(cid1, {"from": 1})], cost_of)
+    assert (stats.applied, stats.late) == (2, 0)
+    row = item(ledger, "a")
+    assert (row["state"], row["custom_id"], json.loads(row["output_json"]), row["route"]) == (
+        "succeeded",
+        cid1,
+        {"from": 1},
+        "batch",
+    )
+
+
+def test_two_lines_for_one_item_in_one_slice_in_the_other_order_keep_the_first_success(
+    ledger: Ledger,
+) -> None:
+    """The older attempt's success lands first; the current attempt's failure after it is late."""
+    job_id, cid1, cid2 = two_attempts_in_one_job(ledger)
+    stats = ledger.apply_results(job_id, [ok(cid1, {"from": 1}), fail(cid2)], cost_of)
+    assert (stats.applied, stats.late) == (1, 1)
+    row = item(ledger, "a")
+    assert (row["state"], row["custom_id"], row["error_code"]) == ("succeeded", cid1, None)
+    assert [(a["outcome"], a["discarded"]) for a in attempts_of(ledger, "a")] == [
+        ("succeeded", False),
+        ("failed_retryable", False),
+    ]
+    before = snapshot(ledger)
+    ledger.apply_results(job_id, [ok(cid1, {"from": 1}), fail(cid2)], cost_of)
+    assert snapshot(ledger) == before
+
+
+def test_a_duplicate_line_inside_one_slice_and_across_slices_is_applied_once(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "APPLY_SLICE", 2)
+    ids = ["a", "b", "c"]
+    ledger.upsert_items(WL, "r1", [prep(x) for x in ids])
+    job_id, cids = submit(ledger, "r1", ids)
+    lines = [
+        ok(cids["a"], {"n": 1}),
+        ok(cids["a"], {"n": 2}),  # same slice
+        fail(cids["b"]),
+        ok(cids["c"]),
+        ok(cids["b"], {"n": 3}),  # a later slice contradicts an earlier line: the first one counts
+        fail(cids["a"]),
+    ]
+    stats = ledger.apply_results(job_id, lines, cost_of)
+    assert (stats.applied, stats.duplicates, stats.late, stats.unknown) == (3, 3, 0, 0)
+    assert stats.outcomes == {"succeeded": 2, "failed_retryable": 1}
+    assert json.loads(item(ledger, "a")["output_json"]) == {"n": 1}
+    assert item(ledger, "b")["state"] == "failed_retryable"
+    assert [len(attempts_of(ledger, x)) for x in ids] == [1, 1, 1]
+
+
+def test_lines_for_items_already_final_never_change_their_state(ledger: Ledger) -> None:
+    """Succeeded, in review, skipped: a line of the current attempt that comes after is kept as cost only."""
+    ids = ["done", "reviewed", "skipped"]
+    ledger.upsert_items(WL, "r1", [prep(x) for x in ids])
+    job_id, cids = submit(ledger, "r1", ids)
+    ledger.apply_results(job_id, [ok(cids["done"], {"kept": True})], cost_of)
+    ledger.transition(WL, "r1", "review", ["submitted"], keys=[(item_key("reviewed"), "v1")])
+    ledger.transition(WL, "r1", "skipped", ["submitted"], keys=[(item_key("skipped"), "v1")])
+    before = {x: item(ledger, x) for x in ids}
+    stats = ledger.apply_results(
+        job_id,
+        [
+            fail(cids["done"], "failed_permanent", usage=Usage(3, 0)),
+            ok(cids["reviewed"]),
+            ok(cids["skipped"]),
+        ],
+        cost_of,
+    )
+    assert (stats.applied, stats.late) == (0, 3)
+    for x in ids:
+        after = item(ledger, x)
+        assert {k: after[k] for k in ("state", "output_json", "custom_id", "error_code", "route")} == {
+            k: before[x][k] for k in ("state", "output_json", "custom_id", "error_code", "route")
+        }
+    assert [a["discarded"] for x in ("reviewed", "skipped") for a in attempts_of(ledger, x)] == [True, True]
+    # the provider's later word on the line is recorded as cost; the item keeps its result
+    (done,) = attempts_of(ledger, "done")
+    assert (done["outcome"], done["cost_nusd"]) == ("failed_permanent", to_nusd(cost_of(Usage(3, 0))))
+    assert json.loads(item(ledger, "done")["output_json"]) == {"kept": True}
+
+
+def test_unknown_lines_with_ids_of_any_length_or_text_are_counted_and_touch_nothing(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    job_id, cids = submit(ledger, "r1", ["a"])
+    before = snapshot(ledger)
+    strangers = ["x" * 300, HOSTILE, "", cids["a"] + " "]
+    stats = ledger.apply_results(job_id, [ok(c) for c in strangers], cost_of)
+    assert (stats.unknown, stats.applied, stats.late, stats.outcomes) == (4, 0, 0, {})
+    assert snapshot(ledger) == before
+
+
+def test_a_mixed_batch_over_many_slices_lands_as_line_by_line_application_would(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Current, late, discarded, unknown, duplicate and final-item lines mixed in one pass of 3-line slices."""
+    monkeypatch.setattr(store, "APPLY_SLICE", 3)
+    job1, cid1, job2, cid2 = retried_once(ledger, "late")  # job1's line for "late" is an older attempt
+    ids = ["ok", "retry", "perm", "gone_skipped", "bad"]
+    ledger.upsert_items(WL, "r1", [prep(x) for x in ids])
+    job3, cids = submit(ledger, "r1", ids, round_=2, chunk=1)
+    ledger.transition(WL, "r1", "skipped", ["submitted"], keys=[(item_key("gone_skipped"), "v1")])
+    invalid = ItemResult(
+        cids["bad"], "invalid_output", output="x", usage=Usage(9, 9), error_code="invalid_output"
+    )
+    lines = [
+        ok(cids["ok"], {"v": "ok"}),
+        ok("stranger__a1c9"),
+        fail(cids["retry"], usage=Usage(4, 0)),
+        ok(cids["ok"], {"v": "again"}),
+        fail(cids["perm"], "failed_permanent"),
+        ok(cids["gone_skipped"], usage=Usage(8, 8)),
+        invalid,
+    ]
+    stats = ledger.apply_results(job3, lines, cost_of)
+    assert (stats.applied, stats.late, stats.duplicates, stats.unknown) == (4, 1, 1, 1)
+    assert stats.outcomes == {
+        "succeeded": 2,
+        "failed_retryable": 1,
+        "failed_permanent": 1,
+        "invalid_output": 1,
+    }
+    assert {x: item(ledger, x)["state"] for x in ids} == {
+        "ok": "succeeded",
+        "retry": "failed_retryable",
+        "perm": "failed_permanent",
+        "gone_skipped": "skipped",
+        "bad": "failed_retryable",
+    }
+    assert json.loads(item(ledger, "ok")["output_json"]) == {"v": "ok"}
+    assert [(a["outcome"], a["discarded"]) for a in attempts_of(ledger, "gone_skipped")] == [
+        ("succeeded", True)
+    ]
+    assert [(a["outcome"], a["discarded"]) for a in attempts_of(ledger, "bad")] == [("invalid_output", True)]
+    # the older attempt of "late" answers a success while its newer attempt is out: it is taken
+    stats = ledger.apply_results(job1, [ok(cid1, {"from": 1})], cost_of)
+    assert (stats.applied, item(ledger, "late")["custom_id"]) == (1, cid1)
+    # and the newer attempt's answer after it is paid for, discarded, never a second result
+    stats = ledger.apply_results(job2, [ok(cid2, {"from": 2})], cost_of)
+    assert (stats.applied, stats.late) == (0, 1)
+    assert json.loads(item(ledger, "late")["output_json"]) == {"from": 1}
+    assert [a["discarded"] for a in attempts_of(ledger, "late")] == [False, True]
+    cost = sum(a["cost_nusd"] for x in [*ids, "late"] for a in attempts_of(ledger, x))
+    assert cost == sum(
+        to_nusd(cost_of(r.usage))
+        for r in [lines[0], lines[2], lines[4], lines[5], invalid, ok("l1"), ok("l2")]
+    )

@@ -14,7 +14,7 @@ from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import CanonicalRequest
-from airflow_batch_provider.triggers.batch import BatchStatusTrigger
+from airflow_batch_provider.triggers.batch import BatchStatusTrigger, first_poll_delay
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.testing import run_emulator
 
@@ -135,3 +135,12 @@ async def test_the_trigger_times_out_counting_from_submission(emulator: str) -> 
     policy = PollPolicy(initial_interval=0.05, factor=1.0, max_interval=0.05, timeout=60)
     event = await first_event(trigger_for(ref, policy, submitted_at=time.time() - 61))
     assert event["status"] == "timeout"
+
+
+def test_the_first_polls_of_a_round_of_batches_spread_over_one_interval_and_a_batch_keeps_its_place() -> None:
+    """Triggers that defer together must not poll (and parse) in step on the triggerer's one loop."""
+    delays = [first_poll_delay(f"batch_{i:032x}", 30.0) for i in range(1000)]
+    assert all(0.0 <= d < 30.0 for d in delays)
+    per_tenth = [sum(1 for d in delays if k * 3.0 <= d < (k + 1) * 3.0) for k in range(10)]
+    assert min(per_tenth) >= 50 and max(per_tenth) <= 150, per_tenth  # none of ten slots gets 15%
+    assert first_poll_delay("batch_x", 30.0) == first_poll_delay("batch_x", 30.0)
