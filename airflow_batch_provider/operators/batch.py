@@ -764,7 +764,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 client=self.adapter.realtime_client(),
                 rows=rows,
                 template=template,
-                settings=fallback_settings(),
+                settings=fallback_settings(extras=self.adapter.settings.extra, quota_key=self.batch_conn_id),
                 prices=load_prices(self.pricing_override),
             )
         )

@@ -34,12 +34,22 @@ if TYPE_CHECKING:
 class BatchSyncFallbackOperator(BatchBaseOperator):
     """Send the run's items still open at the deadline through the real-time API, at full price.
 
+    The limits are the API key's: every fallback (and below-minimum chunk) sending on the same
+    connection, in any task or process, shares one window kept in the ledger, so that together
+    they use at most ``headroom`` of the key's limits and leave the rest to the real-time
+    application. Set them on the connection (extras ``rpm_limit``, ``tpm_limit``,
+    ``rate_headroom``, ``tpm_output``; ``quota_key`` to share one window between connections of
+    the same key) or here.
+
     :param prompt: the workload's prompt (for output validation)
-    :param rpm: requests per minute (default ``[batch_provider] fallback_rpm``, 500)
-    :param tpm: tokens per minute (default ``[batch_provider] fallback_tpm``, 200000)
+    :param rpm: requests per minute (default: the connection's ``rpm_limit``, else
+        ``[batch_provider] fallback_rpm``, 500)
+    :param tpm: tokens per minute (default: the connection's ``tpm_limit``, else
+        ``[batch_provider] fallback_tpm``, 200000)
     :param concurrency: requests in flight (default ``[batch_provider] fallback_concurrency``, 16)
     :param window_s: the rate window in seconds (60 for per-minute limits)
-    :param headroom: share of ``rpm``/``tpm`` used, 0 to 1
+    :param headroom: share of ``rpm``/``tpm`` used, 0 to 1 (default: the connection's
+        ``rate_headroom``, else ``[batch_provider] fallback_headroom``, 1.0)
     :param retry: retry policy per item (default :class:`RetryPolicy`)
     :param pricing_override: a pricing file path or dict merged over the shipped prices
     """
@@ -54,7 +64,7 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         tpm: int | None = None,
         concurrency: int | None = None,
         window_s: float = 60.0,
-        headroom: float = 1.0,
+        headroom: float | None = None,
         retry: RetryPolicy | None = None,
         pricing_override: str | Mapping[str, Any] | None = None,
         **kwargs: Any,
@@ -70,9 +80,16 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         self.pricing_override = pricing_override
 
     def settings(self) -> FallbackSettings:
-        """The limits, from the arguments or the ``[batch_provider]`` config."""
+        """The limits, from the arguments, the connection's extras or the ``[batch_provider]`` config."""
         return fallback_settings(
-            self.rpm, self.tpm, self.concurrency, self.window_s, self.headroom, self.retry
+            self.rpm,
+            self.tpm,
+            self.concurrency,
+            self.window_s,
+            self.headroom,
+            self.retry,
+            extras=self.adapter.settings.extra,
+            quota_key=self.batch_conn_id,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -84,11 +101,14 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
             return {"items": 0}
         settings = self.settings()
         self.log.info(
-            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm, %d in flight",
+            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm x %.2f headroom, "
+            "shared under %r, %d in flight",
             len(rows),
             self.adapter.name,
             settings.rpm,
             settings.tpm,
+            settings.headroom,
+            settings.quota_key,
             settings.concurrency,
         )
         summary = asyncio.run(
