@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
+from airflow_batch_provider.services.admission import admit
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
@@ -694,6 +696,14 @@ class BatchSubmitOperator(BatchBaseOperator):
         if job.state == "sync" or (not job.batch_id and job.lines < self.adapter.limits.min_requests):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
+        admission = admit(self.ledger, self.adapter, job, self.batch_conn_id)
+        if not admission.admitted:  # the connection's enqueued tokens are full: free the slot, ask again
+            from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+            self.log.info("%s", admission.reason)
+            self.defer(
+                trigger=TimeDeltaTrigger(timedelta(seconds=admission.retry_in_s)), method_name="resume"
+            )
         self._claim = (job.job_id, attempt_owner(context))
         try:
             done = submit.submit_job(
@@ -711,6 +721,14 @@ class BatchSubmitOperator(BatchBaseOperator):
         if done.batch_id:
             persist_links(context, self.adapter.name, [done.batch_id])
         return done.to_xcom(self.adapter.name, key)
+
+    def resume(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Ask for admission again once the timer of a refused submit fired.
+
+        :param context: the task context
+        :param event: the timer's event (unused)
+        """
+        return self.execute(context)
 
     def on_kill(self) -> None:
         """Stop before the next provider call and give back the submit claim when nothing is in flight.
