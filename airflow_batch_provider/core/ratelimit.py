@@ -220,7 +220,8 @@ def window_wait(
 
     The one admission rule, for the limiter of one process and for a store shared by many.
 
-    :param log: ``(at, tokens)`` of every reservation still in the window (older ones are ignored)
+    :param log: ``(at, tokens)`` of every reservation still in the window (older ones are ignored;
+        one whose answer has not come counts from ``now``)
     :param tokens: the request's token estimate
     :param now: the current time
     :param rpm: most requests per window (``None``: unlimited)
@@ -303,11 +304,14 @@ class Reservation:
     :param at: when it counts from
     :param tokens: tokens it is charged
     :param store_id: its id in the shared store (``None``: held by this process)
+    :param settled: its answer came (until then it counts as if sent now: the provider counts it
+        from its arrival, which may be later than ``at``, however late the answer comes)
     """
 
     at: float
     tokens: int
     store_id: int | None = None
+    settled: bool = False
 
 
 @dataclass
@@ -352,8 +356,8 @@ class RateLimiter:
     def _evict(self, now: float) -> None:
         window = self.limits.window_s
         # Reservations may be re-stamped later than newer ones; evict every expired one.
-        if self._log and any(r.at <= now - window for r in self._log):
-            self._log = deque(r for r in self._log if r.at > now - window)
+        if self._log and any(r.settled and r.at <= now - window for r in self._log):
+            self._log = deque(r for r in self._log if not r.settled or r.at > now - window)
 
     def wait_time(self, tokens: int, now: float) -> float:
         """Seconds until a request of ``tokens`` fits this process's window and no pause holds (0: now).
@@ -363,7 +367,7 @@ class RateLimiter:
         """
         self._evict(now)
         return window_wait(
-            [(r.at, r.tokens) for r in self._log],
+            [(r.at if r.settled else max(r.at, now), r.tokens) for r in self._log],
             tokens,
             now,
             self._rpm,
@@ -423,6 +427,7 @@ class RateLimiter:
         :param tokens: tokens actually charged (``None``: keep the estimate)
         """
         reservation.at = max(reservation.at, self.clock.now())
+        reservation.settled = True
         if tokens is not None:
             reservation.tokens = max(0, tokens)
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import Connection, Engine, and_, case, delete, func, select, update
+from sqlalchemy import Connection, Engine, and_, case, delete, func, or_, select, update
 
 from airflow_batch_provider.core.ratelimit import window_fits, window_wait
 from airflow_batch_provider.core.states import TERMINAL_BATCH_STATES
@@ -37,6 +37,9 @@ from airflow_batch_provider.ledger.store import _dialect_insert
 
 #: Rows of the rate log are kept at least this long (a caller with a longer window keeps them longer).
 KEEP_S: Final = 120.0
+#: A reservation whose answer never came (its process died) stops counting this long after it
+#: was made (longer than an SDK call's timeout).
+IN_FLIGHT_MAX_S: Final = 900.0
 #: Job states whose batch may hold enqueued tokens at the provider (``staged``: admitted, not yet
 #: created; counted while its admission is younger than the stale limit).
 HOLDING_STATES: Final[frozenset[str]] = frozenset({"staged", "submitting", "in_doubt", "submitted"})
@@ -97,21 +100,30 @@ class SharedRateStore:
         mine = log.quota_key == self.quota_key
         with self.engine.begin() as conn:
             paused = _lock(conn, self.quota_key, paused_until)
-            conn.execute(delete(s.rate_log).where(mine, log.at <= now - max(window_s, KEEP_S)))
-            live = and_(mine, log.at > now - window_s)
+            conn.execute(
+                delete(s.rate_log).where(mine, log.at <= now - max(window_s, KEEP_S) - IN_FLIGHT_MAX_S)
+            )
+            live = and_(
+                mine,
+                or_(
+                    log.at > now - window_s,
+                    and_(log.settled.is_(False), log.at > now - window_s - IN_FLIGHT_MAX_S),
+                ),
+            )
             count, used = conn.execute(
                 select(func.count(), func.coalesce(func.sum(log.tokens), 0)).where(live)
             ).one()
             if paused <= now and window_fits(int(count), int(used), tokens, rpm, tpm):
                 wait = 0.0
             else:
-                rows = conn.execute(select(log.at, log.tokens).where(live)).all()
-                wait = window_wait(
-                    [(float(a), int(t)) for a, t in rows], tokens, now, rpm, tpm, window_s, paused
-                )
+                rows = conn.execute(select(log.at, log.tokens, log.settled).where(live)).all()
+                in_window = [(float(a) if done else max(float(a), now), int(t)) for a, t, done in rows]
+                wait = window_wait(in_window, tokens, now, rpm, tpm, window_s, paused)
             if wait > 0:
                 return None, wait
-            new = conn.execute(s.rate_log.insert().values(quota_key=self.quota_key, at=now, tokens=tokens))
+            new = conn.execute(
+                s.rate_log.insert().values(quota_key=self.quota_key, at=now, tokens=tokens, settled=False)
+            )
             key = new.inserted_primary_key
             assert key is not None  # an INSERT of one row
             return int(key[0]), 0.0
@@ -128,7 +140,7 @@ class SharedRateStore:
             conn.execute(
                 update(s.rate_log)
                 .where(log.id == reservation_id)
-                .values(tokens=max(0, tokens), at=case((log.at < at, at), else_=log.at))
+                .values(tokens=max(0, tokens), at=case((log.at < at, at), else_=log.at), settled=True)
             )
 
     def release(self, reservation_id: int) -> None:
@@ -149,7 +161,8 @@ class SharedRateStore:
         with self.engine.connect() as conn:
             count, used = conn.execute(
                 select(func.count(), func.coalesce(func.sum(log.tokens), 0)).where(
-                    log.quota_key == self.quota_key, log.at > now - window_s
+                    log.quota_key == self.quota_key,
+                    or_(log.at > now - window_s, log.settled.is_(False)),
                 )
             ).one()
         return int(count), int(used)

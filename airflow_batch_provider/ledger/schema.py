@@ -339,7 +339,8 @@ quota_keys = Table(
 )
 
 #: The sliding log of the real-time requests reserved under a quota key: one row per request,
-#: its tokens (the estimate until the answer, then the charge) counted from ``at``.
+#: its tokens (the estimate until the answer, then the charge) counted from ``at``; until its
+#: answer is ``settled`` it counts as if sent now.
 rate_log = Table(
     "abp_rate_log",
     metadata,
@@ -347,6 +348,7 @@ rate_log = Table(
     Column("quota_key", String(250), nullable=False),
     Column("at", Double, nullable=False),
     Column("tokens", BigInteger, nullable=False),
+    Column("settled", Boolean, nullable=False, default=False),
     Index("ix_abp_rate_log_key_at", "quota_key", "at"),
 )
 

@@ -242,12 +242,11 @@ async def run_fallback(
                 reservation = await limiter.acquire(estimate.input + estimate.max_output)
                 reply: RealtimeReply = await client.complete(request, custom_id)
                 result = reply.result
-                count_request(result.error_code, workload, provider)
                 if result.outcome == "failed_retryable":
+                    await limiter.commit(reservation, 0)
                     counts[
                         "http_429" if result.error_code == "rate_limit_exceeded" else "retryable_errors"
                     ] += 1
-                    await limiter.commit(reservation, 0)
                 else:
                     used = result.usage
                     prompt = used.input_tokens + used.cached_input_tokens + used.cache_write_tokens
@@ -255,6 +254,7 @@ async def run_fallback(
                         prompt, used.output_tokens, estimate.max_output, settings.output_charge
                     )
                     await limiter.commit(reservation, charge)
+                count_request(result.error_code, workload, provider)
                 limiter.observe(reply.rate_limit, reply.retry_after)
                 delay = retry_delay(settings.retry, tries, result.outcome, reply.retry_after, rng)
                 if delay is None:

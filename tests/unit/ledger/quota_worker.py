@@ -20,7 +20,10 @@ def reserve_rounds(url: str, rounds: int, barrier: Any, results: Any) -> None:
         won = 0
         for k in range(rounds):
             barrier.wait()
-            won += store.reserve(1, 1000.0 + 60.0 * k, 1, None, 60.0)[0] is not None
+            rid, _ = store.reserve(1, 1000.0 + 60.0 * k, 1, None, 60.0)
+            if rid is not None:
+                store.commit(rid, 1, 1000.0 + 60.0 * k)
+                won += 1
         results.put(won)
     finally:
         ledger.engine.dispose()

@@ -45,8 +45,10 @@ def in_processes(target: Any, url: str, args: list[tuple[Any, ...]]) -> list[Any
 
 def test_a_full_window_refuses_and_says_when_its_oldest_request_leaves(ledger: Ledger) -> None:
     store = SharedRateStore(ledger.engine, "conn-a")
-    assert store.reserve(1, 100.0, 2, None, 60.0)[0] is not None
-    assert store.reserve(1, 110.0, 2, None, 60.0)[0] is not None
+    for at in (100.0, 110.0):
+        rid, _ = store.reserve(1, at, 2, None, 60.0)
+        assert rid is not None
+        store.commit(rid, 1, at)
     assert store.reserve(1, 120.0, 2, None, 60.0) == (None, 40.0)
     assert store.reserve(1, 160.0, 2, None, 60.0)[0] is not None
 
@@ -70,7 +72,7 @@ def test_a_commit_gives_back_what_the_answer_did_not_use_to_another_process(ledg
         assert theirs.in_window(101.5, 60.0) == (2, 900)
         mine.commit(rid, 700, 102.0)  # the answer used more than estimated: charged more
         assert theirs.in_window(102.0, 60.0) == (2, 1200)
-        assert theirs.reserve(1, 102.5, None, 1000, 60.0) == (None, pytest.approx(59.0))
+        assert theirs.reserve(1, 102.5, None, 1000, 60.0) == (None, pytest.approx(59.5))  # mine leaves first
     finally:
         one.engine.dispose()
         other.engine.dispose()
@@ -84,6 +86,15 @@ def test_a_commit_counts_the_charge_from_the_answer_never_earlier(ledger: Ledger
     assert store.reserve(10, 165.0, 1, None, 60.0) == (None, pytest.approx(25.0))
     store.commit(rid, 10, 120.0)  # a late, earlier stamp does not move it back
     assert store.reserve(10, 185.0, 1, None, 60.0) == (None, pytest.approx(5.0))
+
+
+def test_a_request_whose_answer_has_not_come_counts_however_long_it_takes(ledger: Ledger) -> None:
+    store = SharedRateStore(ledger.engine, "conn-a")
+    rid, _ = store.reserve(10, 100.0, 1, None, 60.0)
+    assert rid is not None
+    assert store.reserve(10, 200.0, 1, None, 60.0) == (None, 60.0)  # the provider may count it from now
+    store.commit(rid, 10, 200.0)
+    assert store.reserve(10, 260.5, 1, None, 60.0)[0] is not None
 
 
 def test_a_released_reservation_frees_its_slot(ledger: Ledger) -> None:

@@ -138,9 +138,13 @@ def test_the_settings_come_from_the_arguments_then_the_connection_then_the_confi
     assert replace(given.settings(), retry=RetryPolicy()) == FallbackSettings(
         10, 1000, 2, headroom=0.75, output_charge="actual", quota_key="keyed"
     )
-    from_conn = BatchSyncFallbackOperator(task_id="f", workload=WORKLOAD, batch_conn_id="keyed", prompt=PROMPT)
+    from_conn = BatchSyncFallbackOperator(
+        task_id="f", workload=WORKLOAD, batch_conn_id="keyed", prompt=PROMPT
+    )
     assert (from_conn.settings().rpm, from_conn.settings().tpm) == (60, 9000)
-    from_config = BatchSyncFallbackOperator(task_id="f", workload=WORKLOAD, batch_conn_id="plain", prompt=PROMPT)
+    from_config = BatchSyncFallbackOperator(
+        task_id="f", workload=WORKLOAD, batch_conn_id="plain", prompt=PROMPT
+    )
     assert (from_config.settings().headroom, from_config.settings().quota_key) == (0.5, "plain")
 
 
