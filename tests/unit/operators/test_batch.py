@@ -619,3 +619,31 @@ def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not
     assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"].get("openai.batches_created", 0) == 0
     retry = BatchSubmitOperator(task_id="submit", job=manifest, prompt=PROMPT, **flow.common)
     assert retry.execute(flow.context("submit", 0))["batch_id"]  # claimed at once, created once
+
+
+def test_a_submit_over_the_connections_enqueued_tokens_defers_on_a_timer_and_creates_once_admitted(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+    from airflow.sdk.exceptions import TaskDeferred
+
+    first, second = flow.prepare(4, max_requests_per_chunk=2)
+    conn = {
+        "conn_type": "openai_batch",
+        "host": f"{flow.url}/v1",
+        "password": "k",
+        "extra": {"enqueued_token_limit": 50, "admission_retry_s": 5},  # one chunk at a time
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+    assert BatchSubmitOperator(task_id="submit", job=first, prompt=PROMPT, **flow.common).execute(
+        flow.context("submit", 0)
+    )["batch_id"]
+    waiting = BatchSubmitOperator(task_id="submit", job=second, prompt=PROMPT, **flow.common)
+    with pytest.raises(TaskDeferred) as deferred:
+        waiting.execute(flow.context("submit", 1))
+    assert isinstance(deferred.value.trigger, TimeDeltaTrigger)
+    assert deferred.value.method_name == "resume"
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 1
+    flow.round([first])  # the first batch ends (the wait, download and reconcile tasks)
+    assert waiting.resume(flow.context("submit", 1))["batch_id"]
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 2
