@@ -183,7 +183,7 @@ def run(size: str, items: int | None = None) -> dict[str, Any]:
             own.peak()[1] / allowed_t,
         ),
         compare(
-            "tokens per window after the first / (TPM x headroom)",
+            "mean tokens per window / (TPM x headroom)",
             "ratio",
             shared.per_window()[1] / allowed_t,
             own.per_window()[1] / allowed_t,
