@@ -362,6 +362,13 @@ def get_provider_info() -> dict[str, Any]:
                     "fallback_concurrency": _option(
                         "Requests in flight in the synchronous fallback.", "16", type_="integer"
                     ),
+                    "fallback_headroom": _option(
+                        "Share of the key's RPM/TPM the synchronous fallback may use, all tasks of a connection "
+                        "together; the rest is left to the real-time application (a connection's rate_headroom "
+                        "extra wins).",
+                        "1.0",
+                        type_="float",
+                    ),
                     "poll_initial_interval": _option(
                         "Seconds before the second status poll.", "30", type_="float"
                     ),

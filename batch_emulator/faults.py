@@ -67,6 +67,8 @@ _RATE_FIELDS: Final = (
     "create_drop_after_rate",
     "create_slow_after_rate",
 )
+#: Limits that are a positive count or ``None`` (unlimited).
+_LIMIT_FIELDS: Final = ("rpm_limit", "tpm_limit", "enqueued_token_limit")
 #: create fault -> the rate field that rolls it (in this order; their sum must not exceed 1)
 _CREATE_RATES: Final = (
     ("429", "create_429_rate"),
@@ -146,6 +148,16 @@ class FaultConfig:
     :param sync_retry_after_s: the ``Retry-After`` of an injected 429, in real seconds
     :param rpm_limit: requests per rate window on the synchronous endpoints (``None``: unlimited)
     :param tpm_limit: tokens per rate window on the synchronous endpoints (``None``: unlimited)
+    :param tpm_output: how a synchronous answer's output counts against ``tpm_limit``: ``ceiling``
+        (OpenAI: the request's ``max_tokens`` at arrival, kept) or ``actual`` (Anthropic, Bedrock:
+        corrected to the output the answer used)
+
+    Provider limits (not faults; they apply at once):
+
+    :param enqueued_token_limit: most input tokens an OpenAI organisation may have in batches that
+        have not ended, per model (``None``: unlimited); a create over it fails the batch like
+        OpenAI (``failed``, ``token_limit_exceeded``); the most ever enqueued is counted in
+        ``openai.enqueued_tokens_peak``
     """
 
     rate_500: float = 0.0
@@ -176,6 +188,8 @@ class FaultConfig:
     sync_retry_after_s: float = 1.0
     rpm_limit: int | None = None
     tpm_limit: int | None = None
+    tpm_output: str = "ceiling"
+    enqueued_token_limit: int | None = None
 
     def __post_init__(self) -> None:
         for name in _RATE_FIELDS:
@@ -210,10 +224,12 @@ class FaultConfig:
             raise ValueError("create_slow_s and create_retry_after_s must be 0 or more seconds.")
         if self.sync_retry_after_s < 0:
             raise ValueError("sync_retry_after_s must be 0 or more seconds.")
-        for name in ("rpm_limit", "tpm_limit"):
+        for name in _LIMIT_FIELDS:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value}: give a positive limit, or null for unlimited.")
+        if self.tpm_output not in ("ceiling", "actual"):
+            raise ValueError(f"tpm_output={self.tpm_output!r}: give 'ceiling' or 'actual'.")
         if any(i < 0 for i in (*self.expire_batches, *self.stuck_batches)):
             raise ValueError(
                 "expire_batches and stuck_batches hold 0-based creation indices; negative values are invalid."
@@ -363,7 +379,9 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ValueError("create_script must be a list of '<op>:<fault>' entries.")
         return tuple(str(v) for v in value)
-    if name in ("rpm_limit", "tpm_limit"):
+    if name == "tpm_output":
+        return str(value)
+    if name in _LIMIT_FIELDS:
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         return int(value)
@@ -410,6 +428,18 @@ class SlidingWindowLimiter:
     def reset(self) -> None:
         """Forget every recorded request."""
         self._events.clear()
+
+    def recharge(self, at: float, tokens: int, charged: int) -> None:
+        """Correct the tokens of the request admitted at ``at`` for ``tokens`` (``tpm_output: actual``).
+
+        :param at: when it was admitted
+        :param tokens: what it was charged then
+        :param charged: what it is charged now
+        """
+        for i, event in enumerate(self._events):
+            if event == (at, tokens):
+                self._events[i] = (at, charged)
+                return
 
     def check(
         self, now: float, tokens: int, rpm_limit: int | None, tpm_limit: int | None, window_s: float

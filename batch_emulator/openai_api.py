@@ -868,20 +868,37 @@ class OpenAIEmulator:
                     "been completed.",
                 )
             ]
-        job = state.create_job(
-            PROVIDER,
-            state.new_id("batch_", 32),
-            items,
-            issues,
-            config,
-            {
-                "endpoint": endpoint,
-                "input_file_id": meta.id,
-                "completion_window": "24h",
-                "metadata": metadata,
-                "model": model_name,
-            },
-        )
+        tokens = sum(_input_tokens(endpoint, i.body) for i in items)
+        with state.lock:  # the check and the create are one step for concurrent creates
+            limit = state.config.faults.enqueued_token_limit
+            held = _enqueued_tokens(state, model_name)
+            if not issues and limit is not None and held + tokens > limit:
+                state.bump(PROVIDER, "enqueued_limit_refused")
+                issues = [
+                    ValidationIssue(
+                        "token_limit_exceeded",
+                        f"Enqueued token limit reached for {model_name} in organization org-emulator. "
+                        f"Limit: {limit:,} enqueued tokens ({held:,} enqueued, this batch {tokens:,}). Please "
+                        "try again once some in_progress batches have been completed.",
+                    )
+                ]
+            job = state.create_job(
+                PROVIDER,
+                state.new_id("batch_", 32),
+                items,
+                issues,
+                config,
+                {
+                    "endpoint": endpoint,
+                    "input_file_id": meta.id,
+                    "completion_window": "24h",
+                    "metadata": metadata,
+                    "model": model_name,
+                    "enqueued_tokens": 0 if issues else tokens,
+                },
+            )
+            peak = f"{PROVIDER}.enqueued_tokens_peak"
+            state.counters[peak] = max(state.counters[peak], held + (0 if issues else tokens))
         return self.batch_json(job, state.now())
 
     def _parse_input(
@@ -1159,8 +1176,8 @@ class OpenAIEmulator:
 
     # -- synchronous endpoints -------------------------------------------------------------
 
-    def _admit(self, kind: str, tokens: int) -> dict[str, str]:
-        """Apply request faults and the rate limiter; return rate-limit headers for the answer."""
+    def _admit(self, kind: str, tokens: int) -> tuple[dict[str, str], float]:
+        """Apply request faults and the rate limiter; return the answer's rate-limit headers and its time."""
         state = self.state
         counter = state.bump(PROVIDER, "sync_requests")
         state.bump(PROVIDER, f"sync_requests.{kind}")
@@ -1189,7 +1206,8 @@ class OpenAIEmulator:
             raise _fail(500, _SERVER_ERROR, "server_error", headers=headers)
         window = config.scaled(config.timings.rate_window_s)
         with state.lock:
-            decision = state.limiter.check(state.now(), tokens, faults.rpm_limit, faults.tpm_limit, window)
+            now = state.now()
+            decision = state.limiter.check(now, tokens, faults.rpm_limit, faults.tpm_limit, window)
         headers.update(_ratelimit_headers(decision))
         if not decision.allowed:
             state.bump(PROVIDER, "sync_429")
@@ -1201,7 +1219,7 @@ class OpenAIEmulator:
                 code="rate_limit_exceeded",
                 headers={**headers, **_retry_headers(decision.retry_after_s)},
             )
-        return headers
+        return headers, now
 
     async def chat_completions(self, request: Request) -> JSONResponse:
         """``POST /v1/chat/completions`` (non-streaming)."""
@@ -1251,7 +1269,8 @@ class OpenAIEmulator:
         :param build: makes the answer and its token usage from the cached-token count
         """
         config = self.state.config
-        headers = self._admit(kind, prompt.prompt_tokens + (prompt.max_output_tokens or 0))
+        ceiling = prompt.prompt_tokens + (prompt.max_output_tokens or 0)
+        headers, admitted_at = self._admit(kind, ceiling)
         if problem is not None:
             raise ApiError(
                 problem["status"],
@@ -1266,6 +1285,9 @@ class OpenAIEmulator:
             prompt.prefix_tokens, seen, config.cache_min_tokens, config.cache_increment_tokens
         )
         obj, used = build(cached)
+        if config.faults.tpm_output == "actual":
+            with self.state.lock:
+                self.state.limiter.recharge(admitted_at, ceiling, prompt.prompt_tokens + used["output"])
         self.state.record_realtime(
             PROVIDER,
             request.headers.get(CUSTOM_ID_HEADER),
@@ -1281,7 +1303,7 @@ class OpenAIEmulator:
         """``POST /v1/moderations``."""
         body = await _json_body(request)
         problem = moderation_request_error(body, self.state.config)
-        headers = self._admit("moderations", 0)
+        headers, _ = self._admit("moderations", 0)
         if problem is not None:
             raise ApiError(
                 problem["status"],
@@ -1297,7 +1319,7 @@ class OpenAIEmulator:
         body = await _json_body(request)
         problem = embedding_request_error(body, self.state.config)
         tokens = sum(t for _, t in _embedding_inputs(body) or [])
-        headers = self._admit("embeddings", tokens)
+        headers, _ = self._admit("embeddings", tokens)
         if problem is not None:
             raise ApiError(
                 problem["status"],
@@ -1309,6 +1331,31 @@ class OpenAIEmulator:
             PROVIDER, request.headers.get(CUSTOM_ID_HEADER), {"input_tokens": used["input"]}
         )
         return JSONResponse(obj, headers=headers)
+
+
+def _input_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
+    """Input tokens of one batch request, as the enqueued-token limit counts them.
+
+    :param endpoint: the batch's endpoint
+    :param body: the request line's body
+    """
+    if endpoint in ("/v1/chat/completions", "/v1/responses"):
+        return ChatPrompt(body if endpoint == "/v1/chat/completions" else chat_view(body)).prompt_tokens
+    return sum(t for _, t in _embedding_inputs(body) or []) if endpoint == "/v1/embeddings" else 0
+
+
+def _enqueued_tokens(state: EmulatorState, model_name: str | None) -> int:
+    """Input tokens of the organisation's batches for ``model_name`` that have not ended (lock held).
+
+    :param state: the emulator state
+    :param model_name: the model
+    """
+    now = state.now()
+    return sum(
+        int(job.attrs.get("enqueued_tokens", 0))
+        for job in state.jobs.list()
+        if job.provider == PROVIDER and job.attrs.get("model") == model_name and not job.view(now).terminal
+    )
 
 
 #: The request check of each batch endpoint.

@@ -12,6 +12,11 @@ seen in any one window, and the 429s the emulator sent. The baseline is the same
 no client-side limiter: as many requests in flight as the concurrency allows, each worker
 retrying its own 429 after the provider's Retry-After.
 
+Two more scenarios put the emulator in ``tpm_output: actual`` (a provider that corrects the output
+ceiling it counted at arrival to the output the answer used, as Anthropic and Bedrock do): the
+limiter charging every answer its ceiling (``ceiling``, what it did before) against the same
+limiter giving the unused part of the reservation back (``actual``).
+
 Usage: ``python benchmarks/bench_fallback_limiter.py [--items 240] [--concurrency 16]``
 """
 
@@ -59,6 +64,9 @@ class Scenario:
     rpm: int
     tpm: int
     limiter: bool
+    #: how the emulator counts output against TPM, and how the limiter charges it
+    tpm_output: str = "ceiling"
+    charge: str = "ceiling"
 
 
 @dataclass
@@ -73,20 +81,23 @@ class Outcome:
     succeeded: int
 
     def per_window(self) -> tuple[float, float]:
-        """Steady-state requests and tokens per window.
+        """Mean requests and tokens in a window, over windows placed evenly across the run.
 
-        A sliding window admits a full window's worth at once at the start, so the rate is taken
-        after the first window: what was admitted after it, over the time from it to the last
-        admission.
+        A sliding-window limiter admits in bursts a window apart, so the mean over windows at
+        every position (not only those starting at an admission, nor a count over a span that
+        cuts a burst) is the rate it sustains. Never above :meth:`peak`.
         """
-        if len(self.stamps) < 2:
-            return float(len(self.stamps)), float(sum(t for _, t in self.stamps))
-        first = self.stamps[0][0]
-        later = [(t, n) for t, n in self.stamps if t >= first + WINDOW_S]
-        span = self.stamps[-1][0] - first
-        if not later or span <= 0:
+        if len(self.stamps) < 2 or self.stamps[-1][0] - self.stamps[0][0] <= WINDOW_S:
             return float(len(self.stamps)), float(sum(n for _, n in self.stamps))
-        return len(later) / span * WINDOW_S, sum(n for _, n in later) / span * WINDOW_S
+        first, room = self.stamps[0][0], self.stamps[-1][0] - WINDOW_S - self.stamps[0][0]
+        samples = 200
+        requests = tokens = 0
+        for i in range(samples):
+            start = first + room * i / (samples - 1)
+            inside = [n for t, n in self.stamps if start <= t < start + WINDOW_S]
+            requests += len(inside)
+            tokens += sum(inside)
+        return requests / samples, tokens / samples
 
     def peak(self) -> tuple[int, int]:
         """Most admitted requests and tokens inside any window starting at an admission."""
@@ -123,8 +134,9 @@ def _texts(n: int) -> dict[str, str]:
 class _Recording:
     """Wraps the real-time client to record when each admitted request answered, and its charge."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, tpm_output: str = "ceiling") -> None:
         self.inner = inner
+        self.tpm_output = tpm_output
         self.stamps: list[tuple[float, int]] = []
         self.t0 = time.monotonic()
 
@@ -133,8 +145,10 @@ class _Recording:
         if reply.result.outcome == "succeeded":
             usage = reply.result.usage
             prompt = usage.input_tokens + usage.cached_input_tokens
-            # The emulator charges prompt tokens plus the output ceiling (max_tokens).
-            self.stamps.append((time.monotonic() - self.t0, prompt + int(PROMPT.params["max_tokens"])))
+            # What the emulator charges: prompt tokens plus the output ceiling (max_tokens), or
+            # plus the output used when it counts actual output.
+            out = int(PROMPT.params["max_tokens"]) if self.tpm_output == "ceiling" else usage.output_tokens
+            self.stamps.append((time.monotonic() - self.t0, prompt + out))
         return reply
 
     async def close(self) -> None:
@@ -151,8 +165,8 @@ async def _with_limiter(url: str, sc: Scenario, items: int, concurrency: int, fo
     )
     rows = list(ledger.iter_items("bench", sc.name, states=FALLBACK_FROM, columns=["request_json"]))
     adapter = OpenAIBatchAdapter(AdapterSettings(api_key="sk-bench", base_url=f"{url}/v1"))
-    client = _Recording(adapter.realtime_client())
-    limiter = RateLimiter(RateLimits(sc.rpm, sc.tpm, WINDOW_S))
+    client = _Recording(adapter.realtime_client(), sc.tpm_output)
+    limiter = RateLimiter(RateLimits(sc.rpm, sc.tpm, WINDOW_S, output_charge=sc.charge))  # type: ignore[arg-type]
     before = _count_429(url)
     started = time.monotonic()
     summary = await run_fallback(
@@ -163,7 +177,7 @@ async def _with_limiter(url: str, sc: Scenario, items: int, concurrency: int, fo
         client=client,  # type: ignore[arg-type]
         rows=rows,
         template=PROMPT,
-        settings=FallbackSettings(sc.rpm, sc.tpm, concurrency, WINDOW_S),
+        settings=FallbackSettings(sc.rpm, sc.tpm, concurrency, WINDOW_S, output_charge=sc.charge),  # type: ignore[arg-type]
         prices=PriceTable.load(),
         limiter=limiter,
     )
@@ -231,11 +245,13 @@ async def main(items: int, concurrency: int) -> list[Outcome]:
         Scenario("rpm-bound, no limiter", rpm=60, tpm=100_000, limiter=False),
         Scenario("tpm-bound, limiter", rpm=1000, tpm=3000, limiter=True),
         Scenario("tpm-bound, no limiter", rpm=1000, tpm=3000, limiter=False),
+        Scenario("tpm actual, ceiling charged", rpm=1000, tpm=3000, limiter=True, tpm_output="actual"),
+        Scenario("tpm actual, unused given back", 1000, 3000, True, tpm_output="actual", charge="actual"),
     ]
     outcomes = []
     with tempfile.TemporaryDirectory() as tmp, run_emulator(EmulatorConfig(time_scale=TIME_SCALE)) as url:
         for sc in scenarios:
-            _put(url, {"faults": {"rpm_limit": sc.rpm, "tpm_limit": sc.tpm}})
+            _put(url, {"faults": {"rpm_limit": sc.rpm, "tpm_limit": sc.tpm, "tpm_output": sc.tpm_output}})
             await asyncio.sleep(WINDOW_S)  # let the emulator's window empty between scenarios
             if sc.limiter:
                 outcomes.append(await _with_limiter(url, sc, items, concurrency, Path(tmp)))
@@ -311,6 +327,38 @@ def run(size: str) -> dict[str, Any]:
                 baseline_name="no limiter",
             )
         )
+    before, after = by_name["tpm actual, ceiling charged"], by_name["tpm actual, unused given back"]
+    tpm = after.scenario.tpm
+    rows.append(
+        row(
+            "tpm-bound, provider counts actual output: admitted per window / limit",
+            "tpm ratio",
+            after.per_window()[1] / tpm,
+            before.per_window()[1] / tpm,
+            subject="unused reservation given back",
+            baseline_name="every answer charged its output ceiling (before)",
+        )
+    )
+    rows.append(
+        row(
+            "tpm-bound, provider counts actual output: peak in any window / limit",
+            "tpm ratio",
+            after.peak()[1] / tpm,
+            before.peak()[1] / tpm,
+            subject="unused reservation given back",
+            baseline_name="every answer charged its output ceiling (before)",
+        )
+    )
+    rows.append(
+        row(
+            "tpm-bound, provider counts actual output: HTTP 429 answers",
+            "count",
+            float(after.http_429),
+            float(before.http_429),
+            subject="unused reservation given back",
+            baseline_name="every answer charged its output ceiling (before)",
+        )
+    )
     return result("fallback_limiter", size, {"items": items, "concurrency": 16, "window_s": WINDOW_S}, rows)
 
 

@@ -221,18 +221,20 @@ class FallbackLimits:
     :param tpm: tokens per minute
     :param concurrency: requests in flight
     :param headroom: the share of ``rpm``/``tpm`` used, above 0 to 1 (e.g. 0.8 leaves a fifth
-        for other clients of the same key)
+        for other clients of the same key; ``None``: the connection's ``rate_headroom``, else
+        ``[batch_provider] fallback_headroom``, 1.0)
     """
 
     rpm: int | None = None
     tpm: int | None = None
     concurrency: int | None = None
-    headroom: float = 1.0
+    headroom: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm", "concurrency"):
             _positive_int("FallbackLimits", name, getattr(self, name))
-        _share("FallbackLimits", "headroom", self.headroom, low_open=True)
+        if self.headroom is not None:
+            _share("FallbackLimits", "headroom", self.headroom, low_open=True)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe primitives."""

@@ -16,6 +16,19 @@ worker of one event loop:
 The window is a sliding log of reservations, as the providers (and the emulator) count. The clock
 is injected (:class:`Clock`), so unit tests run in virtual time and are deterministic.
 
+Shared by every task of a connection: given a :class:`RateStore` (the ledger's
+:class:`~airflow_batch_provider.ledger.quota.SharedRateStore`), the log lives in the store instead
+of this process, and every process that uses the same store key counts against the same window
+(reserve, commit and release are atomic there). The decision is the same pure function either way
+(:func:`window_wait`); the store's calls run in a thread, off the event loop, and the clock must
+then be one every process shares (:class:`WallClock`).
+
+What a reply is charged (:func:`charged_tokens`) depends on how the provider counts output
+against TPM: ``ceiling`` (OpenAI: the request's ``max_tokens`` when it arrives, never given back)
+or ``actual`` (Anthropic, Bedrock: the ceiling at arrival, then corrected to the output the reply
+used). With ``actual``, the reservation made for the worst case is given back down to what the
+reply used (or raised, if it used more than the estimate).
+
 :func:`retry_delay` is the one retry rule (openai-python's): only retryable outcomes, exponential
 backoff from ``initial_delay`` with up to 25 % jitter, capped at ``max_delay``; a ``Retry-After``
 from the provider wins over the backoff; at most ``max_attempts`` tries.
@@ -28,10 +41,10 @@ import random
 import re
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 RETRYABLE_OUTCOMES: Final[frozenset[str]] = frozenset({"failed_retryable"})
 #: HTTP statuses that mean "not processed now, send it again later", for every provider (529 is
@@ -59,6 +72,9 @@ RETRYABLE_ERRORS_BY_PROVIDER: Final[Mapping[str, frozenset[str]]] = {
 }
 #: Every retryable error type of :data:`RETRYABLE_ERRORS_BY_PROVIDER`, in one set.
 RETRYABLE_ERRORS: Final[frozenset[str]] = frozenset().union(*RETRYABLE_ERRORS_BY_PROVIDER.values())
+#: How a provider counts a reply's output tokens against its TPM limit (see the module docstring).
+OutputCharge = Literal["ceiling", "actual"]
+OUTPUT_CHARGES: Final[tuple[OutputCharge, ...]] = ("ceiling", "actual")
 _DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -89,6 +105,14 @@ class MonotonicClock:
         :param seconds: how long
         """
         await asyncio.sleep(max(0.0, seconds))
+
+
+class WallClock(MonotonicClock):
+    """Epoch seconds (:func:`time.time`): the clock of a window shared between processes."""
+
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        return time.time()
 
 
 class VirtualClock:
@@ -133,13 +157,17 @@ class RateLimits:
     :param rpm: requests per window (``None``: unlimited)
     :param tpm: tokens per window (``None``: unlimited)
     :param window_s: the window, 60 seconds for per-minute limits
-    :param headroom: share of each limit actually used (0.9 keeps 10 % spare for other clients)
+    :param headroom: share of each limit actually used (0.9 keeps 10 % spare for other clients,
+        such as the real-time application on the same key)
+    :param output_charge: how the provider counts a reply's output against TPM (``ceiling`` or
+        ``actual``, see :func:`charged_tokens`)
     """
 
     rpm: int | None = None
     tpm: int | None = None
     window_s: float = 60.0
     headroom: float = 1.0
+    output_charge: OutputCharge = "ceiling"
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm"):
@@ -150,6 +178,11 @@ class RateLimits:
             raise ValueError(f"window_s={self.window_s}: give a positive window in seconds.")
         if not 0 < self.headroom <= 1:
             raise ValueError(f"headroom={self.headroom}: give a share in (0, 1].")
+        if self.output_charge not in OUTPUT_CHARGES:
+            raise ValueError(
+                f"output_charge={self.output_charge!r}: give one of {list(OUTPUT_CHARGES)} (how the provider "
+                "counts a reply's output tokens against its TPM limit)."
+            )
 
     @property
     def effective_rpm(self) -> int | None:
@@ -162,16 +195,123 @@ class RateLimits:
         return None if self.tpm is None else max(1, int(self.tpm * self.headroom))
 
 
+def charged_tokens(prompt: int, output: int, max_output: int, output_charge: OutputCharge) -> int:
+    """Tokens a provider counts against TPM for one answered request.
+
+    :param prompt: prompt tokens the reply reports (cached and cache writes included)
+    :param output: output tokens the reply reports
+    :param max_output: the request's output ceiling
+    :param output_charge: ``ceiling``: the provider counted ``max_output`` when the request arrived
+        and keeps it (more if the reply used more); ``actual``: it corrected that to ``output``
+    """
+    return max(0, prompt) + (max(output, max_output) if output_charge == "ceiling" else max(0, output))
+
+
+def window_wait(
+    log: Sequence[tuple[float, int]],
+    tokens: int,
+    now: float,
+    rpm: int | None,
+    tpm: int | None,
+    window_s: float,
+    paused_until: float = 0.0,
+) -> float:
+    """Seconds until one request of ``tokens`` fits a sliding window, and no pause holds (0: now).
+
+    The one admission rule, for the limiter of one process and for a store shared by many.
+
+    :param log: ``(at, tokens)`` of every reservation still in the window (older ones are ignored;
+        one whose answer has not come counts from ``now``)
+    :param tokens: the request's token estimate
+    :param now: the current time
+    :param rpm: most requests per window (``None``: unlimited)
+    :param tpm: most tokens per window (``None``: unlimited); a request larger than the whole
+        limit is let through alone in an empty window
+    :param window_s: the window
+    :param paused_until: no request before this time (a provider's Retry-After)
+    """
+    pause = max(0.0, paused_until - now)
+    live = sorted((at, n) for at, n in log if at > now - window_s)
+    used_r = len(live)
+    used_t = sum(n for _, n in live)
+    if window_fits(used_r, used_t, tokens, rpm, tpm):
+        return pause
+    for at, n in live:
+        used_r -= 1
+        used_t -= n
+        if window_fits(used_r, used_t, tokens, rpm, tpm):
+            return max(pause, at + window_s - now)
+    return max(pause, window_s)
+
+
+def window_fits(requests: int, used: int, tokens: int, rpm: int | None, tpm: int | None) -> bool:
+    """Whether one more request of ``tokens`` fits a window holding ``requests`` and ``used`` tokens.
+
+    A request larger than the whole TPM fits an empty window (alone), or it could never be sent.
+
+    :param requests: requests in the window
+    :param used: tokens in the window
+    :param tokens: the request's token estimate
+    :param rpm: most requests per window (``None``: unlimited)
+    :param tpm: most tokens per window (``None``: unlimited)
+    """
+    ok_r = rpm is None or requests + 1 <= rpm
+    return ok_r and (tpm is None or used + tokens <= tpm or used == 0)
+
+
+class RateStore(Protocol):
+    """A window shared by many processes (the ledger's); every call is atomic in the store."""
+
+    def reserve(
+        self,
+        tokens: int,
+        now: float,
+        rpm: int | None,
+        tpm: int | None,
+        window_s: float,
+        paused_until: float = 0.0,
+    ) -> tuple[int | None, float]:
+        """Reserve one request of ``tokens`` now if it fits (:func:`window_wait`).
+
+        :param tokens: the request's token estimate
+        :param now: the current time (epoch seconds)
+        :param rpm: most requests per window
+        :param tpm: most tokens per window
+        :param window_s: the window
+        :param paused_until: a pause this process was told of, shared from now on
+        :return: ``(reservation id, 0)``, or ``(None, seconds to wait)``
+        """
+
+    def commit(self, reservation_id: int, tokens: int, at: float) -> None:
+        """Replace a reservation's estimate with its charge, counted from ``at``.
+
+        :param reservation_id: what :meth:`reserve` returned
+        :param tokens: the tokens charged
+        :param at: when the charge counts from
+        """
+
+    def release(self, reservation_id: int) -> None:
+        """Give a reservation back whole (the request was never sent).
+
+        :param reservation_id: what :meth:`reserve` returned
+        """
+
+
 @dataclass
 class Reservation:
     """One admitted request in the window.
 
     :param at: when it counts from
     :param tokens: tokens it is charged
+    :param store_id: its id in the shared store (``None``: held by this process)
+    :param settled: its answer came (until then it counts as if sent now: the provider counts it
+        from its arrival, which may be later than ``at``, however late the answer comes)
     """
 
     at: float
     tokens: int
+    store_id: int | None = None
+    settled: bool = False
 
 
 @dataclass
@@ -195,12 +335,16 @@ class RateLimiter:
     """RPM + TPM limiter shared by the workers of one event loop (see the module docstring).
 
     :param limits: the limits
-    :param clock: the clock (default: the real one)
+    :param clock: the clock (default: the real one; :class:`WallClock` with a ``store``)
+    :param store: a window shared with other processes (default: this process's own)
     """
 
-    def __init__(self, limits: RateLimits, clock: Clock | None = None) -> None:
+    def __init__(
+        self, limits: RateLimits, clock: Clock | None = None, store: RateStore | None = None
+    ) -> None:
         self.limits = limits
-        self.clock: Clock = clock or MonotonicClock()
+        self.store = store
+        self.clock: Clock = clock or (WallClock() if store is not None else MonotonicClock())
         self._rpm = limits.effective_rpm
         self._tpm = limits.effective_tpm
         self._log: deque[Reservation] = deque()
@@ -212,36 +356,28 @@ class RateLimiter:
     def _evict(self, now: float) -> None:
         window = self.limits.window_s
         # Reservations may be re-stamped later than newer ones; evict every expired one.
-        if self._log and any(r.at <= now - window for r in self._log):
-            self._log = deque(r for r in self._log if r.at > now - window)
+        if self._log and any(r.settled and r.at <= now - window for r in self._log):
+            self._log = deque(r for r in self._log if not r.settled or r.at > now - window)
 
     def wait_time(self, tokens: int, now: float) -> float:
-        """Seconds until a request of ``tokens`` fits the window and no pause holds (0: now).
+        """Seconds until a request of ``tokens`` fits this process's window and no pause holds (0: now).
 
         :param tokens: the request's token estimate
         :param now: the current time
         """
-        pause = max(0.0, self._paused_until - now)
         self._evict(now)
-        used_r = len(self._log)
-        used_t = sum(r.tokens for r in self._log)
-        fits_r = self._rpm is None or used_r + 1 <= self._rpm
-        # A request larger than the whole TPM is let through alone in an empty window.
-        fits_t = self._tpm is None or used_t + tokens <= self._tpm or used_t == 0
-        if fits_r and fits_t:
-            return pause
-        window = self.limits.window_s
-        for r in sorted(self._log, key=lambda x: x.at):
-            used_r -= 1
-            used_t -= r.tokens
-            ok_r = self._rpm is None or used_r + 1 <= self._rpm
-            ok_t = self._tpm is None or used_t + tokens <= self._tpm or used_t == 0
-            if ok_r and ok_t:
-                return max(pause, r.at + window - now)
-        return max(pause, window)
+        return window_wait(
+            [(r.at if r.settled else max(r.at, now), r.tokens) for r in self._log],
+            tokens,
+            now,
+            self._rpm,
+            self._tpm,
+            self.limits.window_s,
+            self._paused_until,
+        )
 
     def try_reserve(self, tokens: int, now: float) -> Reservation | None:
-        """Reserve a slot now if one is free (no waiting).
+        """Reserve a slot now if one is free (no waiting; this process's window only).
 
         :param tokens: the request's token estimate
         :param now: the current time
@@ -260,29 +396,71 @@ class RateLimiter:
         :param tokens: the request's token estimate
         """
         while True:
-            async with self._lock:
+            if self.store is not None:
                 now = self.clock.now()
-                wait = self.wait_time(tokens, now)
-                if wait <= 0:
-                    res = Reservation(now, max(0, tokens))
-                    self._log.append(res)
+                store_id, wait = await asyncio.to_thread(
+                    self.store.reserve,
+                    max(0, tokens),
+                    now,
+                    self._rpm,
+                    self._tpm,
+                    self.limits.window_s,
+                    self._paused_until,
+                )
+                if store_id is not None:
                     self.stats.admitted += 1
-                    return res
+                    return Reservation(now, max(0, tokens), store_id)
+            else:
+                async with self._lock:
+                    now = self.clock.now()
+                    res = self.try_reserve(tokens, now)
+                    if res is not None:
+                        return res
+                    wait = self.wait_time(tokens, now)
             self.stats.waited_s += wait
             await self.clock.sleep(wait)
 
     def settle(self, reservation: Reservation, tokens: int | None = None) -> None:
-        """Correct a reservation once the call answered: actual tokens, completion time.
+        """Correct a reservation of this process's window once the call answered (no store).
 
         :param reservation: what :meth:`acquire` returned
         :param tokens: tokens actually charged (``None``: keep the estimate)
         """
         reservation.at = max(reservation.at, self.clock.now())
+        reservation.settled = True
         if tokens is not None:
             reservation.tokens = max(0, tokens)
 
+    async def commit(self, reservation: Reservation, tokens: int | None = None) -> None:
+        """Charge a reservation what the answer cost, counted from now; give back the rest.
+
+        The estimate reserved before the call is replaced by ``tokens``: less gives the difference
+        back to every worker (in every process, with a store), more takes it. Counting from the
+        answer errs on the safe side (the provider saw the request somewhere before it).
+
+        :param reservation: what :meth:`acquire` returned
+        :param tokens: tokens actually charged (``None``: keep the estimate)
+        """
+        self.settle(reservation, tokens)
+        if self.store is not None and reservation.store_id is not None:
+            await asyncio.to_thread(
+                self.store.commit, reservation.store_id, reservation.tokens, reservation.at
+            )
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give a reservation back whole: its request was never sent.
+
+        :param reservation: what :meth:`acquire` returned
+        """
+        if self.store is not None and reservation.store_id is not None:
+            await asyncio.to_thread(self.store.release, reservation.store_id)
+        elif reservation in self._log:
+            self._log.remove(reservation)
+
     def pause(self, seconds: float) -> None:
         """Hold every worker for ``seconds`` from now (Retry-After, a reset).
+
+        With a store, every process from this one's next reservation on.
 
         :param seconds: how long
         """
@@ -308,6 +486,9 @@ class RateLimiter:
             self.pause(retry_after)
         for kind, attr in (("requests", "_rpm"), ("tokens", "_tpm")):
             limit = _int(h.get(f"x-ratelimit-limit-{kind}"))
+            if limit is not None:
+                # the key's whole limit: the headroom is still left to the key's other clients
+                limit = max(1, int(limit * self.limits.headroom))
             current = getattr(self, attr)
             if limit is not None and (current is None or limit < current):
                 setattr(self, attr, limit)
@@ -319,7 +500,7 @@ class RateLimiter:
 
     @property
     def in_window(self) -> tuple[int, int]:
-        """(requests, tokens) in the current window."""
+        """(requests, tokens) in this process's current window."""
         self._evict(self.clock.now())
         return len(self._log), sum(r.tokens for r in self._log)
 

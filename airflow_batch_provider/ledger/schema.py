@@ -15,6 +15,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Dialect,
+    Double,
     Index,
     Integer,
     MetaData,
@@ -332,4 +333,45 @@ infra_costs = Table(
     Column("outcome", String(32), nullable=False),
     Column("reason", Text),
     Index("ix_abp_infra_costs_run", "workload", "run_id"),
+)
+
+# Quotas shared by every task of a connection (:mod:`airflow_batch_provider.ledger.quota`). Times
+# are epoch seconds (``Double``): the window arithmetic is done on them, in every process alike.
+
+#: One row per quota key (a connection): the row every reservation locks first, and the pause a
+#: provider ordered (Retry-After) for everyone using the key.
+quota_keys = Table(
+    "abp_quota_keys",
+    metadata,
+    Column("quota_key", String(250), primary_key=True),
+    Column("paused_until", Double, nullable=False, default=0.0),
+    Column("seq", BigInteger, nullable=False, default=0),
+)
+
+#: The sliding log of the real-time requests reserved under a quota key: one row per request,
+#: its tokens (the estimate until the answer, then the charge) counted from ``at``; until its
+#: answer is ``settled`` it counts as if sent now.
+rate_log = Table(
+    "abp_rate_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("quota_key", String(250), nullable=False),
+    Column("at", Double, nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("settled", Boolean, nullable=False, default=False),
+    Index("ix_abp_rate_log_key_at", "quota_key", "at"),
+)
+
+#: Batch jobs admitted under a quota key's enqueued-token limit, per model: their estimated input
+#: tokens count until the batch ends (``released_at`` set).
+enqueued = Table(
+    "abp_enqueued",
+    metadata,
+    Column("quota_key", String(250), primary_key=True),
+    Column("job_id", String(250), primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("tokens", BigInteger, nullable=False),
+    Column("admitted_at", Double, nullable=False),
+    Column("released_at", Double),
+    Index("ix_abp_enqueued_open", "quota_key", "model", "released_at"),
 )

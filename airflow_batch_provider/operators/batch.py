@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from typing import IO, TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
+from airflow_batch_provider.services.admission import admit
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
@@ -72,17 +74,33 @@ def load_prompt(prompt: PromptSource, context: Mapping[str, Any] | None = None) 
 
 
 def limits_settings(
-    limits: FallbackLimits, window_s: float = 60.0, retry: RetryPolicy | None = None
+    limits: FallbackLimits,
+    window_s: float = 60.0,
+    retry: RetryPolicy | None = None,
+    *,
+    extras: Mapping[str, Any] | None = None,
+    quota_key: str | None = None,
 ) -> FallbackSettings:
-    """The real-time send settings of a task: the group's limits, the config for what they leave unset.
+    """The real-time send settings of a task: the group's limits, then the connection's extras, then the config.
 
     :param limits: the group's fallback limits
     :param window_s: the rate window in seconds (60 for per-minute limits)
     :param retry: retry policy per item (default :class:`~airflow_batch_provider.core.ratelimit.RetryPolicy`)
+    :param extras: the provider connection's extras (``rpm_limit``, ``tpm_limit``, ``rate_headroom``, ...)
+    :param quota_key: the key the ledger's shared rate window is kept under (the connection id)
     """
     from airflow_batch_provider.services.fallback import fallback_settings
 
-    return fallback_settings(limits.rpm, limits.tpm, limits.concurrency, window_s, limits.headroom, retry)
+    return fallback_settings(
+        limits.rpm,
+        limits.tpm,
+        limits.concurrency,
+        window_s,
+        limits.headroom,
+        retry,
+        extras=extras,
+        quota_key=quota_key,
+    )
 
 
 def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: BatchEvent) -> None:
@@ -757,6 +775,14 @@ class BatchSubmitOperator(BatchBaseOperator):
         if submit.goes_sync(job, self.adapter):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
+        admission = admit(self.ledger, self.adapter, job, self.batch_conn_id)
+        if not admission.admitted:  # the connection's enqueued tokens are full: free the slot, ask again
+            from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+            self.log.info("%s", admission.reason)
+            self.defer(
+                trigger=TimeDeltaTrigger(timedelta(seconds=admission.retry_in_s)), method_name="resume"
+            )
         self._claim = (job.job_id, attempt_owner(context))
         try:
             done = submit.submit_job(
@@ -774,6 +800,14 @@ class BatchSubmitOperator(BatchBaseOperator):
         if done.batch_id:
             persist_links(context, self.adapter.name, [done.batch_id])
         return done.to_xcom(self.adapter.name, key)
+
+    def resume(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Ask for admission again once the timer of a refused submit fired.
+
+        :param context: the task context
+        :param event: the timer's event (unused)
+        """
+        return self.execute(context)
 
     def on_kill(self) -> None:
         """Stop before the next provider call and give back the submit claim when nothing is in flight.
@@ -827,7 +861,9 @@ class BatchSubmitOperator(BatchBaseOperator):
                 client=self.adapter.realtime_client(),
                 rows=rows,
                 template=template,
-                settings=limits_settings(self.fallback),
+                settings=limits_settings(
+                    self.fallback, extras=self.adapter.settings.extra, quota_key=self.batch_conn_id
+                ),
                 prices=load_prices(self.budget.pricing_override),
             )
         )

@@ -34,10 +34,18 @@ if TYPE_CHECKING:
 class BatchSyncFallbackOperator(BatchBaseOperator):
     """Send the run's items still open at the deadline through the real-time API, at full price.
 
+    The limits are the API key's: every fallback (and below-minimum chunk) sending on the same
+    connection, in any task or process, shares one window kept in the ledger, so that together
+    they use at most ``headroom`` of the key's limits and leave the rest to the real-time
+    application. Set them on the connection (extras ``rpm_limit``, ``tpm_limit``,
+    ``rate_headroom``, ``tpm_output``; ``quota_key`` to share one window between connections of
+    the same key) or here.
+
     :param prompt: the workload's prompt (for output validation)
     :param limits: requests per minute, tokens per minute, requests in flight and headroom (what
-        it leaves unset comes from ``[batch_provider] fallback_rpm`` 500, ``fallback_tpm`` 200000,
-        ``fallback_concurrency`` 16)
+        it leaves unset comes from the connection's extras ``rpm_limit``, ``tpm_limit``,
+        ``rate_headroom``, else ``[batch_provider] fallback_rpm`` 500, ``fallback_tpm`` 200000,
+        ``fallback_concurrency`` 16, ``fallback_headroom`` 1.0)
     :param window_s: the rate window in seconds (60 for per-minute limits)
     :param retry: retry policy per item (default :class:`RetryPolicy`)
     :param budget: its ``pricing_override`` prices the answers
@@ -63,8 +71,14 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         self.budget = budget or BudgetOptions()
 
     def settings(self) -> FallbackSettings:
-        """The limits, from :attr:`limits` or the ``[batch_provider]`` config."""
-        return limits_settings(self.limits, self.window_s, self.retry)
+        """The limits, from :attr:`limits`, the connection's extras or the ``[batch_provider]`` config."""
+        return limits_settings(
+            self.limits,
+            self.window_s,
+            self.retry,
+            extras=self.adapter.settings.extra,
+            quota_key=self.batch_conn_id,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
@@ -75,11 +89,14 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
             return {"items": 0}
         settings = self.settings()
         self.log.info(
-            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm, %d in flight",
+            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm x %.2f headroom, "
+            "shared under %r, %d in flight",
             len(rows),
             self.adapter.name,
             settings.rpm,
             settings.tpm,
+            settings.headroom,
+            settings.quota_key,
             settings.concurrency,
         )
         summary = asyncio.run(

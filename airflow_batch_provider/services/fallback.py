@@ -4,8 +4,12 @@ Used by the deadline fallback (:class:`~airflow_batch_provider.operators.fallbac
 and by a chunk below the provider's minimum batch size (``BatchSubmitOperator``). No Airflow import.
 
 One event loop sends the items with ``asyncio.gather`` under a semaphore (the concurrency) and a
-shared :class:`~airflow_batch_provider.core.ratelimit.RateLimiter` (RPM and TPM, token estimates
-before each call, actual usage after, ``Retry-After`` and ``x-ratelimit-*`` honoured). Retryable
+:class:`~airflow_batch_provider.core.ratelimit.RateLimiter` (RPM and TPM, token estimates
+before each call, the charge the answer reports after, with the unused part given back,
+``Retry-After`` and ``x-ratelimit-*`` honoured). With a quota key (the operators pass the
+connection's), the limiter's window is the ledger's
+(:class:`~airflow_batch_provider.ledger.quota.SharedRateStore`): every task and process sending on
+that connection counts against one limit, times the headroom left for the key's other clients. Retryable
 failures (429, 5xx, timeouts) are retried by :func:`~airflow_batch_provider.core.ratelimit.retry_delay`;
 anything else is final.
 
@@ -34,18 +38,27 @@ import asyncio
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.pricing import ModelPrice, PriceTable, cost
-from airflow_batch_provider.core.ratelimit import RateLimiter, RateLimits, RetryPolicy, retry_delay
+from airflow_batch_provider.core.ratelimit import (
+    OUTPUT_CHARGES,
+    OutputCharge,
+    RateLimiter,
+    RateLimits,
+    RetryPolicy,
+    charged_tokens,
+    retry_delay,
+)
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.results import ItemResult
 from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
+from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.records import OpenItem, sync_job_id
 from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 
@@ -72,6 +85,10 @@ class FallbackSettings:
     :param window_s: the rate window (60 s for per-minute limits)
     :param headroom: share of the limits used (keep some for other clients of the same key)
     :param retry: the retry policy of one item
+    :param output_charge: how the provider counts an answer's output against TPM (``ceiling``:
+        the request's ``max_tokens``, kept; ``actual``: what the answer used)
+    :param quota_key: share the window with every task of this key, through the ledger
+        (``None``: this task's own window)
     """
 
     rpm: int | None
@@ -80,6 +97,16 @@ class FallbackSettings:
     window_s: float = 60.0
     headroom: float = 1.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    output_charge: OutputCharge = "ceiling"
+    quota_key: str | None = None
+
+    def limits(self) -> RateLimits:
+        """The limiter's limits."""
+        return RateLimits(self.rpm, self.tpm, self.window_s, self.headroom, self.output_charge)
+
+
+#: Connection extras that state the key's real-time limits (they win over the config options).
+RATE_EXTRAS: Final = ("rpm_limit", "tpm_limit", "rate_headroom", "tpm_output", "quota_key")
 
 
 def fallback_settings(
@@ -87,12 +114,19 @@ def fallback_settings(
     tpm: int | None = None,
     concurrency: int | None = None,
     window_s: float = 60.0,
-    headroom: float = 1.0,
+    headroom: float | None = None,
     retry: RetryPolicy | None = None,
+    *,
+    extras: Mapping[str, Any] | None = None,
+    quota_key: str | None = None,
 ) -> FallbackSettings:
-    """Fallback limits from the arguments, else from the ``[batch_provider]`` config.
+    """Fallback limits from the arguments, else the connection's extras, else the ``[batch_provider]`` config.
 
-    Options ``fallback_rpm``, ``fallback_tpm`` and ``fallback_concurrency`` (500, 200000, 16).
+    Extras (:data:`RATE_EXTRAS`): ``rpm_limit``, ``tpm_limit``, ``rate_headroom`` (the share of
+    the key's limits batch traffic may use; the rest is left to the real-time application),
+    ``tpm_output`` (``ceiling`` or ``actual``) and ``quota_key`` (connections naming the same key
+    share one window). Options ``fallback_rpm``, ``fallback_tpm``, ``fallback_concurrency`` and
+    ``fallback_headroom`` (500, 200000, 16, 1.0).
 
     :param rpm: requests per minute
     :param tpm: tokens per minute
@@ -100,17 +134,43 @@ def fallback_settings(
     :param window_s: the rate window in seconds
     :param headroom: share of the limits used
     :param retry: retry policy per item
+    :param extras: the provider connection's extras
+    :param quota_key: the key the window is shared under (the operators pass the connection id);
+        the extra ``quota_key`` wins over it
     """
     from airflow_batch_provider.settings import get_setting
 
-    return FallbackSettings(
-        rpm=rpm if rpm is not None else int(get_setting("fallback_rpm", "500")),
-        tpm=tpm if tpm is not None else int(get_setting("fallback_tpm", "200000")),
-        concurrency=concurrency or int(get_setting("fallback_concurrency", "16")),
-        window_s=window_s,
-        headroom=headroom,
-        retry=retry or RetryPolicy(),
-    )
+    extra = dict(extras or {})
+
+    def pick(given: Any, name: str, option: str, default: str) -> str:
+        if given is not None:
+            return str(given)
+        if extra.get(name) not in (None, ""):
+            return str(extra[name])
+        return get_setting(option, default)
+
+    output = str(extra.get("tpm_output") or "ceiling")
+    if output not in OUTPUT_CHARGES:
+        raise ConfigurationError(
+            f"connection extra tpm_output={output!r}: give one of {list(OUTPUT_CHARGES)} (how the provider counts "
+            "an answer's output tokens against its TPM limit: OpenAI 'ceiling', Anthropic and Bedrock 'actual')."
+        )
+    try:
+        return FallbackSettings(
+            rpm=int(pick(rpm, "rpm_limit", "fallback_rpm", "500")),
+            tpm=int(pick(tpm, "tpm_limit", "fallback_tpm", "200000")),
+            concurrency=concurrency or int(get_setting("fallback_concurrency", "16")),
+            window_s=window_s,
+            headroom=float(pick(headroom, "rate_headroom", "fallback_headroom", "1.0")),
+            retry=retry or RetryPolicy(),
+            output_charge=output,  # type: ignore[arg-type]  # checked above
+            quota_key=str(extra.get("quota_key") or quota_key or "") or None,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"the synchronous fallback's limits are not numbers ({exc}): set rpm_limit and tpm_limit as integers "
+            "and rate_headroom as a share in (0, 1] (connection extras, or [batch_provider] fallback_*)."
+        ) from exc
 
 
 async def run_fallback(
@@ -141,11 +201,14 @@ async def run_fallback(
     :param template: the prompt, for output validation
     :param settings: limits and concurrency
     :param prices: the price table
-    :param limiter: a limiter to use (default: a new one from ``settings``)
+    :param limiter: a limiter to use (default: a new one from ``settings``, sharing the ledger's
+        window of ``settings.quota_key`` when it names one)
     """
-    limiter = limiter or RateLimiter(
-        RateLimits(settings.rpm, settings.tpm, settings.window_s, settings.headroom)
-    )
+    if limiter is None:
+        from airflow_batch_provider.ledger.quota import SharedRateStore
+
+        store = SharedRateStore(ledger.engine, settings.quota_key) if settings.quota_key else None
+        limiter = RateLimiter(settings.limits(), store=store)
     semaphore = asyncio.Semaphore(settings.concurrency)
     counts: Counter[str] = Counter()
     resumed = close_interrupted_sends(ledger, workload, run_id)
@@ -179,17 +242,19 @@ async def run_fallback(
                 reservation = await limiter.acquire(estimate.input + estimate.max_output)
                 reply: RealtimeReply = await client.complete(request, custom_id)
                 result = reply.result
-                count_request(result.error_code, workload, provider)
                 if result.outcome == "failed_retryable":
+                    await limiter.commit(reservation, 0)
                     counts[
                         "http_429" if result.error_code == "rate_limit_exceeded" else "retryable_errors"
                     ] += 1
-                    limiter.settle(reservation, 0)
                 else:
                     used = result.usage
                     prompt = used.input_tokens + used.cached_input_tokens + used.cache_write_tokens
-                    # Providers count the output ceiling against TPM when the request arrives.
-                    limiter.settle(reservation, prompt + max(used.output_tokens, estimate.max_output))
+                    charge = charged_tokens(
+                        prompt, used.output_tokens, estimate.max_output, settings.output_charge
+                    )
+                    await limiter.commit(reservation, charge)
+                count_request(result.error_code, workload, provider)
                 limiter.observe(reply.rate_limit, reply.retry_after)
                 delay = retry_delay(settings.retry, tries, result.outcome, reply.retry_after, rng)
                 if delay is None:

@@ -956,3 +956,34 @@ def test_moderations_flag_by_word_deterministically_in_batch_and_in_real_time(
         live.results[0].model_dump(by_alias=True)["category_scores"]
         == out["m0"]["results"][0]["category_scores"]
     )
+
+
+@pytest.mark.parametrize(("tpm_output", "second_fits"), [("ceiling", False), ("actual", True)])
+def test_the_tpm_limit_counts_the_output_ceiling_or_the_output_used_as_configured(
+    emulator_factory: EmulatorFactory, tpm_output: str, second_fits: bool
+) -> None:
+    with emulator_factory(faults=FaultConfig(tpm_limit=120, tpm_output=tpm_output)) as emu:
+        ask = {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 60}
+        first = emu.client.chat.completions.create(**ask)  # 14 prompt tokens + a ceiling of 60
+        assert first.usage is not None and first.usage.completion_tokens < 30
+        if second_fits:
+            emu.client.chat.completions.create(**ask)
+        else:
+            with pytest.raises(openai.RateLimitError):
+                emu.client.chat.completions.create(**ask)
+
+
+def test_a_batch_over_the_enqueued_token_limit_fails_and_the_peak_is_counted(
+    emulator_factory: EmulatorFactory,
+) -> None:
+    with emulator_factory(faults=FaultConfig(enqueued_token_limit=40)) as emu:
+        held = emu.create_batch(chat_lines(3))  # three short prompts, well under 40 tokens
+        over = emu.create_batch(chat_lines(3))
+        assert finish(emu, over.id).status == "failed"
+        assert finish(emu, over.id).errors.data[0].code == "token_limit_exceeded"
+        assert finish(emu, held.id).status == "completed"
+        after = emu.create_batch(chat_lines(3))  # the first one ended: room again
+        assert finish(emu, after.id).status == "completed"
+        counters = emu.stats()["counters"]
+        assert 0 < counters["openai.enqueued_tokens_peak"] <= 40
+        assert counters["openai.enqueued_limit_refused"] == 1

@@ -12,6 +12,7 @@ from airflow_batch_provider.core.ratelimit import (
     RateLimits,
     RetryPolicy,
     VirtualClock,
+    charged_tokens,
     parse_duration,
     parse_retry_after,
     retry_delay,
@@ -107,6 +108,57 @@ async def test_a_request_larger_than_the_whole_tpm_goes_alone() -> None:
     limiter = RateLimiter(RateLimits(tpm=100), clock)
     await limiter.acquire(500)
     assert limiter.wait_time(1, clock.now()) == pytest.approx(60.0)
+
+
+async def test_a_provider_limit_header_keeps_the_headroom_spare() -> None:
+    limiter = RateLimiter(RateLimits(rpm=100, headroom=0.5), VirtualClock())
+    limiter.observe({"x-ratelimit-limit-requests": "40"})
+    assert limiter.stats.limits_lowered == ["requests=20"]
+
+
+def test_a_reply_is_charged_the_ceiling_or_what_it_used_as_the_provider_counts() -> None:
+    assert charged_tokens(30, 5, 40, "ceiling") == 70  # OpenAI: max_tokens counted at arrival, kept
+    assert charged_tokens(30, 5, 40, "actual") == 35  # Anthropic, Bedrock: corrected to the output used
+    assert charged_tokens(30, 50, 40, "ceiling") == 80  # used more than the ceiling: charged more
+
+
+async def test_a_commit_gives_the_unused_reservation_back_and_a_release_all_of_it() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(tpm=1000), clock)
+    first = await limiter.acquire(900)
+    await limiter.commit(first, charged_tokens(100, 10, 800, "actual"))
+    second = await limiter.acquire(800)
+    assert clock.now() == 0.0 and limiter.in_window == (2, 910)
+    await limiter.release(second)
+    assert limiter.in_window == (1, 110)
+
+
+async def test_a_request_still_waiting_for_its_answer_keeps_its_place_in_the_window() -> None:
+    clock = VirtualClock()
+    limiter = RateLimiter(RateLimits(rpm=1), clock)
+    slow = await limiter.acquire(1)
+    clock.advance(90.0)  # the answer takes longer than the window: the provider counts it from arrival
+    assert limiter.wait_time(1, clock.now()) == pytest.approx(60.0)
+    await limiter.commit(slow, 1)
+    clock.advance(60.5)
+    assert limiter.wait_time(1, clock.now()) == 0.0
+
+
+async def test_giving_back_what_replies_did_not_use_admits_more_in_a_window() -> None:
+    async def admitted_in_one_window(charge: str) -> int:
+        clock = VirtualClock()
+        limiter = RateLimiter(RateLimits(rpm=1000, tpm=1000, output_charge=charge), clock)  # type: ignore[arg-type]
+        count = 0
+        while clock.now() < 60.0:
+            res = await limiter.acquire(100)  # 20 prompt + a ceiling of 80
+            if clock.now() >= 60.0:
+                break
+            count += 1
+            await limiter.commit(res, charged_tokens(20, 5, 80, limiter.limits.output_charge))
+        return count
+
+    assert await admitted_in_one_window("ceiling") == 10
+    assert await admitted_in_one_window("actual") == 37  # 36 x 25 + a reservation of 100 fit 1000
 
 
 def test_headroom_keeps_part_of_each_limit_spare() -> None:

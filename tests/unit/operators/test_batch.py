@@ -649,3 +649,31 @@ def test_the_upload_task_stages_a_chunk_once_and_a_cleared_one_reuses_the_record
     assert out["batch_id"] == again["batch_id"]
     stats = httpx.get(f"{flow.url}/_emulator/stats").json()
     assert (stats["files_uploaded"], stats["batches_created"]) == (1, 1)  # a cleared submit uploads nothing
+
+
+def test_a_submit_over_the_connections_enqueued_tokens_defers_on_a_timer_and_creates_once_admitted(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+    from airflow.sdk.exceptions import TaskDeferred
+
+    first, second = flow.prepare(4, chunking=ChunkOptions(max_requests=2))
+    conn = {
+        "conn_type": "openai_batch",
+        "host": f"{flow.url}/v1",
+        "password": "k",
+        "extra": {"enqueued_token_limit": 50, "admission_retry_s": 5},  # one chunk at a time
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+    assert BatchSubmitOperator(
+        task_id="submit", job=flow.upload(first, 0), prompt=PROMPT, **flow.common
+    ).execute(flow.context("submit", 0))["batch_id"]
+    waiting = BatchSubmitOperator(task_id="submit", job=flow.upload(second, 1), prompt=PROMPT, **flow.common)
+    with pytest.raises(TaskDeferred) as deferred:
+        waiting.execute(flow.context("submit", 1))
+    assert isinstance(deferred.value.trigger, TimeDeltaTrigger)
+    assert deferred.value.method_name == "resume"
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 1
+    flow.round([first])  # the first batch ends (the wait, download and reconcile tasks)
+    assert waiting.resume(flow.context("submit", 1))["batch_id"]
+    assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 2

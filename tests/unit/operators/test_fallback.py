@@ -125,11 +125,33 @@ def test_a_fallback_killed_after_an_answer_resumes_and_counts_the_double_payment
     assert report["usage"]["output_tokens"] == sum(u["output_tokens"] for u in billed)
 
 
-def test_the_settings_come_from_the_arguments_or_the_config() -> None:
-    op = BatchSyncFallbackOperator(
-        task_id="f", workload=WORKLOAD, prompt=PROMPT, limits=FallbackLimits(rpm=10, tpm=1000, concurrency=2)
+def test_the_settings_come_from_the_arguments_then_the_connection_then_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extras = {"rpm_limit": 60, "tpm_limit": 9000, "rate_headroom": 0.75, "tpm_output": "actual"}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KEYED", json.dumps({"conn_type": "openai_batch", "password": "k", "extra": extras})
     )
-    assert replace(op.settings(), retry=RetryPolicy()) == FallbackSettings(10, 1000, 2)
+    monkeypatch.setenv("AIRFLOW_CONN_PLAIN", json.dumps({"conn_type": "openai_batch", "password": "k"}))
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__FALLBACK_HEADROOM", "0.5")
+    given = BatchSyncFallbackOperator(
+        task_id="f",
+        workload=WORKLOAD,
+        batch_conn_id="keyed",
+        prompt=PROMPT,
+        limits=FallbackLimits(rpm=10, tpm=1000, concurrency=2),
+    )
+    assert replace(given.settings(), retry=RetryPolicy()) == FallbackSettings(
+        10, 1000, 2, headroom=0.75, output_charge="actual", quota_key="keyed"
+    )
+    from_conn = BatchSyncFallbackOperator(
+        task_id="f", workload=WORKLOAD, batch_conn_id="keyed", prompt=PROMPT
+    )
+    assert (from_conn.settings().rpm, from_conn.settings().tpm) == (60, 9000)
+    from_config = BatchSyncFallbackOperator(
+        task_id="f", workload=WORKLOAD, batch_conn_id="plain", prompt=PROMPT
+    )
+    assert (from_config.settings().headroom, from_config.settings().quota_key) == (0.5, "plain")
 
 
 def test_the_old_name_still_imports_and_warns_that_it_is_deprecated() -> None:

@@ -331,3 +331,66 @@ def test_publish_can_close_interrupted_sends_without_sending_and_nothing_stays_i
     assert possibly_paid_twice(ledger, WORKLOAD, RUN) == 0
     report = build_report(ledger, WORKLOAD, RUN, "openai", None)
     assert "fallback" not in report["states"]
+
+
+# ---------------------------------------------------------------------------------------------- one limit, many tasks
+
+
+def most_in_any_window(stamps: list[float], window: float) -> int:
+    """Most answers the provider gave within any window that starts at one of them."""
+    stamps = sorted(stamps)
+    return max((sum(1 for t in stamps if start <= t < start + window) for start in stamps), default=0)
+
+
+def fallbacks_in_processes(
+    ledger_url: str, emulator: str, settings: FallbackSettings, tasks: int
+) -> list[float]:
+    """Run ``tasks`` fallback processes at once on one key; return when the emulator answered each request."""
+    import multiprocessing
+
+    from tests.unit.services import fallback_worker
+
+    Ledger.from_url(ledger_url).engine.dispose()  # the schema, before the processes race
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(tasks), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=fallback_worker.send, args=(ledger_url, emulator, f"wl{n}", 8, settings, barrier, results)
+        )
+        for n in range(tasks)
+    ]
+    for p in procs:
+        p.start()
+    summaries = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert all(summary.get("succeeded") == 8 for summary in summaries), summaries
+    with urllib.request.urlopen(f"{emulator}/_emulator/record", timeout=10) as resp:
+        record = json.loads(resp.read())
+    return [float(answer["at"]) for answer in record["realtime"]["openai"]]
+
+
+# A window of 4 requests in 3 s: 3 tasks x 8 items need at least 5 windows together.
+SHARED = FallbackSettings(rpm=4, tpm=None, concurrency=4, window_s=3.0, quota_key="emu")
+
+
+def test_fallback_tasks_in_several_processes_on_one_key_never_exceed_its_limit_together(
+    tmp_path: Path, emulator: str
+) -> None:
+    """The store on PostgreSQL is raced in ``tests/unit/ledger/test_quota.py``."""
+    stamps = fallbacks_in_processes(f"sqlite:///{tmp_path / 'shared.sqlite'}", emulator, SHARED, tasks=3)
+    assert len(stamps) == 24
+    assert most_in_any_window(stamps, SHARED.window_s) <= 4
+
+
+def test_fallback_tasks_each_with_its_own_window_exceed_the_keys_limit_together(
+    tmp_path: Path, emulator: str
+) -> None:
+    """The failure the shared window prevents: per-task limiters each use the whole limit."""
+    from dataclasses import replace
+
+    stamps = fallbacks_in_processes(
+        f"sqlite:///{tmp_path / 'own.sqlite'}", emulator, replace(SHARED, quota_key=None), tasks=3
+    )
+    assert most_in_any_window(stamps, SHARED.window_s) > 4
