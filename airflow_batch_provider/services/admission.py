@@ -116,7 +116,7 @@ def admit(
 ) -> Decision:
     """Admit a staged job under its connection's enqueued-token limit, or say when to ask again.
 
-    A job that has a batch or has moved past ``staged`` (a retried submit) is let through: it is
+    A job that has a batch or has moved past ``staged``/``uploaded`` (a retried submit) is let through: it is
     enqueued already, or its create is in doubt, and :func:`~airflow_batch_provider.services.submit.submit_job`
     re-attaches to it.
 
@@ -128,7 +128,7 @@ def admit(
     """
     extras = adapter.settings.extra
     limit = enqueued_limit(extras, job.model)
-    if limit is None or job.batch_id or job.state != "staged":
+    if limit is None or job.batch_id or job.state not in ("staged", "uploaded"):
         return Decision(True)
     key = str(extras.get("quota_key") or conn_id)
     store = EnqueuedQuotaStore(ledger.engine, key)

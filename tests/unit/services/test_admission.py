@@ -17,7 +17,7 @@ from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.services import admission
 from airflow_batch_provider.services import round as rounds
-from airflow_batch_provider.services.submit import submit_job
+from airflow_batch_provider.services.submit import submit_job, upload_job
 from tests.unit.services.workload import PROMPT, RUN, WORKLOAD, World, world
 
 CHUNKS = 50
@@ -79,6 +79,8 @@ def run_round(w: World, adapter: OpenAIBatchAdapter, jobs: list[str], admit: boo
     A refused job is asked again on a later pass (the task defers and comes back); between passes
     the emulator's clock moves on by a batch's whole life, so the batches of one pass end together.
     """
+    for job_id in jobs:  # the upload tasks run first; admission is asked at create time
+        upload_job(ledger=w.ledger, adapter=adapter, staging=w.staging, job_id=job_id, owner="t")
     waiting, refusals = list(jobs), 0
     for _ in range(100):
         for job_id in list(waiting):
