@@ -91,6 +91,20 @@ def slot_seconds(runs: dict[str, list[StageRun]], deferred: tuple[str, ...]) -> 
     return sum(g.wall_s for key, got in runs.items() if key not in deferred for g in got)
 
 
+def task_seconds(runs: dict[str, list[StageRun]]) -> dict[str, dict[str, float]]:
+    """Per stage: the processes' lives and, within them, the stage's own work, in seconds.
+
+    :param runs: the stage reports by stage
+    """
+    return {
+        key: {
+            "process_s": round(sum(g.wall_s for g in got), 1),
+            "work_s": round(sum(g.seconds for g in got), 1),
+        }
+        for key, got in runs.items()
+    }
+
+
 def peak_rss(runs: dict[str, list[StageRun]]) -> float:
     """The largest peak resident size of any stage process, in MiB.
 
@@ -186,7 +200,7 @@ def measure(
             "slot_s": slot_seconds(got["runs"], (WAIT,)),
             "peak_rss_mib": peak_rss(got["runs"]),
             "usable": int(states.get("succeeded", 0)),
-            "detail": states,
+            "detail": {"states": states, "task_seconds": task_seconds(got["runs"])},
         }
     if kind == "blueprint":
         got = run_naive(records, workdir, emulator)

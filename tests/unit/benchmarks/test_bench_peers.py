@@ -42,3 +42,11 @@ def test_provider_calls_are_uploads_creates_and_retrieves_and_nothing_counted_tw
     }
     assert bench_peers.provider_calls(stats) == 11
     assert bench_peers.provider_calls({}) == 0
+
+
+def test_task_seconds_split_each_stage_into_its_processes_lives_and_its_own_work() -> None:
+    runs = {"prepare": [stage(10.0, 150.0)], "download": [stage(4.0, 200.0), stage(6.0, 120.0)]}
+    assert bench_peers.task_seconds(runs) == {
+        "prepare": {"process_s": 10.0, "work_s": 5.0},
+        "download": {"process_s": 10.0, "work_s": 5.0},
+    }
