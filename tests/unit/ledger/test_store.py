@@ -854,8 +854,9 @@ def test_iter_cost_rows_finds_each_pages_attempts_by_item_not_by_reading_the_who
     from sqlalchemy import event
 
     ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'plan.sqlite'}")
-    ledger.upsert_items(WL, "r1", [prep("a"), prep("b", version="v2")])
-    job, cids = submit(ledger, "r1", ["a"])
+    many = [f"x{n}" for n in range(300)]  # a page's IN list of hundreds of keys, as in a real run
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b", version="v2"), *(prep(k) for k in many)])
+    job, cids = submit(ledger, "r1", ["a", *many])
     ledger.apply_results(job, [ok(cids["a"])], cost_of)
     seen: list[tuple[str, Any]] = []
 
