@@ -58,8 +58,8 @@ stack: venv ## start Airflow (api-server, scheduler, dag-processor, triggerer), 
 stack-down: ## stop what `make stack` started
 	PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" bash scripts/stack.sh down
 
-bench: venv ## run the benchmarks (benchmarks/run_all.py)
-	$(BIN)/python benchmarks/run_all.py
+bench: venv ## run the benchmarks (benchmarks/run_all.py); ARGS="--size large" for the million items end to end
+	$(BIN)/python benchmarks/run_all.py $(ARGS)
 
 constraints: ## regenerate constraints.txt from an unconstrained install in a throw-away venv
 	set -eu; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \

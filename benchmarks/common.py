@@ -1,7 +1,9 @@
 """Shared helpers for the benchmarks: timing, traced memory, result rows, the machine.
 
 Every benchmark module is ``benchmarks/bench_<name>.py`` and exposes ``run(size: str) -> dict``,
-with ``size`` one of :data:`SIZES` (``tiny`` is for the smoke test only). The dict it returns has:
+with ``size`` one of :data:`SIZES` (``tiny`` is for the smoke test only; ``large`` is the million
+items end to end, and a module whose own ``SIZES`` lacks a size is skipped at it by ``run_all``).
+The dict it returns has:
 
 - ``name``: the benchmark's name;
 - ``size``: the size it ran at;
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-SIZES: Final[tuple[str, ...]] = ("tiny", "small", "default")
+SIZES: Final[tuple[str, ...]] = ("tiny", "small", "default", "large")
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 
 T = TypeVar("T")

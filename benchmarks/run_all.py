@@ -2,13 +2,14 @@
 
 Usage::
 
-    python benchmarks/run_all.py [--size tiny|small|default] [--only NAME ...] [--json OUT.json]
+    python benchmarks/run_all.py [--size tiny|small|default|large] [--only NAME ...] [--json OUT.json]
 
 A benchmark module is any ``bench_<name>.py`` next to this file that exposes
 ``run(size: str) -> dict`` (see ``common.py`` for the dict's shape; a module whose dict has no
 ``rows`` is still recorded, and printed as JSON). A module without ``run`` is recorded as skipped;
 one that raises is recorded with its error and the others go on (the exit status is then 1).
-``tiny`` is for the smoke test; ``default`` is what ``make bench`` runs. The JSON goes to
+``tiny`` is for the smoke test; ``default`` is what ``make bench`` runs; ``large`` (the million
+items end to end) runs only the modules whose ``SIZES`` name it, and records the others as skipped. The JSON goes to
 ``benchmarks/results/latest.json`` unless ``--json`` says otherwise (that folder is gitignored).
 """
 
@@ -69,11 +70,18 @@ def run_one(name: str, path: Path, size: str) -> dict[str, Any]:
     try:
         module = load(name, path)
         runner = getattr(module, "run", None)
+        sizes = getattr(module, "SIZES", None)
         if not callable(runner):
             out: dict[str, Any] = {
                 "name": name,
                 "status": "skipped",
                 "reason": f"{path.name} has no run(size) function; it can still be run on its own.",
+            }
+        elif isinstance(sizes, dict) and size not in sizes:
+            out = {
+                "name": name,
+                "status": "skipped",
+                "reason": f"{path.name} has no size {size!r} (it has {', '.join(sizes)}).",
             }
         else:
             out = dict(runner(size))

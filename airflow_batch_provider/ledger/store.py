@@ -2297,16 +2297,29 @@ class Ledger:
         for page in _chunks(self.iter_items(workload, run_id, columns=cols)):
             keys = [(r["item_key"], r["prompt_version"]) for r in page]
             by_item: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            by_version: dict[str, list[str]] = {}
+            for key, version in keys:
+                by_version.setdefault(version, []).append(key)
             with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(s.attempts)
-                    .where(
-                        a.workload == workload,
-                        a.run_id == run_id,
-                        _pairs(a.item_key, a.prompt_version, keys),
-                    )
-                    .order_by(a.created_at, a.attempt)
-                ).mappings()
+                # One query per version, and ``run_id || ''`` rather than ``run_id``: otherwise
+                # SQLite (no statistics) searches the (workload, run_id) index and reads every
+                # attempt of the run for each page of 1,000 keys (quadratic: 0.33 s a page at a
+                # million items, publish 555 s); this way each page is found by the
+                # (workload, key, version) index (0.03 s a page at a million).
+                rows = (
+                    att
+                    for version, ks in by_version.items()
+                    for att in conn.execute(
+                        select(s.attempts)
+                        .where(
+                            a.workload == workload,
+                            a.run_id.concat("") == run_id,
+                            a.prompt_version == version,
+                            a.item_key.in_(ks),
+                        )
+                        .order_by(a.created_at, a.attempt)
+                    ).mappings()
+                )
                 for att in rows:
                     if att["outcome"] is None:
                         continue

@@ -124,3 +124,22 @@ def test_the_runner_refuses_a_benchmark_name_it_does_not_know() -> None:
     assert proc.returncode == 2
     assert "no benchmark named no_such_bench" in proc.stderr
     assert "chunking" in proc.stderr
+
+
+def test_a_module_without_the_asked_size_is_skipped_with_its_sizes_and_the_others_still_run(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bench_big.py").write_text(
+        "SIZES = {'tiny': 1, 'large': 2}\ndef run(size):\n    return {'rows': [], 'size': size}\n"
+    )
+    (tmp_path / "bench_small_only.py").write_text(
+        "SIZES = {'tiny': 1, 'default': 3}\n"
+        "def run(size):\n    raise AssertionError('must not run at ' + size)\n"
+    )
+    run_all = load_run_all()
+    results = {n: run_all.run_one(n, p, "large") for n, p in run_all.discover(tmp_path).items()}
+    assert results["big"]["status"] == "ok" and results["big"]["size"] == "large"
+    assert results["small_only"]["status"] == "skipped"
+    assert (
+        results["small_only"]["reason"] == "bench_small_only.py has no size 'large' (it has tiny, default)."
+    )

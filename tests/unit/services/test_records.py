@@ -17,6 +17,7 @@ import pytest
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.services.records import (
+    FirstPositions,
     PrepareResult,
     Reject,
     SourceRecord,
@@ -262,6 +263,28 @@ def test_a_duplicate_id_keeps_the_first_record_and_rejects_the_later_ones(ledger
     rows = {r["app_id"]: r for r in ledger.iter_items("w", RUN, columns=["app_id", "request_json"])}
     assert "first" in rows["a"]["request_json"] and "int" in rows["7"]["request_json"]
     assert states(ledger) == {"a": "pending", "7": "pending"}
+
+
+def test_first_positions_hold_at_most_a_flush_of_ids_in_memory_and_still_know_every_first_position() -> None:
+    first = FirstPositions(flush=100)
+    for n in range(1_000):
+        assert first.setdefault(f"id-{n}", n) == n
+        assert first.held() < 100
+    # every id, written long ago or still held, answers its first position, not the new one
+    assert [first.setdefault(f"id-{n}", 5_000 + n) for n in range(0, 1_000, 37)] == list(range(0, 1_000, 37))
+    first.close()
+    assert first.held() == 0
+
+
+def test_a_duplicate_id_far_after_its_first_record_is_still_rejected_with_the_first_position(
+    ledger: Ledger,
+) -> None:
+    values = [{"id": f"r{n}", "channel": "c", "comment": "x"} for n in range(25_000)]
+    values.append({"id": "r3", "channel": "c", "comment": "late copy"})  # 25,000 records later
+    result, rejects = load(ledger, read_values(lambda: values))
+    assert [(r.position, r.app_id, r.code) for r in rejects] == [(25_000, "r3", "duplicate_id")]
+    assert "repeats the id of record 3; the first is kept" in rejects[0].message
+    assert result.items == 25_000
 
 
 def test_a_rerun_of_the_same_input_converges_to_the_same_ledger_and_counts(ledger: Ledger) -> None:
