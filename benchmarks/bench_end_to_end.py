@@ -1,6 +1,6 @@
 """End to end: the package's tasks at N items against the emulator, each task in its own process.
 
-Subject: ``batch_inference_group``'s tasks (prepare, submit, wait, download, reconcile,
+Subject: ``batch_inference_group``'s tasks (prepare, upload, submit, wait, download, reconcile,
 resubmit, publish; ``stages_abp.py``), each ``execute``d as its DAG task would be, in a process of
 its own (``e2e.py``), with an SQLite ledger, ``file://`` staging, records of 1 KB, OpenAI's 50,000
 requests per batch, and the emulator as a separate process that fails 2% of the lines with a 500
@@ -52,12 +52,13 @@ CONN_ID: Final = "bench_openai"
 RUN_ID: Final = "manual__2026-11-30T00:00:00+00:00"
 MAX_ATTEMPTS: Final = 2
 WAIT: Final = "emulator (wait)"
-ROUND_2: Final = "round 2 (resubmit, submit, download, reconcile)"
+ROUND_2: Final = "round 2 (resubmit, upload, submit, download, reconcile)"
 ROUND_2_WAIT: Final = "round 2 emulator (wait)"
 #: the stages reported, in order, with the items each one handles
 STAGE_ORDER: Final = (
     "prepare",
     "chunk",
+    "upload",
     "submit",
     WAIT,
     "download",
@@ -109,6 +110,7 @@ def run_abp(records: Path, workdir: Path, emulator: EmulatorProcess, chunk: int 
             if not manifests:
                 break
             resubmitted += sum(int(m["lines"]) for m in manifests)
+        manifests = stage("upload", key("upload"), manifests=manifests)["manifests"]
         batches = stage("submit", key("submit"), manifests=manifests)["batches"]
         batches = stage("wait", key(WAIT), batches=batches)["batches"]
         batches = stage("download", key("download"), batches=batches)["batches"]

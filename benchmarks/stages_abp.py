@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from airflow_batch_provider.core.options import ChunkOptions
 from airflow_batch_provider.operators.batch import BatchPrepareOperator
 
 WORKLOAD = "bench.e2e"
@@ -67,7 +68,7 @@ def stage_prepare(spec: dict[str, Any]) -> dict[str, Any]:
         task_id="prepare",
         records=spec["records"],
         prompt=prompt(),
-        max_requests_per_chunk=spec.get("chunk"),
+        chunking=ChunkOptions(max_requests=spec.get("chunk")),
         **common(spec),
     )
     start = time.perf_counter()
@@ -76,8 +77,19 @@ def stage_prepare(spec: dict[str, Any]) -> dict[str, Any]:
     return {"manifests": manifests, "chunk_s": op.chunk_s, "prepare_s": total - op.chunk_s}
 
 
+def stage_upload(spec: dict[str, Any]) -> dict[str, Any]:
+    """upload (mapped): stage each chunk's file at the provider and record it, exactly once."""
+    from airflow_batch_provider.operators.batch import BatchUploadOperator
+
+    out = []
+    for i, job in enumerate(spec["manifests"]):
+        op = BatchUploadOperator(task_id=f"upload_{i}", job=job, **common(spec))
+        out.append(op.execute(context(spec)))  # type: ignore[arg-type]
+    return {"manifests": out}
+
+
 def stage_submit(spec: dict[str, Any]) -> dict[str, Any]:
-    """submit (mapped): upload each chunk and create its batch, exactly once."""
+    """submit (mapped): create each uploaded chunk's batch, exactly once."""
     from airflow_batch_provider.operators.batch import BatchSubmitOperator
 
     out = []
@@ -138,7 +150,7 @@ def stage_resubmit(spec: dict[str, Any]) -> dict[str, Any]:
         task_id=f"resubmit_{spec['round']}",
         round_number=spec["round"],
         max_attempts=spec["max_attempts"],
-        max_requests_per_chunk=spec.get("chunk"),
+        chunking=ChunkOptions(max_requests=spec.get("chunk")),
         **common(spec),
     )
     return {"manifests": op.execute(context(spec))}  # type: ignore[arg-type]
@@ -156,6 +168,7 @@ def stage_publish(spec: dict[str, Any]) -> dict[str, Any]:
 
 STAGES = {
     "prepare": stage_prepare,
+    "upload": stage_upload,
     "submit": stage_submit,
     "wait": stage_wait,
     "download": stage_download,
