@@ -82,7 +82,7 @@ def run_page_url(dag_id: str, run_id: str, base_url: str | None = None) -> str:
     :param base_url: the Airflow UI's base URL (default: ``[api] base_url``; a path is kept)
     """
     if base_url is None:
-        from airflow.configuration import conf
+        from airflow.providers.common.compat.sdk import conf
 
         base_url = conf.get("api", "base_url", fallback="") or ""
     return f"{base_url.rstrip('/')}{PAGE_PREFIX}/dag-run?{urlencode({'dag_id': dag_id, 'run_id': run_id})}"

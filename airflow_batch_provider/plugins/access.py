@@ -121,7 +121,7 @@ def _ask_auth_manager(user: BaseUser, method: Method, dag_id: str | None) -> boo
 
 def _team_of(dag_id: str) -> str | None:
     """The team owning a DAG in a multi-team deployment (``None`` otherwise), as Airflow asks it."""
-    from airflow.configuration import conf
+    from airflow.providers.common.compat.sdk import conf
 
     if not conf.getboolean("core", "multi_team", fallback=False):
         return None

@@ -286,7 +286,7 @@ def form_token(secret: bytes, actor: str, workload: str) -> str:
 def _server_secret() -> bytes:
     """``[api_auth] jwt_secret`` (shared by every API server worker), else a secret of this process."""
     try:
-        from airflow.configuration import conf
+        from airflow.providers.common.compat.sdk import conf
 
         configured = conf.get("api_auth", "jwt_secret", fallback="") or ""
     except Exception:  # outside Airflow a process secret does as well

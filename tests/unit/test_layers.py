@@ -155,3 +155,15 @@ def test_the_package_scan_sees_a_stray_import_either_way(tmp_path: Path) -> None
     assert imports_of(tmp_path / ROOT, ("batch_emulator",)) == [
         "airflow_batch_provider/hooks/probe.py:1 -> batch_emulator.testing"
     ]
+
+
+def test_configuration_is_read_through_the_compat_layer_as_providers_must() -> None:
+    # Airflow's provider rule: ``airflow.configuration`` is core's; a provider reads its options
+    # (and Airflow's) through ``airflow.providers.common.compat.sdk.conf`` in workers and servers alike
+    direct = [
+        f"{path.relative_to(REPO)}:{line} -> {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module in imported_modules(path, REPO)
+        if module == "airflow.configuration" or module.startswith("airflow.configuration.")
+    ]
+    assert direct == []
