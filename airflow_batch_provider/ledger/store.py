@@ -1323,6 +1323,8 @@ class Ledger:
         target: str,
         from_states: Sequence[str],
         keys: Sequence[tuple[str, str]] | None = None,
+        *,
+        attempts_below: int | None = None,
         **values: Any,
     ) -> int:
         """Move this run's items in ``from_states`` (optionally only ``keys``) to ``target``.
@@ -1334,6 +1336,8 @@ class Ledger:
         :param target: the new state
         :param from_states: states to move from; each must connect to ``target``
         :param keys: (item key, prompt version) pairs to restrict to
+        :param attempts_below: only items with fewer attempts than this (one statement, however
+            many items: no list of keys)
         :param values: extra columns to set
         :raises InvalidTransitionError: a source state does not connect to ``target``
         """
@@ -1342,6 +1346,8 @@ class Ledger:
         base = and_(
             s.items.c.workload == workload, s.items.c.run_id == run_id, s.items.c.state.in_(list(from_states))
         )
+        if attempts_below is not None:
+            base = and_(base, s.items.c.attempts < attempts_below)
         with self.engine.begin() as conn:
             now = utcnow()
             for batch in [None] if keys is None else _chunks(keys):

@@ -992,35 +992,47 @@ class BatchResubmitOperator(BatchBaseOperator):
         self.log.info(
             "round %d: %d items to resubmit, %d sent to review", self.round_number, retry, to_review
         )
-        items = self.ledger.iter_item_rows(
-            self.workload, run_id, states=sorted(RETRYABLE_STATES), shape=OpenItem
-        )
-        eligible = [r for r in items if r.attempts < self.max_attempts]
+        # Every pass streams the rows again from the ledger (a page at a time): a list of them all
+        # held ~1.5 GB when every item of a million-item run failed.
         started = self.ledger.get_jobs(self.workload, run_id, self.round_number)
-        if (
-            self.budget.budget is not None
-            and eligible
-            and not started
-            and self.over_budget(run_id, eligible, context)
-        ):
+        if self.budget.budget is not None and retry and not started and self.over_budget(run_id, context):
             return []
         max_requests = rounds.retry_chunk_limit(
-            self.ledger, self.workload, run_id, self.round_number, eligible, self.chunking.max_requests
+            self.ledger,
+            self.workload,
+            run_id,
+            self.round_number,
+            self.eligible(run_id),
+            self.chunking.max_requests,
         )
-        return self.stage_round(context, self.round_number, eligible, max_requests, self.chunking.max_bytes)
+        return self.stage_round(
+            context, self.round_number, self.eligible(run_id), max_requests, self.chunking.max_bytes
+        )
 
-    def over_budget(self, run_id: str, rows: Sequence[OpenItem], context: Context | None = None) -> bool:
-        """Say whether this round would take the run over its budget; if so, send its items to review.
+    def eligible(self, run_id: str) -> Iterator[OpenItem]:
+        """A fresh stream of the items this round resubmits: retryable, under the attempts cap.
 
-        A refused round is a ``budget_refused`` alert.
+        Each call reads them again from the ledger, a page at a time, so no pass holds them all.
 
         :param run_id: the Airflow run id
-        :param rows: the items the round would resubmit
+        """
+        rows = self.ledger.iter_item_rows(
+            self.workload, run_id, states=sorted(RETRYABLE_STATES), shape=OpenItem
+        )
+        return (r for r in rows if r.attempts < self.max_attempts)
+
+    def over_budget(self, run_id: str, context: Context | None = None) -> bool:
+        """Say whether this round would take the run over its budget; if so, send its items to review.
+
+        The estimate streams :meth:`eligible`; the move to review addresses the same items in one
+        statement (retryable, under the attempts cap). A refused round is a ``budget_refused`` alert.
+
+        :param run_id: the Airflow run id
         :param context: the task context (for the alert)
         """
         from airflow_batch_provider.core.cost import estimate_cost
 
-        requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
+        requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in self.eligible(run_id))
         estimate = estimate_cost(
             requests, load_prices(self.budget.pricing_override), "batch", provider=self.adapter.name
         )
@@ -1038,7 +1050,7 @@ class BatchResubmitOperator(BatchBaseOperator):
             return False
         message = (
             f"round {self.round_number} not started: ${spent:.6f} already paid plus ${estimate.cost:.6f} estimated "
-            f"for {len(rows)} items exceeds the run's budget of ${budget}; raise BudgetOptions(budget_usd=...) to resubmit them."
+            f"for {estimate.items} items exceeds the run's budget of ${budget}; raise BudgetOptions(budget_usd=...) to resubmit them."
         )
         self.log.error("%s They go to review (error code budget_exceeded).", message)
         if context is not None:
@@ -1050,7 +1062,7 @@ class BatchResubmitOperator(BatchBaseOperator):
                 budget=budget,
                 spent=spent,
                 needed=estimate.cost,
-                items=len(rows),
+                items=estimate.items,
                 dag_id=_dag_id(context),
             )
             self.emit(context, event)
@@ -1059,7 +1071,7 @@ class BatchResubmitOperator(BatchBaseOperator):
             run_id,
             "review",
             sorted(RETRYABLE_STATES),
-            keys=[(r.item_key, r.prompt_version) for r in rows],
+            attempts_below=self.max_attempts,
             error_code="budget_exceeded",
             error_message=message,
         )

@@ -674,6 +674,26 @@ def test_a_transition_moves_only_the_given_states_and_keys_and_sets_the_values(l
     assert ledger.count_states(WL, "r1") == {"fallback": 2, "skipped": 1}
 
 
+def test_a_transition_below_an_attempts_count_leaves_items_at_or_over_it_alone(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep(a) for a in "abc"])
+    job, cids = submit(ledger, "r1", ["a", "b", "c"], round_=1)
+    ledger.apply_results(job, [fail(cids[a]) for a in "abc"], cost_of)
+    job, cids = submit(ledger, "r1", ["b"], round_=2)
+    ledger.apply_results(job, [fail(cids["b"])], cost_of)
+    moved = ledger.transition(
+        WL, "r1", "review", ["failed_retryable"], attempts_below=2, error_code="budget_exceeded"
+    )
+    assert moved == 2
+    rows = {a: item(ledger, a) for a in "abc"}
+    assert {a: (r["state"], r["attempts"]) for a, r in rows.items()} == {
+        "a": ("review", 1),
+        "b": ("failed_retryable", 2),
+        "c": ("review", 1),
+    }
+    assert rows["a"]["error_code"] == "budget_exceeded"
+    assert rows["b"]["error_code"] != "budget_exceeded"
+
+
 def test_a_transition_by_keys_handles_more_keys_than_one_write_slice(ledger: Ledger) -> None:
     ids = [f"id-{i}" for i in range(1200)]
     ledger.upsert_items(WL, "r1", [prep(a) for a in ids])

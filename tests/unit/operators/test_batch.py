@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -48,42 +49,48 @@ def ledger(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Ledger:
     monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path / 'staging'}")
     monkeypatch.setenv("AIRFLOW_CONN_OPS_TEST", json.dumps({"conn_type": "openai_batch", "password": "k"}))
     ledger = Ledger.from_url(url)
-    items = [
-        PreparedItem(item_key(f"i{n}"), PROMPT.render({"id": f"i{n}", "text": "word " * 50}))
-        for n in range(3)
-    ]
-    ledger.upsert_items("w", RUN, items)
-    job_id = f"w:{RUN}:r1:c00000"
+    seed_failed_round(ledger, RUN, 3, succeeded=1)
+    return ledger
+
+
+def seed_failed_round(
+    ledger: Ledger, run_id: str, n: int, *, succeeded: int = 0, words: int = 50, prefix: str = "i"
+) -> None:
+    """Record a submitted first round of items ``{prefix}0``.. in ``run_id``: the first ``succeeded`` cost $0.01, the rest failed (5xx)."""
+    ids = [f"{prefix}{k}" for k in range(n)]
+    items = [PreparedItem(item_key(i), PROMPT.render({"id": i, "text": "word " * words})) for i in ids]
+    ledger.upsert_items("w", run_id, items)
+    job_id = f"w:{run_id}:r1:c00000"
     ledger.record_job(
         {
             "job_id": job_id,
             "workload": "w",
-            "run_id": RUN,
+            "run_id": run_id,
             "round": 1,
             "chunk_index": 0,
             "provider": "openai",
             "model": "gpt-4o-mini",
             "kind": "chat",
-            "idempotency_key": "abp-k1",
+            "idempotency_key": f"abp-{run_id}",
             "staged_path": "file:///x",
             "input_sha256": "0" * 64,
-            "lines": 3,
+            "lines": n,
             "size_bytes": 1,
         },
         [(it.key, "v1", f"{it.key}__a1c0", 1) for it in items],
     )
-    ledger.mark_submitted(job_id, "batch_1", "file-1")
+    ledger.mark_submitted(job_id, f"batch_{run_id}", "file-1")
     usage = Usage(input_tokens=100_000, output_tokens=10_000)
     results = [
-        ItemResult("i0__a1c0", "succeeded", output="ok", usage=usage),
-        ItemResult("i1__a1c0", "failed_retryable", error_code="server_error", usage=Usage()),
-        ItemResult("i2__a1c0", "failed_retryable", error_code="server_error", usage=Usage()),
+        ItemResult(f"{i}__a1c0", "succeeded", output="ok", usage=usage)
+        if k < succeeded
+        else ItemResult(f"{i}__a1c0", "failed_retryable", error_code="server_error", usage=Usage())
+        for k, i in enumerate(ids)
     ]
     ledger.apply_results(job_id, results, lambda u: Decimal("0.01") if u.input_tokens else Decimal(0))
-    return ledger
 
 
-def resubmit(budget: float | None) -> BatchResubmitOperator:
+def resubmit(budget: float | None, **kw: Any) -> BatchResubmitOperator:
     return BatchResubmitOperator(
         task_id="resubmit_2",
         workload="w",
@@ -91,6 +98,7 @@ def resubmit(budget: float | None) -> BatchResubmitOperator:
         round_number=2,
         max_attempts=3,
         budget=BudgetOptions(budget_usd=budget),
+        **kw,
     )
 
 
@@ -119,6 +127,32 @@ def test_a_round_within_the_budget_is_staged_and_a_rerun_is_not_checked_again(le
 def test_without_a_budget_every_retryable_item_is_staged(ledger: Ledger) -> None:
     manifests = resubmit(None).execute({"run_id": RUN})  # type: ignore[arg-type]
     assert sum(m["lines"] for m in manifests) == 2
+
+
+def resubmit_peak(ledger: Ledger, run_id: str, n: int, budget: float | None) -> int:
+    """Seed ``n`` failed 1 KB items in ``run_id`` and return the resubmit task's peak traced memory."""
+    seed_failed_round(ledger, run_id, n, words=200, prefix=f"{run_id}-")
+    # a chunk's own bookkeeping is bounded by its size, not by the round's
+    op = resubmit(budget, chunking=ChunkOptions(max_requests=500))
+    tracemalloc.start()
+    try:
+        op.execute({"run_id": run_id})  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("budget", [None, 1e6, 1e-9], ids=["no budget", "within budget", "refused"])
+def test_the_resubmit_tasks_peak_memory_does_not_grow_with_the_items_it_resubmits(
+    ledger: Ledger, budget: float | None
+) -> None:
+    resubmit_peak(ledger, "warm", 50, budget)  # lazy imports and caches are paid here, not below
+    small = resubmit_peak(ledger, "small", 2_000, budget)
+    large = resubmit_peak(ledger, "large", 8_000, budget)
+    moved = "review" if budget == 1e-9 else "staged"
+    assert ledger.count_states("w", "large") == {moved: 8_000}
+    assert large / small < 1.5, f"peak {large} bytes at 8,000 items against {small} at 2,000"
 
 
 @pytest.mark.parametrize("workload", ["../..", "a/../../b", "/tmp/x", "a..b"])  # hostile input
@@ -493,15 +527,7 @@ def test_a_refused_resubmit_round_is_a_budget_alert_and_a_broken_notifier_does_n
     from airflow.sdk import DAG
 
     mail = tmp_path / "alerts.txt"
-    op = BatchResubmitOperator(
-        task_id="resubmit_2",
-        workload="w",
-        batch_conn_id="ops_test",
-        round_number=2,
-        max_attempts=3,
-        budget=BudgetOptions(budget_usd=0.010001),
-        alerts=alerts_to(mail),
-    )
+    op = resubmit(0.010001, alerts=alerts_to(mail))
     assert op.execute({"run_id": RUN, "dag": DAG("d", schedule=None)}) == []  # type: ignore[arg-type]
     assert sent(mail) == ["budget_refused"]
     assert "a round of 2 items" in mail.read_text()
