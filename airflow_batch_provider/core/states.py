@@ -141,5 +141,11 @@ JobState = Literal[
     "staged", "submitting", "uploaded", "in_doubt", "submitted", "sync", "downloaded", "reconciled"
 ]
 JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
+#: Job states before the batch's create: no claimed step of the job is in flight and the provider
+#: holds no batch of it (an uploaded file at most).
+NOT_CREATED_JOB_STATES: Final[frozenset[str]] = frozenset({"staged", "uploaded"})
+#: Job states whose batch holds enqueued tokens at the provider, or is about to (admitted, not yet
+#: created), until the batch ends.
+ENQUEUED_JOB_STATES: Final[frozenset[str]] = NOT_CREATED_JOB_STATES | {"submitting", "in_doubt", "submitted"}
 #: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.
 HARVESTED_JOB_STATES: Final[frozenset[str]] = frozenset({"downloaded", "reconciled"})

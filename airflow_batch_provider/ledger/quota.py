@@ -31,7 +31,11 @@ from typing import Final
 from sqlalchemy import Connection, Engine, and_, case, delete, func, or_, select, update
 
 from airflow_batch_provider.core.ratelimit import window_fits, window_wait
-from airflow_batch_provider.core.states import TERMINAL_BATCH_STATES
+from airflow_batch_provider.core.states import (
+    ENQUEUED_JOB_STATES,
+    NOT_CREATED_JOB_STATES,
+    TERMINAL_BATCH_STATES,
+)
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.store import _dialect_insert
 
@@ -40,11 +44,11 @@ KEEP_S: Final = 120.0
 #: A reservation whose answer never came (its process died) stops counting this long after it
 #: was made (longer than an SDK call's timeout).
 IN_FLIGHT_MAX_S: Final = 900.0
-#: Job states whose batch may hold enqueued tokens at the provider (``staged``: admitted, not yet
-#: created; counted while its admission is younger than the stale limit).
-HOLDING_STATES: Final[frozenset[str]] = frozenset({"staged", "submitting", "in_doubt", "submitted"})
-#: An admitted job still ``staged`` after this long was never created (its submit died and was not
-#: retried): its tokens are released.
+#: Job states whose batch may hold enqueued tokens at the provider (``staged``/``uploaded``:
+#: admitted, not yet created; counted while its admission is younger than the stale limit).
+HOLDING_STATES: Final[frozenset[str]] = ENQUEUED_JOB_STATES
+#: An admitted job still ``staged`` or ``uploaded`` after this long was never created (its submit
+#: died and was not retried): its tokens are released.
 STALE_ADMISSION_S: Final = 3600.0
 
 
@@ -229,7 +233,7 @@ class EnqueuedQuotaStore:
             over = (
                 state not in HOLDING_STATES
                 or batch_state in TERMINAL_BATCH_STATES
-                or (state == "staged" and float(admitted_at) < now - STALE_ADMISSION_S)
+                or (state in NOT_CREATED_JOB_STATES and float(admitted_at) < now - STALE_ADMISSION_S)
             )
             if over:
                 ended.append(job_id)

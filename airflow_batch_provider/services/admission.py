@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
 from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.states import NOT_CREATED_JOB_STATES
 from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
@@ -128,7 +129,7 @@ def admit(
     """
     extras = adapter.settings.extra
     limit = enqueued_limit(extras, job.model)
-    if limit is None or job.batch_id or job.state not in ("staged", "uploaded"):
+    if limit is None or job.batch_id or job.state not in NOT_CREATED_JOB_STATES:
         return Decision(True)
     key = str(extras.get("quota_key") or conn_id)
     store = EnqueuedQuotaStore(ledger.engine, key)

@@ -45,6 +45,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef, InputRef
 from airflow_batch_provider.core.failpoints import failpoint
+from airflow_batch_provider.core.states import NOT_CREATED_JOB_STATES
 from airflow_batch_provider.exceptions import (
     BatchInDoubtError,
     JobClaimedError,
@@ -619,7 +620,7 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
 
 
 #: Job states in which no upload and no create of the job is in flight under the current claim.
-NOTHING_SENT: Final = frozenset({"staged", "uploaded"})
+NOTHING_SENT: Final = NOT_CREATED_JOB_STATES
 
 
 def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:

@@ -159,6 +159,19 @@ def test_a_job_larger_than_the_limit_goes_alone_and_only_alone(ledger: Ledger) -
     assert not store.admit(small, MODEL, 1, 1000, 100.0).admitted
 
 
+def test_an_admitted_job_whose_chunk_is_uploaded_but_not_yet_created_holds_its_tokens(ledger: Ledger) -> None:
+    # the upload task runs before submit: the job is ``uploaded`` when submit asks for admission
+    store = EnqueuedQuotaStore(ledger.engine, "conn-a")
+    first, second = staged_job(ledger, ["a"], chunk=0), staged_job(ledger, ["b"], chunk=1)
+    ledger.update_job(first, state="uploaded")
+    ledger.update_job(second, state="uploaded")
+    assert store.admit(first, MODEL, 600, 1000, 100.0).admitted
+    refused = store.admit(second, MODEL, 600, 1000, 100.5)  # the first one's create has not happened yet
+    assert not refused.admitted and [h.job_id for h in refused.holders] == [first]
+    assert not store.admit(second, MODEL, 600, 1000, 100.0 + STALE_ADMISSION_S - 1).admitted
+    assert store.admit(second, MODEL, 600, 1000, 100.0 + STALE_ADMISSION_S + 1).admitted  # never created
+
+
 def test_an_admission_never_created_is_released_once_stale(ledger: Ledger) -> None:
     store = EnqueuedQuotaStore(ledger.engine, "conn-a")
     dead, next_ = staged_job(ledger, ["a"], chunk=0), staged_job(ledger, ["b"], chunk=1)
