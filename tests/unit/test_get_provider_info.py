@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 
 from airflow_batch_provider import __version__
 from airflow_batch_provider.get_provider_info import get_provider_info
@@ -31,6 +33,18 @@ def test_every_config_option_has_a_description_and_a_default() -> None:
     } <= set(options)
     for name, option in options.items():
         assert option["description"] and option["default"] is not None, name
+
+
+def test_the_readme_documents_every_declared_option_and_no_other() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Configuration (`[batch_provider]`", 1)[1].split("\n## ", 1)[0]
+    documented = {
+        name
+        for row in section.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([a-z_]+)`", row.split("|")[1])
+    }
+    assert documented == set(get_provider_info()["config"]["batch_provider"]["options"])
 
 
 def test_airflow_lists_the_provider_and_its_connection_types(airflow_home: dict[str, str]) -> None:
