@@ -7,7 +7,6 @@ is SQLite in the test's folder.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
@@ -187,9 +186,7 @@ async def test_429s_with_retry_after_are_retried_and_every_item_succeeds(
     # rate-limit headers must hold it back.
     _put_faults(emulator, {"rpm_limit": 3})
     _seed(ledger, {f"c{i}": f"comment {i}" for i in range(7)})
-    started = time.monotonic()
     summary = await _fallback(ledger, emulator, _open_rows(ledger), concurrency=4, window_s=3.0)
-    assert time.monotonic() - started < 20
     assert summary["succeeded"] == 7
     assert summary["provider_pauses"] >= 1
     assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": 7}
