@@ -77,26 +77,36 @@ def stage_prepare(spec: dict[str, Any]) -> dict[str, Any]:
     return {"manifests": manifests, "chunk_s": op.chunk_s, "prepare_s": total - op.chunk_s}
 
 
+def mapped(
+    spec: dict[str, Any], task: str, operator: Any, arg: str, inputs: list[Any], **kw: Any
+) -> list[Any]:
+    """Run a mapped task's instances one after another, as ``task_<i>``, each on one input.
+
+    :param spec: the stage's spec
+    :param task: the task id's stem
+    :param operator: the operator class
+    :param arg: the argument each instance takes its input in (``job``, ``batch``)
+    :param inputs: the upstream task's outputs, one per instance
+    :param kw: further arguments for every instance
+    """
+    return [
+        operator(task_id=f"{task}_{i}", **{arg: value}, **kw, **common(spec)).execute(context(spec))
+        for i, value in enumerate(inputs)
+    ]
+
+
 def stage_upload(spec: dict[str, Any]) -> dict[str, Any]:
     """upload (mapped): stage each chunk's file at the provider and record it, exactly once."""
     from airflow_batch_provider.operators.batch import BatchUploadOperator
 
-    out = []
-    for i, job in enumerate(spec["manifests"]):
-        op = BatchUploadOperator(task_id=f"upload_{i}", job=job, **common(spec))
-        out.append(op.execute(context(spec)))  # type: ignore[arg-type]
-    return {"manifests": out}
+    return {"manifests": mapped(spec, "upload", BatchUploadOperator, "job", spec["manifests"])}
 
 
 def stage_submit(spec: dict[str, Any]) -> dict[str, Any]:
     """submit (mapped): create each uploaded chunk's batch, exactly once."""
     from airflow_batch_provider.operators.batch import BatchSubmitOperator
 
-    out = []
-    for i, job in enumerate(spec["manifests"]):
-        op = BatchSubmitOperator(task_id=f"submit_{i}", job=job, prompt=prompt(), **common(spec))
-        out.append(op.execute(context(spec)))  # type: ignore[arg-type]
-    return {"batches": out}
+    return {"batches": mapped(spec, "submit", BatchSubmitOperator, "job", spec["manifests"], prompt=prompt())}
 
 
 def stage_wait(spec: dict[str, Any]) -> dict[str, Any]:
@@ -124,22 +134,18 @@ def stage_download(spec: dict[str, Any]) -> dict[str, Any]:
     """download (mapped): stream each batch's output and error files into staging."""
     from airflow_batch_provider.operators.batch import BatchDownloadOperator
 
-    out = []
-    for i, batch in enumerate(spec["batches"]):
-        op = BatchDownloadOperator(task_id=f"download_{i}", batch=batch, **common(spec))
-        out.append(op.execute(context(spec)))  # type: ignore[arg-type]
-    return {"batches": out}
+    return {"batches": mapped(spec, "download", BatchDownloadOperator, "batch", spec["batches"])}
 
 
 def stage_reconcile(spec: dict[str, Any]) -> dict[str, Any]:
     """reconcile (mapped): apply each job's results to the ledger by custom id."""
     from airflow_batch_provider.operators.batch import BatchReconcileOperator
 
-    out = []
-    for i, batch in enumerate(spec["batches"]):
-        op = BatchReconcileOperator(task_id=f"reconcile_{i}", batch=batch, prompt=prompt(), **common(spec))
-        out.append(op.execute(context(spec)))  # type: ignore[arg-type]
-    return {"results": out}
+    return {
+        "results": mapped(
+            spec, "reconcile", BatchReconcileOperator, "batch", spec["batches"], prompt=prompt()
+        )
+    }
 
 
 def stage_resubmit(spec: dict[str, Any]) -> dict[str, Any]:
