@@ -619,10 +619,6 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     return moved
 
 
-#: Job states in which no upload and no create of the job is in flight under the current claim.
-NOTHING_SENT: Final = NOT_CREATED_JOB_STATES
-
-
 def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:
     """Release a killed attempt's claim when nothing of its job can be in flight; say whether it did.
 
@@ -639,7 +635,7 @@ def release_on_kill(ledger: Ledger, job_id: str, owner: str) -> bool:
     :param owner: the attempt's claim owner
     """
     job = ledger.get_job(job_id)
-    if job.state not in NOTHING_SENT or job.batch_id:
+    if job.state not in NOT_CREATED_JOB_STATES or job.batch_id:
         log.warning(
             "killed while job %s is %s: its claim is kept until its lease ends (a create may be in flight)",
             job_id,
