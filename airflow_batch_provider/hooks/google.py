@@ -1,21 +1,25 @@
 """Google Cloud credentials and GCS from a ``google_cloud_platform`` connection.
 
-With the Google provider installed its ``GoogleBaseHook`` resolves the credentials and its
-filesystem serves ``gs://`` for ``ObjectStoragePath``. Without it (it cannot be installed beside
-this package: see below), this module reads the same connection extras with ``google-auth`` and
-registers ``gs://`` for ``ObjectStoragePath`` through ``gcsfs``: ``keyfile_dict`` (service
-account or external account JSON), ``key_path``, ``credential_config_file``, ``is_anonymous``,
-``project``, ``scope`` (comma-separated), ``impersonation_chain`` (a service account, or a
-comma-separated chain whose last account is impersonated through the ones before it, as the Google
-provider reads it) and ``gcs.endpoint`` (a GCS endpoint override, e.g. an emulator); none of the
-credential sources: Application Default Credentials. ``iamcredentials.endpoint`` (this package's
-own extra) overrides the IAM Credentials API that impersonation calls (a private endpoint, an
-emulator). Install ``airflow-batch-provider[vertex]``.
+With the Google provider installed (``pip install airflow-batch-provider[google]``), its
+``GoogleBaseHook`` resolves the credentials and its filesystem serves ``gs://`` for
+``ObjectStoragePath``. Without it, this module reads the same connection extras with
+``google-auth`` and registers ``gs://`` for ``ObjectStoragePath`` through ``gcsfs``:
+``keyfile_dict`` (service account or external account JSON), ``key_path``,
+``credential_config_file``, ``is_anonymous``, ``project``, ``quota_project_id``, ``scope``
+(comma-separated), ``impersonation_chain`` (a service account, or a comma-separated chain whose last
+account is impersonated through the ones before it, as the Google provider reads it) and
+``gcs.endpoint`` (a GCS endpoint override, e.g. an emulator); none of the credential sources:
+Application Default Credentials. Install ``airflow-batch-provider[vertex]``.
 
-Why the Google provider is optional and not an extra: no release of
-``apache-airflow-providers-google`` installs beside ``google-genai`` 3 and ``google-cloud-storage`` 3
-(the ``google-cloud-aiplatform`` it needs requires ``google-genai<3`` from 1.123 on and
-``google-cloud-storage<3`` before); docs/architecture.md has the measurement.
+``iamcredentials.endpoint`` is this package's own extra: it overrides the IAM Credentials API that
+impersonation calls (a private endpoint, an emulator). ``GoogleBaseHook`` has no such option, so a
+connection that sets it is read here with ``google-auth`` whether or not the Google provider is
+installed (otherwise the override would be dropped and the token bought at the public endpoint).
+
+The Google provider needs ``google-genai`` 2 (its ``google-cloud-aiplatform`` requires
+``google-genai<3``) and, from 22.3 on, ``openai`` 2 (through ``litellm``): the ``[google]`` extra
+therefore cannot be combined with ``[openai]``; ``constraints-google.txt`` pins an environment that
+holds it, and ``make test-google`` tests this package in it.
 """
 
 from __future__ import annotations
@@ -83,8 +87,9 @@ def credentials_from_extras(extra: dict[str, Any]) -> tuple[Any, str | None]:
     ``project`` extra names one, is the impersonated account's (``name@PROJECT.iam...``).
 
     :param extra: the connection extras
-    :raises ConfigurationError: a key that is not JSON, more than one credential source, or an
-        impersonation chain on anonymous credentials
+    :raises ConfigurationError: a key that is not JSON, more than one credential source, an
+        impersonation chain on anonymous credentials, or a quota project on credentials that
+        cannot carry one
     """
     import google.auth
     from google.auth.credentials import AnonymousCredentials
@@ -134,6 +139,15 @@ def credentials_from_extras(extra: dict[str, Any]) -> tuple[Any, str | None]:
     if chain:
         credentials = _impersonated(credentials, chain, scopes, _field(extra, IAM_ENDPOINT))
         found = chain[-1].partition("@")[2].split(".", 1)[0] or found
+    quota_project = _field(extra, "quota_project_id")
+    if quota_project:
+        if not hasattr(credentials, "with_quota_project"):
+            raise ConfigurationError(
+                f"the Google Cloud connection sets quota_project_id={quota_project!r}, which "
+                f"{type(credentials).__name__} credentials cannot carry; use a service account key, "
+                "ADC or an impersonation chain, or remove quota_project_id."
+            )
+        credentials = credentials.with_quota_project(quota_project)
     return credentials, project or found
 
 
@@ -149,7 +163,7 @@ def google_credentials(gcp_conn_id: str) -> tuple[Any, str | None, str | None]:
     conn = BaseHook.get_connection(gcp_conn_id)
     extra = dict(conn.extra_dejson or {})
     endpoint = extra.get(GCS_ENDPOINT) or None
-    if _google_provider():  # pragma: no cover - the Google provider is not installed in the test venv
+    if _google_provider() and not _field(extra, IAM_ENDPOINT):
         from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
         credentials, project = GoogleBaseHook(gcp_conn_id=gcp_conn_id).get_credentials_and_project_id()

@@ -22,15 +22,16 @@ RUNTIME_EXTRAS = {
     "kubernetes",
     "s3",
     "vertex",
+    "google",
     "postgres",
     "emulator",
     "stack",
 }
 
 
-def pins() -> dict[str, Version]:
+def pins(name: str = "constraints.txt") -> dict[str, Version]:
     found = {}
-    for line in (REPO_ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+    for line in (REPO_ROOT / name).read_text(encoding="utf-8").splitlines():
         match = re.match(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", line)
         if match:
             found[_norm(match[1])] = Version(match[2])
@@ -51,19 +52,47 @@ def runtime_requirements() -> list[Requirement]:
 
 
 def test_every_floor_is_the_minor_line_that_the_tests_run_with() -> None:
-    pinned = pins()
+    """A floor is the minor line of a pin that a test environment runs: constraints.txt (`make
+    test`) or constraints-google.txt (`make test-google`, the Google provider's environment)."""
+    environments = [pins(), pins("constraints-google.txt")]
     wrong = []
     for req in runtime_requirements():
+        if _norm(req.name) == "airflow-batch-provider":
+            continue  # an extra that names others (`google` = `vertex` + the Google provider)
         floors = [Version(s.version) for s in req.specifier if s.operator == ">="]
         if not floors:
             wrong.append(f"{req}: no floor")
             continue
-        pin = pinned.get(_norm(req.name))
-        if pin is None:
-            wrong.append(f"{req}: not pinned in constraints.txt")
-        elif floors[0] > pin or floors[0].release[:2] != pin.release[:2]:
-            wrong.append(f"{req}: tested with {pin}; raise the floor to that minor line or test the floor")
+        tested = [env[_norm(req.name)] for env in environments if _norm(req.name) in env]
+        if not tested:
+            wrong.append(f"{req}: not pinned in constraints.txt or constraints-google.txt")
+        elif not any(floors[0] <= pin and floors[0].release[:2] == pin.release[:2] for pin in tested):
+            wrong.append(
+                f"{req}: tested with {', '.join(map(str, tested))}; raise the floor to that minor line "
+                "or test the floor"
+            )
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_google_environment_differs_from_the_main_pins_only_where_the_google_provider_needs_it() -> None:
+    """Regenerate one constraints file and not the other, and this says which pins drifted apart."""
+    main, google = pins(), pins("constraints-google.txt")
+    differ = {name for name in main.keys() & google.keys() if main[name] != google[name]}
+    assert differ == {"google-genai", "openai", "importlib-metadata"}, (
+        f"pins that differ: {sorted(differ)}; run `make constraints-google` after `make constraints`"
+    )
+    assert google["google-genai"].major == 2 and main["google-genai"].major == 3
+    assert "apache-airflow-providers-google" in google and "apache-airflow-providers-google" not in main
+
+
+def test_the_google_extra_stays_out_of_all_because_it_cannot_sit_beside_the_openai_extra() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "google" not in extras["all"][0] and "openai" in extras["all"][0]
+    assert "airflow-batch-provider[google,gemini,emulator,postgres]" in extras["test-google"]
+    openai_floor = [
+        Version(s.version) for s in Requirement(extras["openai"][0]).specifier if s.operator == ">="
+    ]
+    assert pins("constraints-google.txt")["openai"] < openai_floor[0]  # why `google` is not in `all`
 
 
 def _top_level_imports(path: Path) -> set[str]:
@@ -100,16 +129,9 @@ def _distribution(module: str) -> str:
     return _norm(module.split(".")[0])
 
 
-# distribution -> (the one module that imports it, behind a check that it is installed; why it is
-# not declared). Nothing else may import it.
-GUARDED = {
-    "apache-airflow-providers-google": (
-        "airflow_batch_provider/hooks/google.py",
-        "no release installs beside google-genai 3 and google-cloud-storage 3: the google-cloud-aiplatform "
-        "it needs requires google-genai<3 from 1.123 on and google-cloud-storage<3 before "
-        "(docs/architecture.md)",
-    ),
-}
+# distribution -> the one module that imports it, behind a check that it is installed: the `vertex`
+# extra works without it (the `google` extra adds it). Nothing else may import it.
+GUARDED = {"apache-airflow-providers-google": "airflow_batch_provider/hooks/google.py"}
 
 
 def test_every_third_party_import_of_the_package_is_declared() -> None:
@@ -124,15 +146,16 @@ def test_every_third_party_import_of_the_package_is_declared() -> None:
             if root in own or root in sys.stdlib_module_names or root == "__future__":
                 continue
             dist = _distribution(module)
-            if dist in GUARDED and str(path.relative_to(REPO_ROOT)) == GUARDED[dist][0]:
-                continue
             if dist not in declared | implied:
                 missing.add(f"{path.relative_to(REPO_ROOT)}: {module} ({dist})")
     assert not missing, "imported but not declared in pyproject.toml:\n" + "\n".join(sorted(missing))
 
 
-def test_an_undeclared_optional_import_sits_under_a_check_that_it_is_installed() -> None:
-    for dist, (where, _why) in GUARDED.items():
+def test_the_google_provider_is_imported_in_one_module_and_only_under_a_check_that_it_is_installed() -> None:
+    for path in (REPO_ROOT / "airflow_batch_provider").rglob("*.py"):
+        found = {_distribution(m) for m in _top_level_imports(path)} & GUARDED.keys()
+        assert all(GUARDED[dist] == str(path.relative_to(REPO_ROOT)) for dist in found), path
+    for dist, where in GUARDED.items():
         tree = ast.parse((REPO_ROOT / where).read_text(encoding="utf-8"))
         guarded = {
             id(node)

@@ -158,3 +158,75 @@ async def test_the_triggerer_polls_vertex_on_the_impersonated_credentials_too(im
         await client.close()
     assert status.state in ("validating", "in_progress")
     assert impersonating.stats()["counters"][f"vertex.impersonated.{RELAY}>{TARGET}"] > before
+
+
+def test_a_quota_project_rides_on_the_credentials_built_from_a_key() -> None:
+    """``quota_project_id`` (a field of the Google provider's form) bills the calls to that project
+    on either branch; here the key is never used (no token is bought)."""
+    from tests.support.gcs import service_account_key
+
+    key = service_account_key("http://127.0.0.1:9/token")
+    credentials, project = credentials_from_extras(
+        {"keyfile_dict": json.dumps(key), "quota_project_id": "billing-proj"}
+    )
+    assert credentials.quota_project_id == "billing-proj" and project == "abp-project"
+
+
+def test_a_quota_project_on_anonymous_credentials_is_ignored_as_the_google_provider_ignores_it() -> None:
+    credentials, _ = credentials_from_extras({"is_anonymous": True, "quota_project_id": "billing-proj"})
+    assert getattr(credentials, "quota_project_id", None) is None
+
+
+# The Google provider's branch: `make test-google` runs this module in an environment that holds
+# apache-airflow-providers-google (constraints-google.txt); `make test` runs it in one without.
+def _google_provider_or_skip() -> None:
+    pytest.importorskip("airflow.providers.google.common.hooks.base_google")
+
+
+def test_with_the_google_provider_installed_its_base_hook_builds_the_connections_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key and an impersonation chain, no IAM override: GoogleBaseHook builds the impersonated
+    credentials (its own class, the public IAM endpoint), the project is the target's, and the
+    quota project is applied; gs:// is left to the provider's filesystem."""
+    _google_provider_or_skip()
+    from google.auth import impersonated_credentials
+
+    from airflow_batch_provider.hooks import google
+    from tests.support.gcs import service_account_key
+
+    key = service_account_key("http://127.0.0.1:9/token")
+    extra = {"keyfile_dict": json.dumps(key), "impersonation_chain": f"{RELAY}, {TARGET}"}
+    extra["quota_project_id"] = "billing-proj"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ABP_GCP_PROVIDER", json.dumps({"conn_type": "google_cloud_platform", "extra": extra})
+    )
+    credentials, project, endpoint = google.google_credentials("abp_gcp_provider")
+    assert isinstance(credentials, impersonated_credentials.Credentials)
+    assert credentials.service_account_email == TARGET and project == "vertex-runs" and endpoint is None
+    assert credentials.quota_project_id == "billing-proj"
+    assert google.schemes == []  # the Google provider registers gs:// itself
+
+
+def test_with_the_google_provider_installed_an_iam_override_keeps_the_connection_on_this_packages_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GoogleBaseHook has no IAM endpoint option: the override must not be dropped silently (the
+    token would be bought at the public endpoint), so such a connection is read here."""
+    _google_provider_or_skip()
+    from airflow_batch_provider.hooks import google
+    from tests.support.gcs import service_account_key
+
+    key = service_account_key("http://127.0.0.1:9/token")
+    extra = {
+        "keyfile_dict": json.dumps(key),
+        "impersonation_chain": TARGET,
+        "iamcredentials.endpoint": "http://127.0.0.1:9",
+    }
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ABP_GCP_OVERRIDE", json.dumps({"conn_type": "google_cloud_platform", "extra": extra})
+    )
+    credentials, _, _ = google.google_credentials("abp_gcp_override")
+    assert credentials._iam_endpoint_override == (
+        f"http://127.0.0.1:9/v1/projects/-/serviceAccounts/{TARGET}:generateAccessToken"
+    )
