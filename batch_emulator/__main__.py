@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from batch_emulator.config import DEFAULT_PORT, EmulatorConfig, is_loopback
@@ -132,6 +134,10 @@ async def _serve(config: EmulatorConfig, log_level: str) -> None:
     await task
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the emulator until interrupted; return the exit status.
 
@@ -143,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # uvicorn stops on SIGTERM and then raises it again; its default action would end the process
+    # before the temporary data directory (no --data-dir) is removed at exit: exit normally instead
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         asyncio.run(_serve(config, args.log_level))
     except KeyboardInterrupt:

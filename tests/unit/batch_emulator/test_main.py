@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +62,32 @@ def test_the_module_starts_a_server_and_announces_its_address() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_emulator_leaves_no_data_directory_behind(stop: signal.Signals, tmp_path: Path) -> None:
+    """Without ``--data-dir`` the emulator spools to a temporary folder: ``kill`` (as the demo, the
+    stack and docker compose stop it) or Ctrl-C must remove it, uploaded files and all."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batch_emulator", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().rsplit(" ", 1)[1]
+        upload = httpx.post(
+            url + "/v1/files",
+            headers={"Authorization": "Bearer sk-test"},
+            data={"purpose": "batch"},
+            files={"file": ("in.jsonl", b'{"custom_id": "a"}\n')},
+        )
+        assert upload.status_code == 200, upload.text
+        assert [p.name[:15] for p in tmp_path.iterdir()] == ["batch-emulator-"]
+        assert any(p.is_file() for p in next(tmp_path.iterdir()).rglob("*"))
+    finally:
+        proc.send_signal(stop)
+        proc.wait(timeout=20)
+    assert list(tmp_path.iterdir()) == []
