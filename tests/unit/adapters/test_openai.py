@@ -158,15 +158,21 @@ def test_cancel_ends_the_batch_cancelled(emulator: str) -> None:
     assert adapter.status(ref).state == "cancelled"
 
 
-async def test_the_async_client_reads_the_same_status(emulator: str) -> None:
-    adapter = adapter_for(emulator)
-    ref = adapter.submit(stage_lines(adapter, [CHAT], "k7.jsonl"), "k7", {})
-    client = adapter.async_client()
-    try:
-        status = await client.status(ref)
-    finally:
-        await client.close()
-    assert status == adapter.status(ref)
+async def test_the_async_client_reads_the_same_status_in_flight_and_at_the_end() -> None:
+    """Its own slow emulator (``validating`` lasts 200 s of real time): the two reads of an
+    in-flight batch cannot straddle a phase change, however loaded the machine is."""
+    with run_emulator(EmulatorConfig(time_scale=100)) as slow:
+        adapter = adapter_for(slow)
+        ref = adapter.submit(stage_lines(adapter, [CHAT], "k7.jsonl"), "k7", {})
+        client = adapter.async_client()
+        try:
+            in_flight = await client.status(ref)
+            assert in_flight == adapter.status(ref) and in_flight.state == "validating"
+            advance(slow, 2_000)  # past validating, in_progress and finalizing (1,400 s here)
+            done = await client.status(ref)
+        finally:
+            await client.close()
+        assert done == adapter.status(ref) and done.state == "completed" and done.completed == 1
 
 
 def test_every_result_line_shape_maps_to_a_neutral_outcome() -> None:
