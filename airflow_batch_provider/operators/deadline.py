@@ -22,14 +22,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow.sdk import BaseBranchOperator, BaseOperator
 
 from airflow_batch_provider.adapters.base import BatchRef
-from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
+from airflow_batch_provider.core.deadline import DeadlinePolicy, DeadlineSpec, check_policy, deadline_passed
 from airflow_batch_provider.core.options import HARVEST_TIMEOUT_S, DeadlineOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.states import UNSETTLED_STATES
@@ -64,29 +64,84 @@ class BatchDeadlineOperator(BaseOperator):
     A time of day is anchored to the run's logical date (or ``run_after``), an offset to the
     run's start, so clearing and rerunning the task gives the same deadline.
 
-    :param spec: the deadline and its policy
+    A templated deadline (``when``, e.g. ``"{{ var.value.get('my_deadline', '') }}"``) is rendered
+    here, once per run: to a moment (an ISO datetime), to a rule (``PT2H``, ``06:30 Europe/Berlin``)
+    resolved as above, or to nothing: no deadline this run (``deadline`` is then ``""``, which the
+    sensors, pod tasks, resubmit and the branch read as none, so the branch goes to publish).
+
+    :param spec: the deadline and its policy (``None`` when ``when`` is given)
+    :param when: a template of the deadline, rendered when the task runs
+    :param policy: the policy of a templated deadline
+    :param margin_s: seconds before a templated deadline at which waiting stops
     """
 
+    template_fields: Sequence[str] = ("when",)
     ui_color = "#fbe3e4"
 
-    def __init__(self, *, spec: DeadlineSpec, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        spec: DeadlineSpec | None = None,
+        when: str | None = None,
+        policy: DeadlinePolicy | None = None,
+        margin_s: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if (spec is None) == (when is None):
+            raise ConfigurationError(
+                f"BatchDeadlineOperator(spec={spec!r}, when={when!r}): give exactly one, a DeadlineSpec or "
+                "a template of the deadline."
+            )
+        if when is not None:
+            check_policy(policy, True)
         self.spec = spec
+        self.when = when
+        #: the template as written (``when`` holds what it rendered to once the task runs)
+        self.when_template = when
+        self.policy = spec.policy if spec is not None else policy
+        self.margin_s = spec.margin_s if spec is not None else margin_s
 
     def execute(self, context: Context) -> dict[str, Any]:
         dag_run = context.get("dag_run")
         now = datetime.now(timezone.utc)
-        start = _aware(getattr(dag_run, "start_date", None)) or now
-        logical = (
-            _aware(context.get("logical_date"))
-            or _aware(getattr(dag_run, "logical_date", None))
-            or _aware(getattr(dag_run, "run_after", None))
-        )
-        deadline = self.spec.resolve(start, logical)
-        stop_at = self.spec.stop_at(deadline)
+        spec = self.spec
+        moment: datetime | None = None
+        if spec is None:
+            text = str(self.when or "").strip()
+            if not text:
+                self.log.info(
+                    "deadline %s rendered to nothing: no deadline this run (then %s does not apply)",
+                    self.when_template,
+                    self.policy,
+                )
+                return {"deadline": "", "stop_at": "", "policy": self.policy, "margin_s": self.margin_s}
+            try:
+                moment = _aware(text)
+            except ValueError:
+                try:
+                    spec = DeadlineSpec.parse(text, self.policy, margin_s=self.margin_s)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(
+                        f"the deadline template {self.when_template!r} rendered to {text!r} for this run: {exc}"
+                    ) from exc
+        if spec is not None:
+            start = _aware(getattr(dag_run, "start_date", None)) or now
+            logical = (
+                _aware(context.get("logical_date"))
+                or _aware(getattr(dag_run, "logical_date", None))
+                or _aware(getattr(dag_run, "run_after", None))
+            )
+            deadline = spec.resolve(start, logical)
+            described = spec.describe()
+        else:
+            assert moment is not None
+            deadline = moment
+            described = f"deadline {moment.isoformat()}, then {self.policy}"
+        stop_at = deadline - timedelta(seconds=self.margin_s)
         self.log.info(
             "%s: this run's deadline is %s (waiting stops at %s, %.0fs from now)",
-            self.spec.describe(),
+            described,
             deadline.isoformat(),
             stop_at.isoformat(),
             (stop_at - now).total_seconds(),
@@ -94,8 +149,8 @@ class BatchDeadlineOperator(BaseOperator):
         return {
             "deadline": deadline.isoformat(),
             "stop_at": stop_at.isoformat(),
-            "policy": self.spec.policy,
-            "margin_s": self.spec.margin_s,
+            "policy": self.policy,
+            "margin_s": self.margin_s,
         }
 
 
