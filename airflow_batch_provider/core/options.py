@@ -53,6 +53,7 @@ def check_lane(lane: object) -> Lane:
         )
     return lane  # type: ignore[return-value]
 
+
 #: Default seconds the harvest waits for a batch cancelled at the deadline to reach its terminal
 #: state: OpenAI documents up to 10 minutes for a cancel to complete.
 HARVEST_TIMEOUT_S: Final = 600.0

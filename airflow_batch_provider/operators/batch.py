@@ -443,7 +443,11 @@ class BatchBaseOperator(BaseOperator):
         if not isinstance(chunking.max_requests, str):
             return chunking
         done = chunking.rendered(self.render_template(chunking.max_requests, context))
-        self.log.info("requests per job this run: %s (%s)", done.max_requests or "the provider's limit", chunking.max_requests)
+        self.log.info(
+            "requests per job this run: %s (%s)",
+            done.max_requests or "the provider's limit",
+            chunking.max_requests,
+        )
         return done
 
     def job_manifest(self, job: JobRow) -> dict[str, Any]:

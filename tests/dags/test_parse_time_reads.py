@@ -81,7 +81,8 @@ def parsed(airflow_home: dict[str, str]) -> dict[str, Any]:
 def test_no_dag_file_reads_a_variable_or_a_connection_when_it_is_parsed(parsed: dict[str, Any]) -> None:
     assert parsed["reads"] == []
     assert parsed["errors"] == {}
-    assert {"nightly_eval_vllm", "embeddings_backfill", "nightly_feedback_classification"} <= set(parsed["dags"])
+    expected = {"nightly_eval_vllm", "embeddings_backfill", "nightly_feedback_classification"}
+    assert expected <= set(parsed["dags"])
 
 
 def test_the_eval_dag_keeps_its_connection_chunk_and_deadline_as_templates_for_the_run_to_resolve(
