@@ -254,7 +254,9 @@ def test_prepare_refuses_a_connection_of_the_other_lane_before_the_run_is_record
     assert read == [] and ledger.runs("p") == [] and ledger.count_states("p", RUN) == {}
 
 
-def test_prepare_cuts_its_chunks_by_the_chunk_size_the_template_renders_to_for_this_run(ledger: Ledger) -> None:
+def test_prepare_cuts_its_chunks_by_the_chunk_size_the_template_renders_to_for_this_run(
+    ledger: Ledger,
+) -> None:
     from airflow_batch_provider.exceptions import ConfigurationError
     from airflow_batch_provider.operators.batch import BatchPrepareOperator
 
