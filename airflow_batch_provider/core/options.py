@@ -163,7 +163,9 @@ class DeadlineOptions:
 
     :param when: a time of day with its timezone (``"06:30 Europe/Berlin"``), an offset from the
         run's start (``"PT4H"``, a timedelta), a :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`,
-        or an absolute (templated) datetime (a datetime, an ISO string, a ``"{{ ... }}"`` template)
+        or an absolute (templated) datetime (a datetime, an ISO string, a ``"{{ ... }}"`` template).
+        ``batch_inference_group`` has a template rendered once per run by its ``deadline`` task,
+        which also takes a rule, or nothing for no deadline that run (e.g. from a Variable)
     :param policy: what happens to items not done by then: ``sync_fallback``, ``publish_pending``
         or ``skip`` (required: each spends money or delivers less in its own way)
     :param margin_s: seconds before the deadline at which waiting stops
