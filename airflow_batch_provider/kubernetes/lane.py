@@ -73,12 +73,12 @@ def check_conn_lane(batch_conn_id: str, lane: BuiltLane) -> str:
     if in_pod == (lane == "pod"):
         return conn_type
     other = "pod" if in_pod else "provider"
+    wanted = "vllm_kubernetes" if lane == "pod" else "batch API (openai_batch, anthropic_batch, ...)"
     raise ConfigurationError(
         f"connection {batch_conn_id!r} is of type {conn_type!r}, which runs in the {other} lane, but "
-        f"batch_inference_group built the {lane} lane for this DAG; the task stopped before submitting anything. Point "
-        f"batch_conn_id (or the Variable its template reads) at a "
-        f"{'vllm_kubernetes' if lane == 'pod' else 'batch API (openai_batch, anthropic_batch, ...)'} "
-        f"connection, or build the group with lane={other!r}."
+        f"batch_inference_group built the {lane} lane for this DAG; the task stopped before submitting "
+        f"anything. Point batch_conn_id (or the Variable its template reads) at a {wanted} connection, "
+        f"or build the group with lane={other!r}."
     )
 
 

@@ -102,42 +102,48 @@ class BatchDeadlineOperator(BaseOperator):
         self.policy = spec.policy if spec is not None else policy
         self.margin_s = spec.margin_s if spec is not None else margin_s
 
+    def rendered(self) -> DeadlineSpec | datetime | None:
+        """The templated deadline as rendered for this run: a rule, a moment, or ``None`` (none).
+
+        :raises ConfigurationError: it rendered to neither, naming the template and the value
+        """
+        text = str(self.when or "").strip()
+        if not text:
+            return None
+        try:
+            return _aware(text)
+        except ValueError:
+            pass
+        try:
+            return DeadlineSpec.parse(text, self.policy, margin_s=self.margin_s)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"the deadline template {self.when_template!r} rendered to {text!r} for this run: {exc}"
+            ) from exc
+
     def execute(self, context: Context) -> dict[str, Any]:
-        dag_run = context.get("dag_run")
         now = datetime.now(timezone.utc)
-        spec = self.spec
-        moment: datetime | None = None
-        if spec is None:
-            text = str(self.when or "").strip()
-            if not text:
-                self.log.info(
-                    "deadline %s rendered to nothing: no deadline this run (then %s does not apply)",
-                    self.when_template,
-                    self.policy,
-                )
-                return {"deadline": "", "stop_at": "", "policy": self.policy, "margin_s": self.margin_s}
-            try:
-                moment = _aware(text)
-            except ValueError:
-                try:
-                    spec = DeadlineSpec.parse(text, self.policy, margin_s=self.margin_s)
-                except ConfigurationError as exc:
-                    raise ConfigurationError(
-                        f"the deadline template {self.when_template!r} rendered to {text!r} for this run: {exc}"
-                    ) from exc
-        if spec is not None:
+        rule = self.spec if self.spec is not None else self.rendered()
+        if rule is None:
+            self.log.info(
+                "deadline %s rendered to nothing: no deadline this run (%s does not apply)",
+                self.when_template,
+                self.policy,
+            )
+            return {"deadline": "", "stop_at": "", "policy": self.policy, "margin_s": self.margin_s}
+        if isinstance(rule, DeadlineSpec):
+            dag_run = context.get("dag_run")
             start = _aware(getattr(dag_run, "start_date", None)) or now
             logical = (
                 _aware(context.get("logical_date"))
                 or _aware(getattr(dag_run, "logical_date", None))
                 or _aware(getattr(dag_run, "run_after", None))
             )
-            deadline = spec.resolve(start, logical)
-            described = spec.describe()
+            deadline = rule.resolve(start, logical)
+            described = rule.describe()
         else:
-            assert moment is not None
-            deadline = moment
-            described = f"deadline {moment.isoformat()}, then {self.policy}"
+            deadline = rule
+            described = f"deadline {rule.isoformat()}, then {self.policy}"
         stop_at = deadline - timedelta(seconds=self.margin_s)
         self.log.info(
             "%s: this run's deadline is %s (waiting stops at %s, %.0fs from now)",
