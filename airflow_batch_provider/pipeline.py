@@ -41,11 +41,12 @@ from airflow_batch_provider.core.options import (
     ChunkOptions,
     DeadlineOptions,
     FallbackLimits,
+    Lane,
     refuse_moved,
 )
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.kubernetes.lane import pod_tasks, runs_in_pod
+from airflow_batch_provider.kubernetes.lane import built_lane, pod_tasks
 from airflow_batch_provider.notifications import BatchAlerts
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
@@ -92,6 +93,7 @@ def batch_inference_group(
     records: RecordSource,
     prompt: PromptSource,
     batch_conn_id: str,
+    lane: Lane = "auto",
     ledger_conn_id: str | None = None,
     staging_root: str | None = None,
     staging_conn_id: str | None = None,
@@ -122,6 +124,12 @@ def batch_inference_group(
     :param batch_conn_id: provider connection; its type picks the adapter (change it, and the
         model in the prompt, to move the workload to another provider); templated, e.g.
         ``"{{ var.value.get('my_conn_id', 'openai_batch_default') }}"`` to choose it at run time
+    :param lane: ``provider`` (upload, submit and wait at a batch API), ``pod`` (one ``vllm
+        run-batch`` pod per chunk, for a ``vllm_kubernetes`` connection) or ``auto`` (a literal
+        ``batch_conn_id`` is read when the DAG is parsed and its type decides; a templated one
+        means ``provider``). ``provider`` and ``pod`` read no connection at parse time, so the id
+        may be a template in either; when the run starts, prepare refuses a connection whose type
+        runs in the other lane, before anything is recorded or paid
     :param ledger_conn_id: ledger connection (``None``: embedded SQLite)
     :param staging_root: staging URL (default ``[batch_provider] staging_root``)
     :param staging_conn_id: object store connection for ``staging_root``
@@ -132,7 +140,9 @@ def batch_inference_group(
     :param poll: poll policy (default from the ``[batch_provider]`` config)
     :param deadline: when waiting stops, the policy for what is not done by then, the margin and
         the harvest timeout (:class:`~airflow_batch_provider.core.options.DeadlineOptions`;
-        ``None``: no deadline)
+        ``None``: no deadline). A templated ``when`` is rendered once per run by the ``deadline``
+        task: a moment, a rule (``PT2H``, ``06:30 Europe/Berlin``) or nothing (no deadline this
+        run: the branch then goes to publish)
     :param fallback: rate limits of the real-time sends: the ``sync_fallback`` policy,
         ``exhausted='sync'`` and chunks below the provider's minimum
         (:class:`~airflow_batch_provider.core.options.FallbackLimits`; default from config)
@@ -149,7 +159,7 @@ def batch_inference_group(
     :param outlets: assets the publish task updates
     :param group_id: the TaskGroup id (default: the workload name)
     :raises ConfigurationError: a keyword of the flat form (``max_requests_per_chunk=`` ...),
-        naming the option object it moved to, or an option of the wrong type
+        naming the option object it moved to, an option of the wrong type, or an unknown lane
     """
     refuse_moved("batch_inference_group", moved)
     if max_attempts < 1:
@@ -172,10 +182,9 @@ def batch_inference_group(
         "staging_conn_id": staging_conn_id,
     }
     check_exhausted(exhausted, prompt)
-    # self-hosted lane: read from the connection at parse time; a templated connection is a provider's
-    in_pod = not is_templated(batch_conn_id) and runs_in_pod(
-        batch_conn_id
-    )  # self-hosted lane: a pod task per chunk replaces upload + submit + wait
+    # self-hosted lane: a pod task per chunk replaces upload + submit + wait
+    lane_built = built_lane(lane, batch_conn_id)
+    in_pod = lane_built == "pod"
     # a workload may contain '.', which Airflow refuses in a group id
     with TaskGroup(group_id or workload.replace(".", "_"), tooltip=f"batch inference: {workload}") as group:
         lease = BatchWorkloadLeaseOperator(task_id="lease", **common)
@@ -186,13 +195,21 @@ def batch_inference_group(
             chunking=chunking,
             budget=budget,
             alerts=alerts,
+            lane=lane_built,
             **common,
         )
-        # the run's deadline: a rule (time of day, offset) is resolved per run by the deadline task
+        # the run's deadline: a rule (time of day, offset) or a template is resolved per run by the
+        # deadline task, and every later task reads it from there
         run_deadline = deadline
-        if deadline is not None and deadline.spec is not None:
+        templated = deadline is not None and isinstance(deadline.when, str) and is_templated(deadline.when)
+        if deadline is not None and (deadline.spec is not None or templated):
             resolve = BatchDeadlineOperator(
-                task_id="deadline", spec=deadline.spec, doc_md=deadline.describe()
+                task_id="deadline",
+                spec=deadline.spec,
+                when=str(deadline.when) if templated else None,
+                policy=deadline.policy,
+                margin_s=deadline.margin_s,
+                doc_md=deadline.describe(),
             )
             run_deadline = deadline.resolved_by(resolve.task_id)
             resolve >> prepare

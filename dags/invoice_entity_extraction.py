@@ -48,6 +48,7 @@ with DAG(
         records=load_invoices,
         prompt=str(INCLUDE / "prompts" / "invoice_extraction.yaml"),
         batch_conn_id="anthropic_batch_default",
+        lane="provider",  # a batch API: no connection is read when this file is parsed
         max_attempts=2,
         chunking=ChunkOptions(max_requests=200),
         outlets=[Asset(name="invoice_fields", uri="abp://invoice_extraction/results")],

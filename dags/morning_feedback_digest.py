@@ -48,6 +48,7 @@ with DAG(
         records=load_comments,
         prompt=str(INCLUDE / "prompts" / "feedback_classification.yaml"),
         batch_conn_id="openai_batch_default",
+        lane="provider",  # a batch API: no connection is read when this file is parsed
         max_attempts=2,
         chunking=ChunkOptions(max_requests=1000),
         deadline=DeadlineOptions("06:30 Europe/Berlin", "sync_fallback", margin_s=600),

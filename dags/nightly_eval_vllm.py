@@ -8,13 +8,17 @@ provider batch. The cost report carries the pods' GPU time beside what the same 
 at each provider's batch price. After publish, ``score`` compares each answer with the expected
 one and writes ``eval_score.json`` next to ``results.jsonl``.
 
-Variables (optional): ``nightly_eval_vllm_conn_id`` (default ``vllm_kubernetes_default``),
-``nightly_eval_vllm_chunk`` (requests per pod, default 20), ``nightly_eval_vllm_deadline`` (an
-offset from the run's start such as ``PT2H``, or a time of day; default none) with
-``nightly_eval_vllm_deadline_policy`` (``sync_fallback``, the default with a deadline: what the
-pods did not finish by then goes to the real-time endpoint at the connection's host, e.g. a
-``vllm serve`` of the same model; or ``publish_pending`` / ``skip``). A pod still running at the
-deadline is stopped by Kubernetes there, and the lines it finished are kept.
+Variables (optional), read when the run's tasks start, never when this file is parsed (a change
+takes effect with the next run, without a re-parse): ``nightly_eval_vllm_conn_id`` (default
+``vllm_kubernetes_default``; it must be a ``vllm_kubernetes`` connection: another type is refused
+by ``prepare`` before anything is staged), ``nightly_eval_vllm_chunk`` (requests per pod, default
+20; read by ``prepare`` and each ``resubmit``), ``nightly_eval_vllm_deadline`` (an offset from the
+run's start such as ``PT2H``, a time of day such as ``06:30 Europe/Berlin``, or an ISO datetime;
+empty or unset: no deadline that run; read by the ``deadline`` task). What the pods did not finish
+by the deadline goes to the real-time endpoint at the connection's host (e.g. a ``vllm serve`` of
+the same model): the policy ``sync_fallback`` is set in this file (``DEADLINE_POLICY``), since it
+decides which policy task the DAG has. A pod still running at the deadline is stopped by
+Kubernetes there, and the lines it finished are kept.
 """
 
 from __future__ import annotations
@@ -25,14 +29,23 @@ from pathlib import Path
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Variable, task
+from airflow.sdk import DAG, task
 
+from airflow_batch_provider.core.deadline import DeadlinePolicy
 from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
 from airflow_batch_provider.pipeline import batch_inference_group
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include" / "vllm"
 EVAL_SET = INCLUDE / "eval_set.jsonl"
 WORKLOAD = "nightly_eval_vllm"
+# Templates, rendered by the tasks when they run (through the Task SDK): parsing this file reads no
+# Variable and no connection.
+CONN_ID = "{{ var.value.get('nightly_eval_vllm_conn_id', 'vllm_kubernetes_default') }}"
+CHUNK = "{{ var.value.get('nightly_eval_vllm_chunk', '20') }}"
+DEADLINE = "{{ var.value.get('nightly_eval_vllm_deadline', '') }}"
+# What happens to prompts the pods did not answer by the deadline. It decides which policy task the
+# DAG has (the graph), so it is chosen here, not per run: 'sync_fallback', 'publish_pending' or 'skip'.
+DEADLINE_POLICY: DeadlinePolicy = "sync_fallback"
 
 
 def load_eval_set(context: Any) -> Iterator[dict[str, Any]]:
@@ -96,21 +109,15 @@ with DAG(
     tags=["llm-batch", "vllm", "kubernetes", "eval"],
     doc_md=__doc__,
 ):
-    deadline = Variable.get("nightly_eval_vllm_deadline", default=None) or None
     group = batch_inference_group(
         workload=WORKLOAD,
         records=load_eval_set,
         prompt=str(INCLUDE / "eval_prompt.yaml"),
-        batch_conn_id=Variable.get("nightly_eval_vllm_conn_id", default="vllm_kubernetes_default"),
+        batch_conn_id=CONN_ID,
+        lane="pod",  # the connection id is a template: the lane is not read from the connection
         max_attempts=2,
-        chunking=ChunkOptions(max_requests=int(Variable.get("nightly_eval_vllm_chunk", default="20"))),
-        deadline=(
-            DeadlineOptions(
-                deadline, Variable.get("nightly_eval_vllm_deadline_policy", default="sync_fallback")
-            )
-            if deadline
-            else None
-        ),
+        chunking=ChunkOptions(max_requests=CHUNK),
+        deadline=DeadlineOptions(DEADLINE, DEADLINE_POLICY),
     )
 
     @task

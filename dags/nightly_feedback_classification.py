@@ -42,6 +42,7 @@ with DAG(
         records=load_comments,
         prompt=str(INCLUDE / "prompts" / "feedback_classification.yaml"),
         batch_conn_id="openai_batch_default",
+        lane="provider",  # a batch API: no connection is read when this file is parsed
         max_attempts=3,
         chunking=ChunkOptions(max_requests=1000),
         outlets=[Asset(name="feedback_labels", uri="abp://feedback_classification/results")],

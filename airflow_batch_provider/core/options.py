@@ -24,10 +24,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 from airflow_batch_provider.core.deadline import DeadlinePolicy, DeadlineSpec, check_policy
+from airflow_batch_provider.core.names import is_templated
 from airflow_batch_provider.exceptions import ConfigurationError
+
+#: Which lane ``batch_inference_group`` builds: ``provider`` (upload, submit and wait at a batch
+#: API), ``pod`` (one ``vllm run-batch`` pod per chunk), or ``auto`` (a literal connection id is
+#: read when the DAG is parsed and its adapter decides; a templated one means ``provider``).
+Lane = Literal["auto", "provider", "pod"]
+LANES: Final[tuple[str, ...]] = get_args(Lane)
+#: The lane a group was built with, which the first task that reads the connection checks.
+BuiltLane = Literal["provider", "pod"]
+
+
+def check_lane(lane: object) -> Lane:
+    """Return ``lane`` if it is one of :data:`LANES`, else raise with the choices.
+
+    :param lane: the ``lane`` given to ``batch_inference_group``
+    :raises ConfigurationError: an unknown lane
+    """
+    if lane not in LANES:
+        raise ConfigurationError(
+            f"lane={lane!r} is not one of {list(LANES)}: 'pod' for a vllm_kubernetes connection (it may "
+            "then be templated), 'provider' for a batch API's, 'auto' to read a literal connection id "
+            "when the DAG is parsed."
+        )
+    return lane  # type: ignore[return-value]
+
 
 #: Default seconds the harvest waits for a batch cancelled at the deadline to reach its terminal
 #: state: OpenAI documents up to 10 minutes for a cancel to complete.
@@ -64,17 +89,19 @@ class ChunkOptions:
     """How prepare and resubmit cut a round into provider jobs, and how much bad input is tolerated.
 
     :param max_requests: requests per job, tighter than the provider's limit (spreads the work
-        over more jobs); ``None``: the provider's limit
+        over more jobs); ``None``: the provider's limit. A template (``"{{ var.value.get('chunk',
+        '20') }}"``) is rendered by prepare and resubmit when they run (:meth:`rendered`)
     :param max_bytes: bytes per staged file, tighter than the provider's limit
     :param max_reject_ratio: the largest share of bad input records (0 to 1) before prepare fails
     """
 
-    max_requests: int | None = None
+    max_requests: int | str | None = None
     max_bytes: int | None = None
     max_reject_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        _positive_int("ChunkOptions", "max_requests", self.max_requests)
+        if not (isinstance(self.max_requests, str) and is_templated(self.max_requests)):
+            _positive_int("ChunkOptions", "max_requests", self.max_requests)  # type: ignore[arg-type]
         _positive_int("ChunkOptions", "max_bytes", self.max_bytes)
         _share("ChunkOptions", "max_reject_ratio", self.max_reject_ratio, low_open=False)
 
@@ -94,6 +121,41 @@ class ChunkOptions:
         """
         return cls(**dict(data))
 
+    @property
+    def request_limit(self) -> int | None:
+        """``max_requests`` as a number (``None``: the provider's limit).
+
+        :raises ConfigurationError: it is still a template: render it first (:meth:`rendered`)
+        """
+        if isinstance(self.max_requests, str):
+            raise ConfigurationError(
+                f"ChunkOptions(max_requests={self.max_requests!r}) is a template: the task renders it "
+                "when it runs (ChunkOptions.rendered); prepare and resubmit do this."
+            )
+        return self.max_requests
+
+    def rendered(self, text: object) -> ChunkOptions:
+        """The same options with ``max_requests`` as its template rendered for this run.
+
+        :param text: what the template rendered to: a whole number of 1 or more; empty means the
+            provider's limit
+        :raises ConfigurationError: anything else, naming the template and what it rendered to
+        """
+        value = text.strip() if isinstance(text, str) else text
+        if value is None or value == "":
+            return replace(self, max_requests=None)
+        try:
+            number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None or number < 1:
+            raise ConfigurationError(
+                f"ChunkOptions(max_requests={self.max_requests!r}) rendered to {text!r} for this run; "
+                "it must render to a whole number of 1 or more (or to nothing, for the provider's "
+                "limit): fix the Variable or the template it reads."
+            )
+        return replace(self, max_requests=number)
+
 
 @dataclass(frozen=True)
 class DeadlineOptions:
@@ -101,7 +163,9 @@ class DeadlineOptions:
 
     :param when: a time of day with its timezone (``"06:30 Europe/Berlin"``), an offset from the
         run's start (``"PT4H"``, a timedelta), a :class:`~airflow_batch_provider.core.deadline.DeadlineSpec`,
-        or an absolute (templated) datetime (a datetime, an ISO string, a ``"{{ ... }}"`` template)
+        or an absolute (templated) datetime (a datetime, an ISO string, a ``"{{ ... }}"`` template).
+        ``batch_inference_group`` has a template rendered once per run by its ``deadline`` task,
+        which also takes a rule, or nothing for no deadline that run (e.g. from a Variable)
     :param policy: what happens to items not done by then: ``sync_fallback``, ``publish_pending``
         or ``skip`` (required: each spends money or delivers less in its own way)
     :param margin_s: seconds before the deadline at which waiting stops

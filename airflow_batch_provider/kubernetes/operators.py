@@ -51,6 +51,7 @@ from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_na
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
+from airflow_batch_provider.kubernetes.lane import check_conn_lane
 from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
@@ -131,7 +132,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
     :param job: the job manifest from prepare or resubmit (``job_id``)
     :param workload: the workload's name
-    :param batch_conn_id: the ``vllm_kubernetes`` connection
+    :param batch_conn_id: the ``vllm_kubernetes`` connection (templated: read when the task runs, and
+        refused before any pod starts if it is of another type)
     :param ledger_conn_id: the ledger connection (``None``: embedded SQLite)
     :param staging_root: staging URL of the workload (where prepare wrote the chunk)
     :param staging_conn_id: object store connection of ``staging_root``
@@ -144,6 +146,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         *KubernetesPodOperator.template_fields,
         "job",
         "workload",
+        "batch_conn_id",
         "staging_root",
         "deadline",
     )
@@ -383,6 +386,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
 
         :param context: the task context
         """
+        check_conn_lane(self.batch_conn_id, "pod")
         job = self.ledger.get_job(self.job["job_id"])
         done = self.recorded_outcome(job)
         if done is not None:

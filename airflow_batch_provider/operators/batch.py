@@ -21,7 +21,13 @@ from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions, FallbackLimits
+from airflow_batch_provider.core.options import (
+    BudgetOptions,
+    BuiltLane,
+    ChunkOptions,
+    DeadlineOptions,
+    FallbackLimits,
+)
 from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
 from airflow_batch_provider.core.states import RETRYABLE_STATES, UNFINISHED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceError
@@ -427,6 +433,23 @@ class BatchBaseOperator(BaseOperator):
         """The staging area."""
         return Staging(self.staging_root, self.staging_conn_id)
 
+    def run_chunking(self, chunking: ChunkOptions, context: Context) -> ChunkOptions:
+        """``chunking`` for this run: a templated ``max_requests`` rendered now, as a number.
+
+        :param chunking: the task's chunk options
+        :param context: the task context
+        :raises ConfigurationError: the template rendered to something other than a whole number
+        """
+        if not isinstance(chunking.max_requests, str):
+            return chunking
+        done = chunking.rendered(self.render_template(chunking.max_requests, context))
+        self.log.info(
+            "requests per job this run: %s (%s)",
+            done.max_requests or "the provider's limit",
+            chunking.max_requests,
+        )
+        return done
+
     def job_manifest(self, job: JobRow) -> dict[str, Any]:
         """The small dict that travels through XCom for one job.
 
@@ -485,6 +508,9 @@ class BatchPrepareOperator(BatchBaseOperator):
     :param records_conn_id: connection of the object store holding ``records``
     :param budget: the run's budget and prices; when the cost estimate of the staged items (batch
         prices, every item at its output ceiling) exceeds the budget, the task fails before any submit
+    :param lane: the lane the group built (``provider`` or ``pod``): the connection, read first
+        here, must be of a type that runs in it, or the task fails before anything is recorded,
+        uploaded or paid (``None``: no check)
     """
 
     # ``records`` is rendered by hand when it is a string: Airflow would call a callable template
@@ -498,6 +524,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         chunking: ChunkOptions | None = None,
         records_conn_id: str | None = None,
         budget: BudgetOptions | None = None,
+        lane: BuiltLane | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -510,6 +537,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         self.prompt = prompt
         self.chunking = chunking or ChunkOptions()
         self.records_conn_id = records_conn_id
+        self.lane = lane
 
     def template(self, context: Context | None = None) -> PromptTemplate:
         """The prompt template (a callable prompt is called with the task context).
@@ -598,11 +626,16 @@ class BatchPrepareOperator(BatchBaseOperator):
         from airflow_batch_provider.services.records import Reject, check_kind, load_records
 
         run_id = context["run_id"]
+        if self.lane is not None:
+            from airflow_batch_provider.kubernetes.lane import check_conn_lane
+
+            check_conn_lane(self.batch_conn_id, self.lane)
         check_distributed(self.ledger_conn_id, self.staging_root)
         template = self.template(context)
         ledger = self.ledger
         floor = self.adapter.limits.min_requests
-        max_requests = self.chunking.max_requests
+        chunking = self.run_chunking(self.chunking, context)
+        max_requests = chunking.request_limit
         if max_requests is not None and max_requests < floor:
             # Every chunk would go through the real-time API, several at once: full price, and
             # the real-time path resumes a run's interrupted sends assuming one sender at a time.
@@ -656,11 +689,11 @@ class BatchPrepareOperator(BatchBaseOperator):
                 f"({result.rejected} rejected) and nothing was staged; fix the source and retry the task."
             )
         pending = ledger.iter_item_rows(self.workload, run_id, states=["pending"], shape=OpenItem)
-        manifests = self.stage_round(context, 1, pending, max_requests, self.chunking.max_bytes)
+        manifests = self.stage_round(context, 1, pending, max_requests, chunking.max_bytes)
         failpoint("prepare.after_stage")
         self.estimate_and_check_budget(run_id, context)
         total = result.read
-        ratio = self.chunking.max_reject_ratio
+        ratio = chunking.max_reject_ratio
         if total and result.rejected / total > ratio:
             raise ConfigurationError(
                 f"{result.rejected} of {total} records were rejected ({result.rejected / total:.1%}), more "
@@ -997,16 +1030,17 @@ class BatchResubmitOperator(BatchBaseOperator):
         started = self.ledger.get_jobs(self.workload, run_id, self.round_number)
         if self.budget.budget is not None and retry and not started and self.over_budget(run_id, context):
             return []
+        chunking = self.run_chunking(self.chunking, context)
         max_requests = rounds.retry_chunk_limit(
             self.ledger,
             self.workload,
             run_id,
             self.round_number,
             self.eligible(run_id),
-            self.chunking.max_requests,
+            chunking.request_limit,
         )
         return self.stage_round(
-            context, self.round_number, self.eligible(run_id), max_requests, self.chunking.max_bytes
+            context, self.round_number, self.eligible(run_id), max_requests, chunking.max_bytes
         )
 
     def eligible(self, run_id: str) -> Iterator[OpenItem]:

@@ -22,14 +22,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow.sdk import BaseBranchOperator, BaseOperator
 
 from airflow_batch_provider.adapters.base import BatchRef
-from airflow_batch_provider.core.deadline import DeadlineSpec, deadline_passed
+from airflow_batch_provider.core.deadline import DeadlinePolicy, DeadlineSpec, check_policy, deadline_passed
 from airflow_batch_provider.core.options import HARVEST_TIMEOUT_S, DeadlineOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.states import UNSETTLED_STATES
@@ -64,29 +64,90 @@ class BatchDeadlineOperator(BaseOperator):
     A time of day is anchored to the run's logical date (or ``run_after``), an offset to the
     run's start, so clearing and rerunning the task gives the same deadline.
 
-    :param spec: the deadline and its policy
+    A templated deadline (``when``, e.g. ``"{{ var.value.get('my_deadline', '') }}"``) is rendered
+    here, once per run: to a moment (an ISO datetime), to a rule (``PT2H``, ``06:30 Europe/Berlin``)
+    resolved as above, or to nothing: no deadline this run (``deadline`` is then ``""``, which the
+    sensors, pod tasks, resubmit and the branch read as none, so the branch goes to publish).
+
+    :param spec: the deadline and its policy (``None`` when ``when`` is given)
+    :param when: a template of the deadline, rendered when the task runs
+    :param policy: the policy of a templated deadline
+    :param margin_s: seconds before a templated deadline at which waiting stops
     """
 
+    template_fields: Sequence[str] = ("when",)
     ui_color = "#fbe3e4"
 
-    def __init__(self, *, spec: DeadlineSpec, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        spec: DeadlineSpec | None = None,
+        when: str | None = None,
+        policy: DeadlinePolicy | None = None,
+        margin_s: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if (spec is None) == (when is None):
+            raise ConfigurationError(
+                f"BatchDeadlineOperator(spec={spec!r}, when={when!r}): give exactly one, a DeadlineSpec or "
+                "a template of the deadline."
+            )
+        if when is not None:
+            check_policy(policy, True)
         self.spec = spec
+        self.when = when
+        #: the template as written (``when`` holds what it rendered to once the task runs)
+        self.when_template = when
+        self.policy = spec.policy if spec is not None else policy
+        self.margin_s = spec.margin_s if spec is not None else margin_s
+
+    def rendered(self) -> DeadlineSpec | datetime | None:
+        """The templated deadline as rendered for this run: a rule, a moment, or ``None`` (none).
+
+        :raises ConfigurationError: it rendered to neither, naming the template and the value
+        """
+        text = str(self.when or "").strip()
+        if not text:
+            return None
+        try:
+            return _aware(text)
+        except ValueError:
+            pass
+        try:
+            return DeadlineSpec.parse(text, self.policy, margin_s=self.margin_s)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"the deadline template {self.when_template!r} rendered to {text!r} for this run: {exc}"
+            ) from exc
 
     def execute(self, context: Context) -> dict[str, Any]:
-        dag_run = context.get("dag_run")
         now = datetime.now(timezone.utc)
-        start = _aware(getattr(dag_run, "start_date", None)) or now
-        logical = (
-            _aware(context.get("logical_date"))
-            or _aware(getattr(dag_run, "logical_date", None))
-            or _aware(getattr(dag_run, "run_after", None))
-        )
-        deadline = self.spec.resolve(start, logical)
-        stop_at = self.spec.stop_at(deadline)
+        rule = self.spec if self.spec is not None else self.rendered()
+        if rule is None:
+            self.log.info(
+                "deadline %s rendered to nothing: no deadline this run (%s does not apply)",
+                self.when_template,
+                self.policy,
+            )
+            return {"deadline": "", "stop_at": "", "policy": self.policy, "margin_s": self.margin_s}
+        if isinstance(rule, DeadlineSpec):
+            dag_run = context.get("dag_run")
+            start = _aware(getattr(dag_run, "start_date", None)) or now
+            logical = (
+                _aware(context.get("logical_date"))
+                or _aware(getattr(dag_run, "logical_date", None))
+                or _aware(getattr(dag_run, "run_after", None))
+            )
+            deadline = rule.resolve(start, logical)
+            described = rule.describe()
+        else:
+            deadline = rule
+            described = f"deadline {rule.isoformat()}, then {self.policy}"
+        stop_at = deadline - timedelta(seconds=self.margin_s)
         self.log.info(
             "%s: this run's deadline is %s (waiting stops at %s, %.0fs from now)",
-            self.spec.describe(),
+            described,
             deadline.isoformat(),
             stop_at.isoformat(),
             (stop_at - now).total_seconds(),
@@ -94,8 +155,8 @@ class BatchDeadlineOperator(BaseOperator):
         return {
             "deadline": deadline.isoformat(),
             "stop_at": stop_at.isoformat(),
-            "policy": self.spec.policy,
-            "margin_s": self.spec.margin_s,
+            "policy": self.policy,
+            "margin_s": self.margin_s,
         }
 
 

@@ -7,6 +7,11 @@ body (retryable) and one with a bare-string routing error (permanent); the secon
 after five lines. Reconcile keeps every finished line; round 2 runs exactly the retryable and
 missing items, in new pods; publish reports the pods' GPU time beside provider batch prices, and
 ``score`` grades the answers. The API server saw one pod per job, and every pod was deleted.
+
+The DAG reads its Variables when the run's tasks start (``tests/dags/test_parse_time_reads.py``
+shows its file reads none when parsed): the deadline run names its connection, its chunk size and
+its deadline through them; a run without the deadline Variable has no deadline; a connection
+Variable naming a batch API's connection is refused before anything is staged.
 """
 
 from __future__ import annotations
@@ -43,10 +48,15 @@ def run_eval_dag(
     variables: dict[str, str],
     host: str | None = None,
     connections: dict[str, dict[str, Any]] | None = None,
+    conn_id: str = "vllm_kubernetes_default",
+    succeeds: bool = True,
     **settings: str,
 ) -> dict[str, Any]:
     """``airflow dags test nightly_eval_vllm`` against the loopback API; what it left behind.
 
+    :param variables: Airflow Variables (by name) set for the run
+    :param conn_id: the id the ``vllm_kubernetes`` connection is defined under
+    :param succeeds: whether the run must succeed (else only its output, pods and ledger return)
     :param settings: ``[batch_provider]`` settings (e.g. an ``s3://`` ``staging_root``)
     """
     exchange = tmp / "exchange"
@@ -80,14 +90,14 @@ def run_eval_dag(
         }
         if host:
             conn["host"] = host
-        env = batch_env(
-            airflow_home, tmp, {"vllm_kubernetes_default": conn, **(connections or {})}, **settings
-        )
-        env["AIRFLOW_VAR_NIGHTLY_EVAL_VLLM_CHUNK"] = str(CHUNK)
+        env = batch_env(airflow_home, tmp, {conn_id: conn, **(connections or {})}, **settings)
         env.update({f"AIRFLOW_VAR_{k.upper()}": v for k, v in variables.items()})
         proc = run_airflow(env, "dags", "test", DAG_ID, timeout=420)
         created = list(api.created)
         live = api.live_pods()
+    if not succeeds:
+        ledger = Ledger.from_url(f"sqlite:///{tmp / 'ledger.sqlite'}")
+        return {"proc": proc, "ledger": ledger, "created": created, "live": live}
     assert proc.returncode == 0, tail(proc)
     if "staging_root" in settings:
         return {"proc": proc, "ledger": Ledger.from_url(f"sqlite:///{tmp / 'ledger.sqlite'}"), "created": created,
@@ -118,7 +128,17 @@ def finished(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFact
         ),
         PodFault("env", match={**round_1, "map_index": "1"}, env={"FAKE_VLLM_CRASH_AFTER": "5"}),
     ]
-    return run_eval_dag(airflow_home, tmp_path_factory.mktemp("eval-vllm"), faults, {})
+    # no deadline Variable: the deadline task resolves none for this run, and the branch publishes
+    variables = {"nightly_eval_vllm_chunk": str(CHUNK)}
+    return run_eval_dag(airflow_home, tmp_path_factory.mktemp("eval-vllm"), faults, variables)
+
+
+def test_without_the_deadline_variable_the_run_has_no_deadline_and_nothing_goes_to_the_fallback(
+    finished: dict[str, Any],
+) -> None:
+    assert "rendered to nothing: no deadline this run" in finished["proc"].stdout + finished["proc"].stderr
+    assert {r["route"] for r in finished["results"]}.isdisjoint({"fallback"})
+    assert [j["reason"] for j in finished["report"]["self_hosted"]["jobs"]].count("deadline") == 0
 
 
 def test_every_eval_prompt_ends_answered_except_the_permanent_routing_error(finished: dict[str, Any]) -> None:
@@ -186,6 +206,7 @@ def _job_ids(ledger: Ledger) -> list[str]:
 # -- a deadline the pods do not meet: Kubernetes stops them, the fallback answers the rest ------
 
 ANSWERED_BEFORE_DEADLINE = 5
+DEADLINE_CHUNK = 10  # from the chunk Variable: four jobs where the default would make two
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +216,20 @@ def cut_short(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFac
 
     slow = {"FAKE_VLLM_SLOW_AFTER": str(ANSWERED_BEFORE_DEADLINE), "FAKE_VLLM_DELAY_S": "600"}
     faults = [PodFault("env", match={"task_id": f"{WORKLOAD}.run"}, env=slow) for _ in range(2)]
-    variables = {"nightly_eval_vllm_deadline": "PT90S", "nightly_eval_vllm_deadline_policy": "sync_fallback"}
+    # the connection, the chunk size and the deadline all come from Variables, read when the run starts
+    variables = {
+        "nightly_eval_vllm_conn_id": "eval_gpu",
+        "nightly_eval_vllm_chunk": str(DEADLINE_CHUNK),
+        "nightly_eval_vllm_deadline": "PT90S",
+    }
     with run_emulator(EmulatorConfig()) as realtime:  # the OpenAI-compatible real-time endpoint
         return run_eval_dag(
-            airflow_home, tmp_path_factory.mktemp("eval-vllm-deadline"), faults, variables, f"{realtime}/v1"
+            airflow_home,
+            tmp_path_factory.mktemp("eval-vllm-deadline"),
+            faults,
+            variables,
+            f"{realtime}/v1",
+            conn_id="eval_gpu",  # no vllm_kubernetes_default: only the Variable names this connection
         )
 
 
@@ -207,10 +238,11 @@ def test_a_pod_still_running_at_the_deadline_is_stopped_and_deleted_and_every_jo
 ) -> None:
     ledger: Ledger = cut_short["ledger"]
     jobs = [ledger.get_job(j) for j in _job_ids(ledger)]
-    assert len(jobs) == EVAL_ITEMS // CHUNK  # no round 2 after the deadline
+    assert len(jobs) == EVAL_ITEMS // DEADLINE_CHUNK  # the chunk Variable; no round 2 after the deadline
+    assert {j.lines for j in jobs} == {DEADLINE_CHUNK}
     assert all(j.batch_state == "failed" and j.error.startswith("deadline") for j in jobs)
     # `dags test` runs the mapped pod tasks one after another, the deferred one's trigger inline: the
-    # first pod runs into the deadline, and the second job, reached after it, starts no pod at all
+    # first pod runs into the deadline, and the other jobs, reached after it, start no pod at all
     [pod] = cut_short["created"]
     assert 0 < pod["spec"]["activeDeadlineSeconds"] <= 90
     assert cut_short["live"] == []
@@ -285,3 +317,31 @@ def test_on_s3_the_pods_use_presigned_urls_only_and_a_crashed_pod_s_items_all_go
     assert sum(1 for k in on_s3["keys"] if "/output-" in k) == len(jobs)
     run_id = ledger.runs(WORKLOAD, limit=1)[0]["run_id"]
     assert ledger.count_states(WORKLOAD, run_id) == {"succeeded": EVAL_ITEMS}
+
+
+# -- a connection Variable that names a batch API's connection: refused before anything is staged --
+
+
+@pytest.fixture(scope="module")
+def wrong_lane(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    openai = {"conn_type": "openai_batch", "host": "http://127.0.0.1:9/v1", "password": "never-used"}
+    return run_eval_dag(
+        airflow_home,
+        tmp_path_factory.mktemp("eval-vllm-wrong-lane"),
+        [],
+        {"nightly_eval_vllm_conn_id": "eval_openai"},
+        connections={"eval_openai": openai},
+        succeeds=False,
+    )
+
+
+def test_a_batch_api_connection_in_the_pod_lane_fails_the_run_at_prepare_before_anything_is_staged(
+    wrong_lane: dict[str, Any],
+) -> None:
+    proc = wrong_lane["proc"]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, tail(proc)
+    assert "connection 'eval_openai' is of type 'openai_batch'" in output
+    assert "built the pod lane" in output and "lane='provider'" in output
+    assert wrong_lane["created"] == [] and wrong_lane["live"] == []
+    assert wrong_lane["ledger"].runs(WORKLOAD) == []

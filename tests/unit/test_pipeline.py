@@ -148,6 +148,42 @@ def test_an_absolute_deadline_needs_no_deadline_task_and_each_task_reads_it_as_i
     assert dag.get_task("w.deadline_branch").deadline_at == "2026-01-01T06:30:00+00:00"  # type: ignore[attr-defined]
 
 
+def test_a_templated_deadline_is_rendered_once_per_run_by_the_deadline_task_and_every_task_reads_that() -> (
+    None
+):
+    when = "{{ var.value.get('w_deadline', '') }}"
+    dag = build(max_attempts=2, deadline=DeadlineOptions(when, "skip", margin_s=30))
+    resolve: Any = dag.get_task("w.deadline")
+    assert (resolve.when, resolve.spec, resolve.policy, resolve.margin_s) == (when, None, "skip", 30)
+    assert resolve.downstream_task_ids >= {"w.prepare"}
+    read = "{{ ti.xcom_pull(task_ids='w.deadline')['deadline'] }}"
+    assert dag.get_task("w.deadline_branch").deadline_at == read  # type: ignore[attr-defined]
+    assert dag.get_task("w.resubmit_2").deadline_at == read  # type: ignore[attr-defined]
+    assert dag.get_task("w.wait").partial_kwargs["deadline"] == read  # type: ignore[attr-defined]
+
+
+def test_a_templated_chunk_size_reaches_prepare_and_resubmit_unrendered() -> None:
+    chunking = ChunkOptions(max_requests="{{ var.value.get('w_chunk', '20') }}")
+    dag = build(max_attempts=2, chunking=chunking)
+    assert dag.get_task("w.prepare").chunking is chunking  # type: ignore[attr-defined]
+    assert dag.get_task("w.resubmit_2").chunking is chunking  # type: ignore[attr-defined]
+
+
+def test_prepare_is_told_the_lane_the_group_built_so_it_can_check_the_connection_when_the_run_starts() -> (
+    None
+):
+    assert build(max_attempts=1).get_task("w.prepare").lane == "provider"  # type: ignore[attr-defined]
+    with DAG("t", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        batch_inference_group(
+            workload="w",
+            records="file:///x.jsonl",
+            prompt=PROMPT,
+            batch_conn_id="{{ var.value.w }}",
+            lane="pod",
+        )
+    assert dag.get_task("w.prepare").lane == "pod"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("flat", "hint"),
     [

@@ -17,6 +17,7 @@ from airflow_batch_provider.core.options import (
     ChunkOptions,
     DeadlineOptions,
     FallbackLimits,
+    check_lane,
     refuse_moved,
 )
 from airflow_batch_provider.exceptions import ConfigurationError
@@ -30,6 +31,10 @@ from airflow_batch_provider.exceptions import ConfigurationError
             r"ChunkOptions\(max_requests=0\): give a whole number of 1 or more",
         ),
         (lambda: ChunkOptions(max_bytes=-5), r"ChunkOptions\(max_bytes=-5\)"),
+        (
+            lambda: ChunkOptions(max_requests="20"),
+            r"ChunkOptions\(max_requests='20'\)",
+        ),  # a string, no template
         (
             lambda: ChunkOptions(max_requests=True),
             r"ChunkOptions\(max_requests=True\)",
@@ -125,3 +130,32 @@ def test_nothing_moved_is_no_error_and_an_unknown_keyword_is_named() -> None:
     refuse_moved("g", {})
     with pytest.raises(ConfigurationError, match="unknown keyword\\(s\\): colour"):
         refuse_moved("g", {"colour": "blue"})
+
+
+CHUNK = "{{ var.value.get('chunk', '20') }}"
+
+
+def test_a_templated_chunk_size_is_kept_until_the_task_renders_it_and_then_checked() -> None:
+    options = ChunkOptions(max_requests=CHUNK, max_bytes=1000)
+    assert ChunkOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+    with pytest.raises(ConfigurationError, match="is a template: the task renders it when it runs"):
+        _ = options.request_limit
+    assert options.rendered("7") == ChunkOptions(max_requests=7, max_bytes=1000)
+    assert options.rendered(" 7\n").request_limit == 7
+    assert options.rendered("").request_limit is None  # nothing: the provider's limit
+
+
+@pytest.mark.parametrize("rendered", ["0", "-3", "twenty", "2.5", "None", True])
+def test_a_chunk_size_template_that_renders_to_no_whole_number_is_refused_naming_both(
+    rendered: object,
+) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"max_requests=.\{\{ var.value.get.*rendered to .* whole number"
+    ):
+        ChunkOptions(max_requests=CHUNK).rendered(rendered)
+
+
+def test_only_the_three_lanes_are_accepted() -> None:
+    assert [check_lane(x) for x in ("auto", "provider", "pod")] == ["auto", "provider", "pod"]
+    with pytest.raises(ConfigurationError, match=r"lane='kubernetes' is not one of"):
+        check_lane("kubernetes")

@@ -211,6 +211,49 @@ def test_a_job_runs_in_one_gpu_pod_that_is_deleted_and_its_gpu_time_is_recorded(
     assert result["gpu_seconds"] == cost["gpu_seconds"] * 2
 
 
+def templated_operator(tmp_path: Path) -> VllmBatchPodOperator:
+    return VllmBatchPodOperator(
+        task_id="run",
+        job={"job_id": JOB_ID},
+        workload="w",
+        batch_conn_id="{{ params.conn }}",
+        staging_root=f"file://{tmp_path / 'staging'}",
+        deferrable=False,
+        startup_check_interval_seconds=1,
+        poll_interval=1,
+    )
+
+
+def test_a_templated_connection_is_rendered_when_the_task_runs_and_the_pod_runs_with_it(
+    tmp_path: Path, api: KubeApi, ledger: Ledger
+) -> None:
+    op = templated_operator(tmp_path)
+    ctx = {**context(), "params": {"conn": "vllm_test"}}
+    op.render_template_fields(ctx)  # type: ignore[arg-type]
+    assert op.batch_conn_id == "vllm_test"
+    result = op.execute(ctx)  # type: ignore[arg-type]
+    assert result["state"] == "completed", result
+    assert op.vllm_hook.batch_conn_id == "vllm_test"
+    [pod] = api.created_for(JOB_LABEL, KEY)
+    assert pod["metadata"]["namespace"] == "llm"  # the rendered connection's settings
+
+
+def test_a_templated_connection_of_a_batch_api_is_refused_before_any_pod_or_ledger_change(
+    tmp_path: Path, api: KubeApi, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    monkeypatch.setenv("AIRFLOW_CONN_OAI", json.dumps({"conn_type": "openai_batch", "password": "k"}))
+    op = templated_operator(tmp_path)
+    ctx = {**context(), "params": {"conn": "oai"}}
+    op.render_template_fields(ctx)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"'oai' is of type 'openai_batch'.*built the pod lane"):
+        op.execute(ctx)  # type: ignore[arg-type]
+    assert api.created == [] and not list((tmp_path / "exchange").iterdir())
+    job = ledger.get_job(JOB_ID)
+    assert (job.batch_id, job.batch_state) == (None, None)
+
+
 def test_a_cleared_task_of_a_finished_job_starts_no_second_pod(
     tmp_path: Path, api: KubeApi, ledger: Ledger
 ) -> None:

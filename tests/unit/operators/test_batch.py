@@ -223,6 +223,69 @@ def test_prepare_refuses_chunks_smaller_than_the_providers_minimum_batch(
     assert ledger.count_states("p", RUN) == {}
 
 
+@pytest.mark.parametrize(
+    ("lane", "conn", "other"),
+    [
+        ("pod", {"conn_type": "openai_batch", "password": "k"}, "provider"),
+        ("provider", {"conn_type": "vllm_kubernetes", "extra": {}}, "pod"),
+    ],
+)
+def test_prepare_refuses_a_connection_of_the_other_lane_before_the_run_is_recorded(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, lane: str, conn: dict[str, Any], other: str
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_WRONG_LANE", json.dumps(conn))
+    read: list[str] = []
+    prepare = BatchPrepareOperator(
+        task_id="prepare",
+        workload="p",
+        batch_conn_id="wrong_lane",
+        records=lambda context: read.append("records") or [{"id": "a", "text": "one"}],
+        prompt=PROMPT,
+        lane=lane,  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        prepare.execute({"run_id": RUN})  # type: ignore[arg-type]
+    message = str(refused.value)
+    for part in ("'wrong_lane'", repr(conn["conn_type"]), f"built the {lane} lane", f"lane={other!r}"):
+        assert part in message, message
+    assert read == [] and ledger.runs("p") == [] and ledger.count_states("p", RUN) == {}
+
+
+def test_prepare_cuts_its_chunks_by_the_chunk_size_the_template_renders_to_for_this_run(
+    ledger: Ledger,
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+    from airflow_batch_provider.operators.batch import BatchPrepareOperator
+
+    records = [{"id": f"r{i}", "text": f"t{i}"} for i in range(5)]
+
+    def prepare(chunk: str, run_id: str) -> list[dict[str, Any]]:
+        op = BatchPrepareOperator(
+            task_id="prepare",
+            workload="p",
+            batch_conn_id="ops_test",
+            records=lambda context: records,
+            prompt=PROMPT,
+            chunking=ChunkOptions(max_requests="{{ params.chunk }}"),
+        )
+        return op.execute({"run_id": run_id, "params": {"chunk": chunk}})  # type: ignore[arg-type,no-any-return]
+
+    assert [m["lines"] for m in prepare("2", "run-a")] == [2, 2, 1]
+    assert [m["lines"] for m in prepare("", "run-b")] == [5]  # nothing: the provider's limit
+    with pytest.raises(ConfigurationError, match=r"rendered to 'two' for this run.*whole number"):
+        prepare("two", "run-c")
+    assert ledger.count_states("p", "run-c") == {}
+
+
+def test_resubmit_cuts_its_round_by_the_chunk_size_the_template_renders_to(ledger: Ledger) -> None:
+    op = resubmit(None, chunking=ChunkOptions(max_requests="{{ params.chunk }}"))
+    manifests = op.execute({"run_id": RUN, "params": {"chunk": "1"}})  # type: ignore[arg-type]
+    assert [m["lines"] for m in manifests] == [1, 1]
+
+
 # ---------------------------------------------------------------------------- the run, task by task
 
 

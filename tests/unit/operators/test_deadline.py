@@ -254,3 +254,76 @@ def test_a_deadline_passed_with_items_open_is_told_once_by_the_branch_and_a_dead
     assert passed.choose_branch(context) == "g.skip_unfinished"
     (event,) = heard
     assert (event.kind, event.details["open_items"], event.dag_id) == ("deadline_missed", 4, "nightly")
+
+
+TEMPLATE = "{{ params.deadline }}"
+
+
+def resolve_template(rendered: str, policy: str = "sync_fallback", margin_s: float = 0.0) -> dict[str, Any]:
+    """Run the deadline task with a templated deadline, rendered as the task runner would."""
+    op = BatchDeadlineOperator(task_id="deadline", when=TEMPLATE, policy=policy, margin_s=margin_s)  # type: ignore[arg-type]
+    start = pendulum.datetime(2026, 3, 1, 2, 0, tz="UTC")
+    ctx = {"dag_run": SimpleNamespace(start_date=start, logical_date=start), "params": {"deadline": rendered}}
+    op.render_template_fields(ctx)  # type: ignore[arg-type]
+    return op.execute(ctx)  # type: ignore[arg-type,no-any-return]
+
+
+def test_a_templated_deadline_that_renders_to_a_rule_is_resolved_for_this_run() -> None:
+    out = resolve_template("PT2H", margin_s=60)
+    assert (out["deadline"], out["stop_at"]) == ("2026-03-01T04:00:00+00:00", "2026-03-01T03:59:00+00:00")
+    assert resolve_template("06:30 UTC")["deadline"] == "2026-03-01T06:30:00+00:00"
+
+
+def test_a_templated_deadline_that_renders_to_a_moment_is_that_moment() -> None:
+    assert resolve_template("2026-03-01T05:00:00+00:00")["deadline"] == "2026-03-01T05:00:00+00:00"
+
+
+def test_a_templated_deadline_that_renders_to_nothing_means_no_deadline_this_run_all_the_way_down(
+    ledger: Ledger,
+) -> None:
+    out = resolve_template("  ")
+    assert (out["deadline"], out["stop_at"], out["policy"]) == ("", "", "sync_fallback")
+    # what each later task renders from that XCom: an empty deadline, which each reads as none
+    branch = BatchDeadlineBranchOperator(
+        task_id="deadline_branch",
+        workload=WORKLOAD,
+        ledger_conn_id=None,
+        deadline=DeadlineOptions("{{ params.at }}", "sync_fallback"),
+        publish_task_id="g.publish",
+        policy_task_id="g.sync_fallback",
+    )
+    _inject(branch, ledger=ledger)
+    branch.render_template_fields({"params": {"at": out["deadline"]}})  # type: ignore[arg-type]
+    assert ledger.count_states(WORKLOAD, RUN) == {"pending": 4}  # open items, yet no deadline
+    assert branch.choose_branch({"run_id": RUN}) == "g.publish"  # type: ignore[arg-type]
+    resubmit = BatchResubmitOperator(
+        task_id="resubmit_2",
+        workload=WORKLOAD,
+        round_number=2,
+        max_attempts=2,
+        deadline=DeadlineOptions("{{ params.at }}", "sync_fallback"),
+    )
+    resubmit.render_template_fields({"params": {"at": out["deadline"]}})  # type: ignore[arg-type]
+    assert resubmit.deadline_at == ""
+    from airflow_batch_provider.core.deadline import deadline_passed
+
+    assert not deadline_passed(resubmit.deadline_at, 0.0, NOW + timedelta(days=3650))
+
+
+def test_a_templated_deadline_that_renders_to_something_unreadable_fails_naming_the_template_and_value() -> (
+    None
+):
+    with pytest.raises(
+        ConfigurationError, match=r"'\{\{ params.deadline \}\}' rendered to 'soon' for this run"
+    ):
+        resolve_template("soon")
+
+
+def test_the_deadline_task_takes_a_spec_or_a_template_not_both_nor_neither() -> None:
+    spec = DeadlineSpec.parse("PT1H", "skip")
+    with pytest.raises(ConfigurationError, match="give exactly one"):
+        BatchDeadlineOperator(task_id="deadline", spec=spec, when=TEMPLATE, policy="skip")
+    with pytest.raises(ConfigurationError, match="give exactly one"):
+        BatchDeadlineOperator(task_id="deadline")
+    with pytest.raises(ConfigurationError, match="without deadline_policy"):
+        BatchDeadlineOperator(task_id="deadline", when=TEMPLATE)
