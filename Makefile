@@ -9,7 +9,8 @@ STAMP_GOOGLE := $(VENV_GOOGLE)/.installed-stamp
 GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/dags/test_gcs_staging.py
 PIP := $(BIN)/python -m pip
 PIP_FLAGS ?= --disable-pip-version-check --progress-bar off
-PYTEST_ARGS ?= -q --durations=10
+# two workers (pytest-xdist; the CI machine has 2 cores): most of the suite waits on Airflow processes
+PYTEST_ARGS ?= -q --durations=10 -n 2 --dist worksteal
 # resolver hints for `make constraints`: pins the Airflow line, and lets aiobotocore choose boto3
 # (without it pip backtracks through dozens of aiobotocore releases); pgserver: PostgreSQL for tests
 CONSTRAINTS_SEED ?= 'apache-airflow==3.3.2' 'aiobotocore[boto3]' \

@@ -7,6 +7,7 @@ pieces are imported inside the fixtures that need them.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -163,3 +164,46 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
         )
     return env
+
+
+# -- the chaos suite's session counts (tests/support/chaos.py::TALLY) -----------------------------
+# Printed at the end of the session and written as JSON with ABP_CHAOS_SUMMARY=<file>. Under
+# pytest-xdist (`make test` runs `-n 2`) each worker counts its own cases and sends them to the
+# controller, which prints the sum. Nothing is imported unless a chaos case ran.
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    chaos = sys.modules.get("tests.support.chaos")
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if chaos is not None and workeroutput is not None:
+        workeroutput["chaos_tally"] = chaos.TALLY.raw()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    raw = getattr(node, "workeroutput", {}).get("chaos_tally")
+    if raw:
+        from tests.support.chaos import TALLY
+
+        TALLY.add(raw)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    chaos = sys.modules.get("tests.support.chaos")
+    if chaos is None or getattr(terminalreporter.config, "workerinput", None) is not None:
+        return
+    tally = chaos.TALLY
+    if not tally.cases and not tally.kills:
+        return
+    data = tally.to_dict()
+    terminalreporter.section("chaos suite")
+    terminalreporter.write_line(
+        f"cases {data['cases']}, kill points {data['kill_points']} ({data['kills']} kills), "
+        f"faults {data['faults']}, items {data['items']}, lost {data['lost']}, "
+        f"paid twice {data['paid_twice']}, unknown batches {data['unknown_batches']}"
+    )
+    terminalreporter.write_line(f"kills: {data['kills_by_point']}")
+    terminalreporter.write_line(f"faults: {data['faults_by_kind']}")
+    path = chaos.summary_path()
+    if path is not None:
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -155,6 +155,33 @@ class Tally:
             "failures": list(self.failures),
         }
 
+    def raw(self) -> dict[str, Any]:
+        """What :meth:`add` takes: the counts as plain JSON values (an xdist worker sends them)."""
+        return {
+            "cases": self.cases,
+            "kills": dict(self.kills),
+            "faults": dict(self.faults),
+            "items": self.items,
+            "lost": self.lost,
+            "paid_twice": self.paid_twice,
+            "unknown_batches": self.unknown_batches,
+            "failures": list(self.failures),
+        }
+
+    def add(self, raw: dict[str, Any]) -> None:
+        """Add another session's counts (:meth:`raw` of an xdist worker) to these.
+
+        :param raw: the counts
+        """
+        self.cases += raw["cases"]
+        self.kills.update(raw["kills"])
+        self.faults.update(raw["faults"])
+        self.items += raw["items"]
+        self.lost += raw["lost"]
+        self.paid_twice += raw["paid_twice"]
+        self.unknown_batches += raw["unknown_batches"]
+        self.failures.extend(raw["failures"])
+
 
 #: the session's counts (printed and, with ``ABP_CHAOS_SUMMARY=<path>``, written as JSON)
 TALLY: Final = Tally()
