@@ -56,6 +56,7 @@ from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_labe
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
 from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.staging import PRESIGNABLE_PROTOCOLS, Staging, presign
 
 if TYPE_CHECKING:
@@ -388,6 +389,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         """
         check_conn_lane(self.batch_conn_id, "pod")
         job = self.ledger.get_job(self.job["job_id"])
+        check_run_connection(self.ledger, job.workload, job.run_id, self.batch_conn_id, self.task_id)
         done = self.recorded_outcome(job)
         if done is not None:
             self.log.info("job %s: its pod already ran (%s); not starting another", job.job_id, done["state"])

@@ -26,8 +26,9 @@ from sqlalchemy import (
 )
 
 #: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
-#: the ``abp_leases`` and ``abp_audit`` tables. Older ledgers are upgraded in place on open.
-SCHEMA_VERSION: Final = 2
+#: the ``abp_leases`` and ``abp_audit`` tables. 3: ``abp_runs.batch_conn_id`` (the connection a run
+#: started on). Older ledgers are upgraded in place on open.
+SCHEMA_VERSION: Final = 3
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -260,6 +261,8 @@ runs = Table(
     Column("finished_at", UTCDateTime()),
     Column("report_json", Text),
     Column("dag_id", String(250)),
+    # the batch connection id as prepare rendered it: every later task of the run must render the same
+    Column("batch_conn_id", String(250)),
 )
 
 published = Table(
@@ -311,7 +314,7 @@ ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
         "in_doubt_at",
         "input_kind",
     ),
-    "abp_runs": ("dag_id",),
+    "abp_runs": ("dag_id", "batch_conn_id"),
 }
 
 #: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the

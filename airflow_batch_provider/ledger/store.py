@@ -896,20 +896,29 @@ class Ledger:
 
     # ------------------------------------------------------------------ runs
     def start_run(
-        self, workload: str, run_id: str, provider: str, model: str, dag_id: str | None = None
-    ) -> None:
-        """Record that a run started (idempotent).
+        self,
+        workload: str,
+        run_id: str,
+        provider: str,
+        model: str,
+        dag_id: str | None = None,
+        batch_conn_id: str | None = None,
+    ) -> str | None:
+        """Record that a run started (idempotent); return the batch connection it started on.
+
+        The first call records ``batch_conn_id``; a later one never changes it (a run started
+        before the column existed takes the first one given).
 
         :param workload: workload name
         :param run_id: the Airflow run id
         :param provider: adapter name
         :param model: model name
         :param dag_id: the DAG of the run, when known
+        :param batch_conn_id: the batch connection id the run starts on, as rendered
         """
+        key = (s.runs.c.workload == workload, s.runs.c.run_id == run_id)
         with self.engine.begin() as conn:
-            found = conn.execute(
-                select(s.runs.c.dag_id).where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
-            ).first()
+            found = conn.execute(select(s.runs.c.dag_id, s.runs.c.batch_conn_id).where(*key)).first()
             if found is None:
                 conn.execute(
                     s.runs.insert().values(
@@ -919,14 +928,32 @@ class Ledger:
                         model=model,
                         started_at=utcnow(),
                         dag_id=dag_id,
+                        batch_conn_id=batch_conn_id,
                     )
                 )
-            elif dag_id and found.dag_id != dag_id:
+                return batch_conn_id
+            if dag_id and found.dag_id != dag_id:
+                conn.execute(s.runs.update().where(*key).values(dag_id=dag_id))
+            if found.batch_conn_id is None and batch_conn_id is not None:
                 conn.execute(
                     s.runs.update()
-                    .where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
-                    .values(dag_id=dag_id)
+                    .where(*key, s.runs.c.batch_conn_id.is_(None))
+                    .values(batch_conn_id=batch_conn_id)
                 )
+                return str(conn.execute(select(s.runs.c.batch_conn_id).where(*key)).scalar_one())
+            return None if found.batch_conn_id is None else str(found.batch_conn_id)
+
+    def run_batch_conn_id(self, workload: str, run_id: str) -> str | None:
+        """The batch connection id a run started on (``None``: no such run, or none recorded).
+
+        :param workload: workload name
+        :param run_id: the Airflow run id
+        """
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(s.runs.c.batch_conn_id).where(s.runs.c.workload == workload, s.runs.c.run_id == run_id)
+            ).scalar()
+        return None if value is None else str(value)
 
     def finish_run(self, workload: str, run_id: str, report: Mapping[str, Any]) -> None:
         """Store the run's report.

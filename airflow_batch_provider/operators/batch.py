@@ -41,6 +41,7 @@ from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
+from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
@@ -410,6 +411,15 @@ class BatchBaseOperator(BaseOperator):
         self.staging_conn_id = staging_conn_id
         self.alerts = alerts
 
+    def pre_execute(self, context: Any) -> None:
+        """Before every try: the rendered ``batch_conn_id`` must be the one the run started on.
+
+        :param context: the task context
+        :raises ConfigurationError: it is not (see :func:`check_run_connection`)
+        """
+        super().pre_execute(context)
+        check_run_connection(self.ledger, self.workload, context["run_id"], self.batch_conn_id, self.task_id)
+
     def emit(self, context: Mapping[str, Any], event: BatchEvent) -> None:
         """Send an alert event (never fails the task).
 
@@ -648,7 +658,16 @@ class BatchPrepareOperator(BatchBaseOperator):
         check_kind(self.workload, template, self.adapter)
         # the run's DAG decides who may see it in the UI (the auth manager's DAG permissions)
         dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", None)
-        ledger.start_run(self.workload, run_id, self.adapter.name, template.model, dag_id=dag_id)
+        started_on = ledger.start_run(
+            self.workload,
+            run_id,
+            self.adapter.name,
+            template.model,
+            dag_id=dag_id,
+            batch_conn_id=self.batch_conn_id,
+        )
+        if started_on != self.batch_conn_id:  # another prepare of this run recorded another one meanwhile
+            check_run_connection(ledger, self.workload, run_id, self.batch_conn_id, self.task_id)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:

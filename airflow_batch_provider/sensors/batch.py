@@ -121,6 +121,18 @@ class BatchStatusSensor(BaseSensorOperator):
 
         return Staging(self.staging_root, self.staging_conn_id)
 
+    def pre_execute(self, context: Any) -> None:
+        """Before every try: the rendered ``batch_conn_id`` must be the one the job's run started on.
+
+        :param context: the task context
+        :raises ConfigurationError: it is not (see :func:`~airflow_batch_provider.services.runs.check_run_connection`)
+        """
+        super().pre_execute(context)
+        from airflow_batch_provider.services.runs import check_run_connection
+
+        job = self.ledger.get_job(dict(self.batch)["job_id"])
+        check_run_connection(self.ledger, job.workload, job.run_id, self.batch_conn_id, self.task_id)
+
     def policy(self) -> PollPolicy:
         """The poll policy with this run's deadline applied."""
         deadline = self.deadline

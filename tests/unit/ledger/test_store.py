@@ -941,6 +941,20 @@ def test_runs_are_recorded_once_and_keep_their_report(ledger: Ledger) -> None:
     assert ledger.runs("other") == []
 
 
+def test_a_run_keeps_the_first_batch_connection_it_started_on(ledger: Ledger) -> None:
+    assert ledger.run_batch_conn_id(WL, "r1") is None
+    assert ledger.start_run(WL, "r1", "openai", "m", batch_conn_id="openai_a") == "openai_a"
+    assert ledger.start_run(WL, "r1", "openai", "m", batch_conn_id="openai_b") == "openai_a"
+    assert ledger.run_batch_conn_id(WL, "r1") == "openai_a"
+    assert ledger.run_batch_conn_id(WL, "r2") is None
+
+
+def test_a_run_started_before_connections_were_recorded_takes_the_first_one_given(ledger: Ledger) -> None:
+    assert ledger.start_run(WL, "r1", "openai", "m") is None
+    assert ledger.start_run(WL, "r1", "openai", "m", batch_conn_id="openai_b") == "openai_b"
+    assert ledger.start_run(WL, "r1", "openai", "m", batch_conn_id="openai_c") == "openai_b"
+
+
 def test_nano_dollars_convert_exactly_both_ways() -> None:
     assert to_nusd(Decimal("0.000000001")) == 1
     assert to_nusd(Decimal("0.0000000015")) == 2
