@@ -44,14 +44,16 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-FaultKind = Literal["pending", "image_pull_backoff", "oom_killed", "evicted", "env"]
+FaultKind = Literal["pending", "image_pull_backoff", "image_pull_throttled", "oom_killed", "evicted", "env"]
 
 
 @dataclass(frozen=True)
 class PodFault:
     """How one pod should misbehave.
 
-    :param kind: ``pending`` (never scheduled), ``image_pull_backoff``, ``oom_killed`` or
+    :param kind: ``pending`` (never scheduled), ``image_pull_backoff`` (the image does not exist),
+        ``image_pull_throttled`` (``ErrImagePull`` for ``pull_retry_s`` seconds because the registry
+        throttles pulls, as Docker Hub's rate limit does, then the pull succeeds), ``oom_killed`` or
         ``evicted`` (the process is killed once it has run ``after_s`` seconds or written
         ``after_lines`` output lines), ``env`` (only ``env`` is added)
     :param match: labels the pod must carry for the fault to apply
@@ -65,6 +67,7 @@ class PodFault:
     env: Mapping[str, str] = field(default_factory=dict)
     after_lines: int = 0
     watch_file: str = "-o"
+    pull_retry_s: float = 3.0
 
 
 def _now() -> str:
@@ -116,34 +119,53 @@ class _Pod:
                 "message": f'Back-off pulling image "{image}": not found: manifest unknown',
             }
             return
-        mounts = self._mounts()
-        c = self.container()
-        argv = [self._map(str(a), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
-        env = dict(self.api.base_env)
-        for item in c.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = self._map(str(item.get("value") or ""), mounts)
-            elif (ref := (item.get("valueFrom") or {}).get("secretKeyRef")) is not None:
-                env[item["name"]] = self.api.secrets[ref["name"]][ref["key"]]
-        if fault is not None:
-            env.update(fault.env)
-        self.started_at = _now()
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=self.folder,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.phase, self.waiting = "Running", None
-        threading.Thread(target=self._pump, daemon=True).start()
-        active = self.manifest["spec"].get("activeDeadlineSeconds")
-        if active:
-            threading.Thread(target=self._expire, args=(float(active),), daemon=True).start()
-        if fault is not None and fault.kind in ("oom_killed", "evicted"):
-            target = argv[argv.index(fault.watch_file) + 1] if fault.watch_file in argv else None
-            threading.Thread(target=self._kill_later, args=(fault, target), daemon=True).start()
+        if fault is not None and fault.kind == "image_pull_throttled":
+            image = self.container().get("image", "")
+            self.waiting = {
+                "reason": "ErrImagePull",
+                "message": f'failed to pull image "{image}": 429 Too Many Requests: toomanyrequests: '
+                "You have reached your pull rate limit",
+            }
+            timer = threading.Timer(fault.pull_retry_s, self._run)
+            timer.daemon = True
+            timer.start()
+            return
+        self._run()
+
+    def _run(self) -> None:
+        """Start the container's process (the image is there)."""
+        with self.lock:  # a pod deleted while its image was being pulled never starts
+            if self.deleted:
+                return
+            fault = self.fault
+            mounts = self._mounts()
+            c = self.container()
+            argv = [self._map(str(a), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+            env = dict(self.api.base_env)
+            for item in c.get("env") or []:
+                if "value" in item:
+                    env[item["name"]] = self._map(str(item.get("value") or ""), mounts)
+                elif (ref := (item.get("valueFrom") or {}).get("secretKeyRef")) is not None:
+                    env[item["name"]] = self.api.secrets[ref["name"]][ref["key"]]
+            if fault is not None:
+                env.update(fault.env)
+            self.started_at = _now()
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.folder,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.phase, self.waiting = "Running", None
+            threading.Thread(target=self._pump, daemon=True).start()
+            active = self.manifest["spec"].get("activeDeadlineSeconds")
+            if active:
+                threading.Thread(target=self._expire, args=(float(active),), daemon=True).start()
+            if fault is not None and fault.kind in ("oom_killed", "evicted"):
+                target = argv[argv.index(fault.watch_file) + 1] if fault.watch_file in argv else None
+                threading.Thread(target=self._kill_later, args=(fault, target), daemon=True).start()
 
     def _mounts(self) -> list[tuple[str, str]]:
         volumes = {v["name"]: v for v in self.manifest["spec"].get("volumes") or []}

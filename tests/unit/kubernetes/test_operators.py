@@ -485,6 +485,30 @@ def test_a_deferred_task_killed_after_its_pod_started_reattaches_to_that_pod_on_
     assert ledger.get_job(JOB_ID).batch_state == "completed"
 
 
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferrable"])
+def test_a_pull_the_registry_throttles_for_a_while_is_waited_out_and_the_job_completes_with_one_pod(
+    tmp_path: Path, api: KubeApi, monkeypatch: pytest.MonkeyPatch, deferrable: bool
+) -> None:
+    """``ErrImagePull`` with a rate-limit message is transient (the kubelet pulls again): within the
+    connection's ``startup_timeout_s`` it is waited out; only a missing image fails the job at once
+    (``image_pull_failed`` above). The GPU node's one pod runs on."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    ledger = seed(monkeypatch, tmp_path, api, f"file://{tmp_path / 'staging'}", None, startup_timeout_s=60)
+    api.add_fault(PodFault("image_pull_throttled", pull_retry_s=3.0))
+    op = operator(tmp_path, deferrable=deferrable)
+    if deferrable:
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(context())  # type: ignore[arg-type]
+        result = op.trigger_reentry(context(), fire(deferred.value.trigger))  # type: ignore[arg-type]
+    else:
+        result = op.execute(context())  # type: ignore[arg-type]
+    assert result["state"] == "completed", result
+    assert len(output_lines(tmp_path)) == LINES
+    assert len(api.created_for(JOB_LABEL, KEY)) == 1 and api.live_pods() == []
+    assert ledger.get_job(JOB_ID).batch_state == "completed"
+
+
 # -- s3:// and gs:// staging: presigned URLs, no credentials in the pod ---------------------------
 
 AWS_SECRET = "abp-s3-secret-never-in-a-pod"
