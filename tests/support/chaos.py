@@ -46,6 +46,7 @@ from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.core.states import FINAL_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
 from airflow_batch_provider.staging import run_key
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
@@ -493,7 +494,9 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
     has attempts for it (a real-time answer is attributed by its ``x-abp-custom-id`` header); (c)
     every batch at the emulator is a job's batch in the ledger; (d) the cost the runs published
     equals what the emulator billed (batches at the batch price, real-time answers at full price),
-    token for token and to the exact decimal. The session's :data:`TALLY` gets the counts.
+    token for token and to the exact decimal, plus, for each real-time send a kill interrupted
+    before the emulator completed it, exactly its resend's price (the report cannot know and
+    prices every interrupted send as paid). The session's :data:`TALLY` gets the counts.
 
     :param base_url: the emulator
     :param runs: the runs (sharing one ledger)
@@ -509,6 +512,15 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             r.item_key
             for r in conn.execute(select(s.attempts.c.item_key).where(s.attempts.c.workload == WORKLOAD))
         )
+        # real-time attempts in the order they were made: an interrupted send (``possibly_paid_twice``)
+        # is priced like the resend after it, whether or not the provider completed it
+        sync_attempts: dict[str, list[Any]] = defaultdict(list)
+        for r in conn.execute(
+            select(s.attempts)
+            .where(s.attempts.c.workload == WORKLOAD, s.attempts.c.mode == "sync")
+            .order_by(s.attempts.c.created_at)
+        ).mappings():
+            sync_attempts[r["item_key"]].append(r)
         reports = {
             r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
             for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
@@ -557,6 +569,7 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             expected_usage += usage
             expected_paid += cost(usage, price, "batch")
             billed_answers[item_key_of(custom_id)] += 1
+    billed_sync: Counter[str] = Counter()
     for provider, answers in record.get("realtime", {}).items():
         price = prices.price(provider, runs[0].model)
         for answer in answers:
@@ -565,6 +578,26 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             expected_paid += cost(usage, price, "sync")
             if answer.get("custom_id"):
                 billed_answers[item_key_of(answer["custom_id"])] += 1
+                billed_sync[item_key_of(answer["custom_id"])] += 1
+    # A process killed while real-time requests were in flight cannot know which of them the
+    # provider completed: the report prices each interrupted send as paid, like its resend (an
+    # upper bound, never free). One the provider never completed (the kill cut its request short)
+    # is the only over-count allowed, and exactly the resend's price.
+    sync_price = prices.price(runs[0].provider, runs[0].model)
+    for key, attempts in sync_attempts.items():
+        never_completed = len(attempts) - billed_sync[key]
+        interrupted = [a for a in attempts if a["error_code"] == POSSIBLY_PAID_TWICE]
+        resend = next((a for a in reversed(attempts) if a["error_code"] != POSSIBLY_PAID_TWICE), None)
+        if 0 < never_completed <= len(interrupted) and resend is not None:
+            usage = Usage(
+                input_tokens=resend["input_tokens"],
+                output_tokens=resend["output_tokens"],
+                cached_input_tokens=resend["cached_input_tokens"],
+                cache_write_tokens=resend["cache_write_tokens"],
+            )
+            for _ in range(never_completed):
+                expected_usage += usage
+                expected_paid += cost(usage, sync_price, "sync")
     paid_twice = [f"{key} ({n} answers billed)" for key, n in sorted(billed_answers.items()) if n > 1]
     unrecorded = [
         f"{key}: {n} answers billed, {known_attempts[key]} attempts in the ledger"
