@@ -20,6 +20,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
 from airflow_batch_provider.services import harvest
+from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.triggers.batch import TRIGGER_STATUSES, BatchStatusTrigger, count_poll_error
 
 if TYPE_CHECKING:
@@ -128,8 +129,6 @@ class BatchStatusSensor(BaseSensorOperator):
         :raises ConfigurationError: it is not (see :func:`~airflow_batch_provider.services.runs.check_run_connection`)
         """
         super().pre_execute(context)
-        from airflow_batch_provider.services.runs import check_run_connection
-
         job = self.ledger.get_job(dict(self.batch)["job_id"])
         check_run_connection(self.ledger, job.workload, job.run_id, self.batch_conn_id, self.task_id)
 
