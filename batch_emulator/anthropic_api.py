@@ -54,11 +54,14 @@ from typing import Any, Final
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from batch_emulator import model
 from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from batch_emulator.common import (
     ErrorTable,
+    another_answer,
+    html_page_instead,
     injected_error,
     key_accepted,
     output_file,
@@ -460,6 +463,14 @@ class AnthropicEmulator:
                 counts["succeeded"] += 1
                 if item.decision.fault == "missing":
                     continue
+                if item.decision.error_first:
+                    first = INJECTED_ERRORS["server_error"]
+                    request_id = stable_id("req_", job.id, item.custom_id, "first")
+                    result = {
+                        "type": "errored",
+                        "error": error_body(first["type"], first["message"], request_id),
+                    }
+                    out.write({"custom_id": item.custom_id, "result": result})
                 prompt = MessagesPrompt(item.body)
                 seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
                 read, write = cache_split(prompt, seen, config)
@@ -477,6 +488,16 @@ class AnthropicEmulator:
                     {"custom_id": item.custom_id, "result": {"type": "succeeded", "message": message}},
                     item.decision,
                 )
+                if item.decision.other_answer:
+                    again = json.loads(json.dumps(message))
+                    for block in again["content"]:
+                        if block.get("type") == "text":
+                            block["text"] = another_answer(block["text"])
+                    again["usage"]["output_tokens"] += 1
+                    job.bill_again(item.custom_id, **message_billed(again["usage"]))
+                    out.write(
+                        {"custom_id": item.custom_id, "result": {"type": "succeeded", "message": again}}
+                    )
             out.write_foreign(job.faults.unknown_result_lines, job.id)
             meta = output_file(self.state, PROVIDER, "file-", f"{job.id}_results.jsonl", RESULTS_TTL_S)
             out.keep(meta)
@@ -530,7 +551,7 @@ class AnthropicEmulator:
             self.state.bump(PROVIDER, "batches_cancelled")
         return self.batch_json(job, now)
 
-    def results(self, batch_id: str) -> StreamingResponse:
+    def results(self, batch_id: str) -> Response:
         """``GET /v1/messages/batches/{batch_id}/results``: the JSONL results, streamed."""
         job = self._job(batch_id)
         view = self.batch_json(job, self.state.now())
@@ -544,6 +565,9 @@ class AnthropicEmulator:
         file_id = job.results["file_id"]
         meta = self.state.files.get(file_id)
         assert meta is not None
+        page = html_page_instead(self.state, meta.purpose)
+        if page is not None:
+            return page
         return StreamingResponse(
             self.state.files.iter_bytes(file_id),
             media_type="application/binary",

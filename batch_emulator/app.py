@@ -35,6 +35,10 @@ Admin endpoints (JSON):
                                               # per item that was processed and billed (an errored,
                                               # expired or cancelled item is absent); null until the
                                               # batch has ended
+         "billed_again": [["<custom_id>", {...same four token counts...}], ...]
+                                              # second answers billed for an item that already
+                                              # had one (fault rate_duplicate_other); null until
+                                              # the batch has ended
         }, ...]},
      "realtime": {"<provider>": [           # every billed real-time answer, in order
         {"custom_id": "..." | null,           # from the x-abp-custom-id request header, if sent

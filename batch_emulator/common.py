@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.requests import Request
+from starlette.responses import Response
 
-from batch_emulator.faults import ItemDecision, foreign_lines
+from batch_emulator.faults import HTML_PAGE, ItemDecision, foreign_lines
 from batch_emulator.lifecycle import Job, JobItem, JobView, ValidationIssue
 from batch_emulator.store import EmulatorState, StoredFile
 
@@ -64,6 +65,25 @@ def injected_error(item: JobItem, table: ErrorTable) -> Mapping[str, Any] | None
     :param table: the provider's errors by fault
     """
     return table.get(item.decision.fault)
+
+
+def another_answer(text: Any) -> str:
+    """Return a different answer to the same request (fault ``rate_duplicate_other``).
+
+    :param text: the first answer's text
+    """
+    return f"{text} (answered again)"
+
+
+def html_page_instead(state: EmulatorState, purpose: str = "batch_output") -> Response | None:
+    """The HTML page served with HTTP 200 in place of a result file, while ``html_downloads`` lasts.
+
+    :param state: the shared state (the countdown is counted down once per page served)
+    :param purpose: the file's purpose; only result files (``batch_output``) are replaced
+    """
+    if purpose != "batch_output" or not state.consume_countdown("html_downloads"):
+        return None
+    return Response(HTML_PAGE, status_code=200, media_type="text/html; charset=utf-8")
 
 
 def key_given(request: Request, sources: Sequence[KeySource]) -> list[str]:

@@ -56,6 +56,8 @@ _RATE_FIELDS: Final = (
     "rate_missing",
     "rate_duplicate",
     "rate_malformed",
+    "rate_duplicate_other",
+    "rate_error_before_success",
     "expire_rate",
     "expire_after_fraction",
     "retrieve_5xx_rate",
@@ -106,6 +108,12 @@ class FaultConfig:
 
     :param rate_duplicate: the item's output line is written twice
     :param rate_malformed: the item's output line is truncated into invalid JSON
+    :param rate_duplicate_other: the item's output line is followed by a second copy with another
+        answer (other text, one more output token), which the provider bills again (the record's
+        ``billed_again``)
+    :param rate_error_before_success: an error line (HTTP 500 ``server_error``) for the item comes
+        before its success: in the error file (OpenAI, which keeps errors apart) or just before the
+        success line in the one results file (the other providers); it is not billed
 
     Batch faults:
 
@@ -122,6 +130,9 @@ class FaultConfig:
         finish no item) until cancelled
     :param unknown_result_lines: result lines with custom ids the caller never sent, added to each
         batch's results (a copy of a real line under a foreign id); sticky at creation
+    :param html_downloads: the next this-many downloads of a result file answer an HTML page with
+        HTTP 200 (a proxy's or a login page served in place of the file); counts down per download,
+        and applies at once (OpenAI file content, Anthropic results)
 
     Create faults (every create-like call: file upload, batch create; see the module docstring):
 
@@ -167,6 +178,8 @@ class FaultConfig:
     rate_missing: float = 0.0
     rate_duplicate: float = 0.0
     rate_malformed: float = 0.0
+    rate_duplicate_other: float = 0.0
+    rate_error_before_success: float = 0.0
     expire_batches: tuple[int, ...] = ()
     expire_rate: float = 0.0
     expire_after_fraction: float = 0.5
@@ -174,6 +187,7 @@ class FaultConfig:
     fail_token_limit: int = 0
     stuck_batches: tuple[int, ...] = ()
     unknown_result_lines: int = 0
+    html_downloads: int = 0
     create_script: tuple[str, ...] = ()
     create_429_rate: float = 0.0
     create_500_rate: float = 0.0
@@ -204,7 +218,7 @@ class FaultConfig:
                 f"rate_500 + rate_429 + rate_400 + rate_context_length + rate_missing = {exclusive:.3f} "
                 "exceeds 1; each item gets at most one of these faults."
             )
-        for name in ("fail_validation", "fail_token_limit", "unknown_result_lines"):
+        for name in ("fail_validation", "fail_token_limit", "unknown_result_lines", "html_downloads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more (a count of batches or lines).")
         create_sum = sum(getattr(self, rate) for _, rate in _CREATE_RATES)
@@ -324,6 +338,8 @@ class FaultConfig:
             fault=fault,
             duplicate=ok and roll(seed, "duplicate", custom_id) < self.rate_duplicate,
             malformed=ok and roll(seed, "malformed", custom_id) < self.rate_malformed,
+            other_answer=ok and roll(seed, "other_answer", custom_id) < self.rate_duplicate_other,
+            error_first=ok and roll(seed, "error_first", custom_id) < self.rate_error_before_success,
         )
 
     def batch_expires(self, seed: int, creation_index: int) -> bool:
@@ -354,11 +370,15 @@ class ItemDecision:
     :param fault: which error (``none`` for success)
     :param duplicate: write the output line twice
     :param malformed: write the output line as broken JSON
+    :param other_answer: write a second copy of the output line with another answer, billed again
+    :param error_first: write an error line for the item before its success
     """
 
     fault: ItemFault = "none"
     duplicate: bool = False
     malformed: bool = False
+    other_answer: bool = False
+    error_first: bool = False
 
     @property
     def failing(self) -> bool:
@@ -385,7 +405,7 @@ def _coerce(name: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
             return None
         return int(value)
-    if name in ("fail_validation", "fail_token_limit", "unknown_result_lines"):
+    if name in ("fail_validation", "fail_token_limit", "unknown_result_lines", "html_downloads"):
         return int(value)
     if isinstance(value, bool):
         raise ValueError(f"fault {name} takes a number, not a boolean.")
@@ -527,6 +547,13 @@ def foreign_lines(lines: Sequence[bytes], id_field: str, count: int, salt: str) 
             json.dumps({**template, id_field: f"unknown-{digest}"}, separators=(",", ":")).encode() + b"\n"
         )
     return out
+
+
+#: The page a proxy or a login wall serves with HTTP 200 in place of a result file (``html_downloads``).
+HTML_PAGE: Final = (
+    b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
+    b"<body><p>Your session has expired. Please sign in again.</p></body></html>\n"
+)
 
 
 def retry_after_header(seconds: float) -> str:

@@ -228,7 +228,13 @@ class ItemLog(Sequence[JobItem]):
             custom_id=record["c"],
             line=record["l"],
             body=record["b"],
-            decision=ItemDecision(fault, bool(decision["duplicate"]), bool(decision["malformed"])),
+            decision=ItemDecision(
+                fault,
+                bool(decision["duplicate"]),
+                bool(decision["malformed"]),
+                bool(decision.get("other_answer")),
+                bool(decision.get("error_first")),
+            ),
             natural_error=record["e"],
         )
 
@@ -340,6 +346,8 @@ class Job:
         self._billed_path = log.path.with_suffix(".billed")
         self._billed_cleanup = weakref.finalize(self, _unlink, str(self._billed_path))
         self._bills: list[str] = []
+        #: second answers billed for an item that already had one, ``[custom_id, tokens]`` each
+        self.billed_again: list[list[Any]] = []
         self.cancel_delay = t.cancelling_s * scale
         self.expires = (
             not self.issues and not self.stuck and self.faults.batch_expires(config.seed, creation_index)
@@ -367,6 +375,14 @@ class Job:
         self._bills.append(line + "\n")
         if len(self._bills) >= 1024:
             self._flush_bills()
+
+    def bill_again(self, custom_id: str, **usage: int) -> None:
+        """Record a second answer billed for an item that already has one (``rate_duplicate_other``).
+
+        :param custom_id: the item
+        :param usage: the second answer's tokens, as for :meth:`bill`
+        """
+        self.billed_again.append([custom_id, billed(**usage)])
 
     def _flush_bills(self) -> None:
         if self._bills:
@@ -409,6 +425,7 @@ class Job:
             "custom_ids": list(self.items.custom_ids()),
             "status": view.status,
             "billed": self.billed if self.results is not None else None,
+            "billed_again": list(self.billed_again) if self.results is not None else None,
         }
 
     # -- schedule ------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -35,6 +36,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.responses import Response
 
 from batch_emulator import model
 from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
@@ -44,6 +46,8 @@ from batch_emulator.common import (
     InputScan,
     InputWords,
     ResultWriter,
+    another_answer,
+    html_page_instead,
     injected_error,
     key_accepted,
     output_file,
@@ -791,9 +795,12 @@ class OpenAIEmulator:
         self.state.files.delete(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
-    def file_content(self, file_id: str) -> StreamingResponse:
+    def file_content(self, file_id: str) -> Response:
         """``GET /v1/files/{file_id}/content``, streamed."""
         meta = self._file(file_id)
+        page = html_page_instead(self.state, meta.purpose)
+        if page is not None:
+            return page
         return StreamingResponse(
             self.state.files.iter_bytes(file_id),
             media_type="application/octet-stream",
@@ -1070,6 +1077,16 @@ class OpenAIEmulator:
                     continue
                 if item.decision.fault == "missing":
                     continue
+                if item.decision.error_first:
+                    first = INJECTED_ERRORS["server_error"]
+                    response = {
+                        "status_code": first["status"],
+                        "request_id": request_id,
+                        "body": error_body(first["message"], first["type"], first["param"], first["code"]),
+                    }
+                    err.write(
+                        {"id": line_id, "custom_id": item.custom_id, "response": response, "error": None}
+                    )
                 body, used = self._answer_item(job, item, created, seen_prefixes)
                 for key in usage:
                     usage[key] += used.get(key, 0)
@@ -1088,6 +1105,8 @@ class OpenAIEmulator:
                     },
                     item.decision,
                 )
+                if item.decision.other_answer and "choices" in body:
+                    self._answer_again(job, item.custom_id, line_id, request_id, body, out)
             results["usage"] = {
                 "input_tokens": usage["input"],
                 "input_tokens_details": {"cached_tokens": usage["cached"]},
@@ -1103,6 +1122,27 @@ class OpenAIEmulator:
             if err.lines:
                 results["error_file_id"] = self._keep_result(job, "error", err)
         return results
+
+    @staticmethod
+    def _answer_again(
+        job: Job, custom_id: str, line_id: str, request_id: str, body: Mapping[str, Any], out: ResultWriter
+    ) -> None:
+        """Write a second success line for a chat item with another answer, and bill it again."""
+        again = json.loads(json.dumps(body))
+        message = again["choices"][0]["message"]
+        message["content"] = another_answer(message.get("content"))
+        usage = again["usage"]
+        usage["completion_tokens"] += 1
+        usage["total_tokens"] += 1
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        job.bill_again(
+            custom_id,
+            input_tokens=usage["prompt_tokens"] - cached,
+            cached_input_tokens=cached,
+            output_tokens=usage["completion_tokens"],
+        )
+        response = {"status_code": 200, "request_id": request_id, "body": again}
+        out.write({"id": line_id, "custom_id": custom_id, "response": response, "error": None})
 
     def _answer_item(
         self, job: Job, item: JobItem, created: int, seen_prefixes: set[str]

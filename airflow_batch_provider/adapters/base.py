@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -159,6 +160,8 @@ class BatchAdapter(ABC):
     #: The request kinds this adapter formats and submits; prepare refuses any other kind before
     #: anything is staged or paid, and :meth:`check_kind` refuses it again at formatting.
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
+    #: The key of a result line that holds the custom id (``custom_id``, ``key``, ``recordId``).
+    result_id_field: ClassVar[str] = "custom_id"
 
     def __init__(self, settings: AdapterSettings) -> None:
         self.settings = settings
@@ -329,6 +332,30 @@ class BatchAdapter(ABC):
 
         :param lines: readable binary stream of JSONL
         """
+
+    @classmethod
+    def is_result_line(cls, line: Mapping[str, Any]) -> bool:
+        """Say whether a parsed JSON object of a downloaded file is a result line (not a manifest).
+
+        :param line: the parsed line
+        """
+        del line
+        return True
+
+    def result_file_problem(self, lines: IO[bytes]) -> str | None:
+        """Say why a downloaded output or error file is not a result file of this provider, or ``None``.
+
+        A valid result file is empty, or every non-blank line is meant as a JSON object (it starts
+        with ``{``), and every line that parses is a result line carrying the custom id in
+        :attr:`result_id_field` (or one :meth:`is_result_line` sets apart, such as Bedrock's
+        manifest). A truncated line (it starts with ``{`` and does not parse) is a damaged line of a
+        valid file, read as :class:`MalformedLine`. Anything else, such as an HTML page or an API
+        error document served with HTTP 200 in place of the file, is not a result file: the caller
+        fetches it again and never reads it as "every item missing".
+
+        :param lines: readable binary stream of the downloaded file
+        """
+        return result_file_problem(lines, self.result_id_field, self.is_result_line)
 
     @abstractmethod
     def cancel(self, ref: BatchRef) -> None:
@@ -504,6 +531,43 @@ def create_once(
             sleep(delay)
 
 
+def result_file_problem(
+    lines: IO[bytes], id_field: str, is_result_line: Callable[[Mapping[str, Any]], bool]
+) -> str | None:
+    """Say why a downloaded file is not a JSONL result file, or ``None`` (see :meth:`BatchAdapter.result_file_problem`).
+
+    :param lines: readable binary stream of the downloaded file
+    :param id_field: the key that holds the custom id
+    :param is_result_line: tells result lines from lines that are not results (a manifest)
+    """
+    for number, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if not text:
+            continue
+        excerpt = text[:80].decode("utf-8", "replace")
+        if not text.startswith(b"{"):
+            return f"line {number} is not a JSON object ({excerpt!r}): not a result file"
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue  # a damaged (truncated) line of a result file
+        if not isinstance(line, Mapping):
+            return f"line {number} is not a JSON object ({excerpt!r}): not a result file"
+        if is_result_line(line) and not isinstance(line.get(id_field), str):
+            return f"line {number} has no {id_field!r} ({excerpt!r}): not a result line of this provider"
+    return None
+
+
+def custom_id_of_damaged(text: bytes, id_field: str) -> str | None:
+    """Read the custom id of a line that does not parse (a truncated line), when it is still whole.
+
+    :param text: the raw line
+    :param id_field: the key that holds the custom id
+    """
+    found = re.search(rb'"' + re.escape(id_field.encode()) + rb'"\s*:\s*"([^"\\]{1,200})"', text)
+    return found.group(1).decode("utf-8", "replace") if found else None
+
+
 def parse_jsonl_results(
     lines: IO[bytes],
     id_field: str,
@@ -539,6 +603,8 @@ def parse_jsonl_results(
             result = to_result(custom_id, line)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             excerpt = text[:200].decode("utf-8", "replace")
+            if custom_id is None:
+                custom_id = custom_id_of_damaged(text, id_field)
             yield MalformedLine(number, f"{type(exc).__name__}: {exc}", excerpt, custom_id)
             continue
         yield result

@@ -475,6 +475,7 @@ class BedrockBatchAdapter(BatchAdapter):
     """Amazon Bedrock batch inference; see the module docstring for the connection and the limits."""
 
     name: ClassVar[str] = "bedrock"
+    result_id_field: ClassVar[str] = "recordId"
     conn_type: ClassVar[str] = "bedrock_batch"
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     limits: ClassVar[Limits] = Limits(
@@ -805,9 +806,13 @@ class BedrockBatchAdapter(BatchAdapter):
         data = json.loads(body)
         return dict(data) if isinstance(data, Mapping) else None
 
+    @classmethod
+    def is_result_line(cls, line: Mapping[str, Any]) -> bool:
+        return not _is_manifest(line)
+
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
         # a manifest.json.out read through the same stream is not a result line
-        return parse_jsonl_results(lines, "recordId", _line_result, skip=_is_manifest)
+        return parse_jsonl_results(lines, self.result_id_field, _line_result, skip=_is_manifest)
 
     def cancel(self, ref: BatchRef) -> None:
         from botocore.exceptions import ClientError

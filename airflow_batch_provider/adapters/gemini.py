@@ -800,6 +800,7 @@ class GeminiBatchAdapter(BatchAdapter):
     """
 
     name: ClassVar[str] = "gemini"
+    result_id_field: ClassVar[str] = "key"
     conn_type: ClassVar[str] = "gemini_batch"
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
     #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
@@ -1087,7 +1088,7 @@ class GeminiBatchAdapter(BatchAdapter):
                 shutil.copyfileobj(src, writer, 1 << 20)
 
     def parse_results(self, lines: IO[bytes]) -> Iterator[ItemResult | MalformedLine]:
-        return parse_jsonl_results(lines, "key", result_from_line)
+        return parse_jsonl_results(lines, self.result_id_field, result_from_line)
 
     def cancel(self, ref: BatchRef) -> None:
         from google.genai import errors

@@ -55,6 +55,8 @@ AttemptKind = Literal["batch", "resubmission", "fallback", "discarded"]
 ATTEMPT_KINDS: Final[tuple[str, ...]] = get_args(AttemptKind)
 #: ``AttemptRecord.reason`` of a duplicate result line: paid, discarded, not in the sync figure.
 DUPLICATE: Final = "duplicate"
+#: ``AttemptRecord.reason`` of a billed line whose usage could not be read (priced at an estimate).
+UNREADABLE: Final = "unreadable"
 _ZERO: Final = Decimal(0)
 
 
@@ -167,6 +169,9 @@ class RunCostReport:
     unchanged_unpriced: int
     prices_as_of: str
     currency: str = "USD"
+    extra_lines: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    unreadable_usage: Usage = field(default_factory=Usage)
+    unreadable_paid: Decimal = _ZERO
 
     @property
     def savings_ratio(self) -> Decimal | None:
@@ -206,6 +211,12 @@ class RunCostReport:
             "unchanged_estimated": self.unchanged_estimated,
             "unchanged_unpriced": self.unchanged_unpriced,
             "total_savings": decimal_str(self.total_savings),
+            "extra_lines": dict(self.extra_lines),
+            "unreadable": {
+                "lines": self.extra_lines.get(UNREADABLE, 0),
+                "estimated_usage": _usage_dict(self.unreadable_usage),
+                "paid": decimal_str(self.unreadable_paid),
+            },
         }
 
     def render_table(self) -> str:
@@ -235,6 +246,15 @@ class RunCostReport:
             ("  resubmissions", format_usd(self.paid_by_kind["resubmission"])),
             ("  sync fallback (full price)", format_usd(self.paid_by_kind["fallback"])),
             ("  discarded outputs", format_usd(self.paid_by_kind["discarded"])),
+            (
+                "    extra billed lines",
+                counts(self.extra_lines)
+                + (
+                    f"; unreadable priced at an estimate {format_usd(self.unreadable_paid)}"
+                    if self.unreadable_usage.total_tokens
+                    else ""
+                ),
+            ),
             ("  infrastructure", format_usd(self.infrastructure_cost)),
             ("same work synchronously", format_usd(self.sync_equivalent)),
             ("savings", f"{format_usd(self.savings)}{pct}"),
@@ -269,6 +289,7 @@ def compute_run_cost(
     rows: Iterable[ItemCostRecord],
     prices: PriceTable,
     infrastructure_cost: Decimal = _ZERO,
+    extra_lines: Iterable[AttemptRecord] = (),
 ) -> RunCostReport:
     """Compute a run's cost report from per-item records (see the module docstring).
 
@@ -276,6 +297,10 @@ def compute_run_cost(
     :param prices: the price table
     :param infrastructure_cost: cost not billed per token, e.g. vLLM GPU hours x
         ``prices.gpu_hour_usd("vllm")``
+    :param extra_lines: billed result lines beyond the items' answers (a second answer, a
+        superseded error with usage, an unreadable line at an estimate), each with its
+        ``provider``, ``model`` and ``reason``; paid and discarded, counted in the billed usage,
+        never in the synchronous figure (the same work synchronously is paid once)
     :raises PricingError: a model has no price
     :raises ValueError: a record names an unknown route
     """
@@ -329,6 +354,20 @@ def compute_run_cost(
             else:
                 unpriced += 1
 
+    extra_counts: Counter[str] = Counter()
+    unreadable_usage = Usage()
+    unreadable_paid = _ZERO
+    for line in extra_lines:
+        amount = cost(line.usage, price_of(line.provider or "", line.model or ""), line.mode)
+        extra_counts[line.reason or DUPLICATE] += 1
+        paid_by_kind["discarded"] += amount
+        attempts += 1
+        usage += line.usage
+        discarded_usage += line.usage
+        if line.reason == UNREADABLE:
+            unreadable_usage += line.usage
+            unreadable_paid += amount
+
     paid = sum(paid_by_kind.values(), _ZERO) + infrastructure_cost
     usable = sum(n for s, n in by_state.items() if s in USABLE_STATES)
     new = by_state.get("succeeded", 0)
@@ -354,6 +393,9 @@ def compute_run_cost(
         unchanged_unpriced=unpriced,
         prices_as_of=prices.as_of,
         currency=prices.currency,
+        extra_lines=MappingProxyType(dict(sorted(extra_counts.items()))),
+        unreadable_usage=unreadable_usage,
+        unreadable_paid=unreadable_paid,
     )
 
 

@@ -27,8 +27,10 @@ from sqlalchemy import (
 
 #: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
 #: the ``abp_leases`` and ``abp_audit`` tables. 3: ``abp_runs.batch_conn_id`` (the connection a run
-#: started on). Older ledgers are upgraded in place on open.
-SCHEMA_VERSION: Final = 3
+#: started on). 4: the ``abp_extra_lines`` table (billed result lines beyond an item's one
+#: answer: a second answer, an unreadable line; created when missing, like every table). Older
+#: ledgers are upgraded in place on open.
+SCHEMA_VERSION: Final = 4
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -301,6 +303,25 @@ audit = Table(
     Column("target", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Index("ix_abp_audit_workload", "workload", "at"),
+)
+
+#: Result lines the provider billed beyond the one answer an item keeps (schema version 4):
+#: ``duplicate`` (a second copy of a line with another answer), ``superseded`` (an error line
+#: with usage for an item whose success is kept), ``unreadable`` (a damaged line whose usage could
+#: not be read; its tokens are an estimate from the item's request, ``estimated`` true). One row
+#: per line of a job's files, numbered in reading order; a reconcile rewrites the job's rows.
+extra_lines = Table(
+    "abp_extra_lines",
+    metadata,
+    Column("job_id", String(250), primary_key=True),
+    Column("ordinal", Integer, primary_key=True),
+    Column("workload", String(200), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("custom_id", String(64)),
+    Column("kind", String(16), nullable=False),
+    Column("estimated", Boolean, nullable=False, default=False),
+    *_usage_columns(),
+    Index("ix_abp_extra_lines_run", "workload", "run_id"),
 )
 
 #: Columns added after version 1, by table: an older ledger gets them with ``ALTER TABLE ... ADD``.

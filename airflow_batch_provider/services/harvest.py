@@ -31,8 +31,11 @@ from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.core.states import HARVESTED_JOB_STATES, TERMINAL_BATCH_STATES
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.extra_lines import record_extra_lines
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.services.result_files import INVALID_FILE, fetch_result_file, invalid_file_note
+from airflow_batch_provider.services.result_lines import LineSorter, price_unreadable, succeeded_ids
 from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
@@ -254,11 +257,20 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
         return Download(False, False, recorded, status)
     folder = staging.run_dir(job.workload, job.run_id) / f"round-{job.round}"
     paths: dict[str, str | None] = {}
-    for kind, column in (("output", "output_path"), ("errors", "error_path")):
+    kinds: tuple[tuple[Literal["output", "errors"], str], ...] = (
+        ("output", "output_path"),
+        ("errors", "error_path"),
+    )
+    for kind, column in kinds:
         target = folder / f"{kind}-{job.chunk_index:05d}.jsonl"
-        with staging.writer(target) as sink:
-            size = adapter.download(ref, kind, _FailpointSink(sink))  # type: ignore[arg-type]
-        log.info("downloaded %s file of batch %s: %d bytes", kind, ref.batch_id, size)
+        problem = fetch_result_file(adapter, staging, ref, kind, target, _FailpointSink)  # type: ignore[arg-type]
+        if problem is not None:
+            # Not a result file (an HTML page served with 200): never read as "every item missing".
+            update: dict[str, Any] = {"batch_state": status.state}
+            if status.state != "failed":
+                update["error"] = invalid_file_note(kind, ref, problem)
+            ledger.update_job(job_id, **update)
+            return Download(False, False, recorded, status)
         paths[column] = str(target)
     values: dict[str, Any] = {
         "state": "downloaded",
@@ -268,24 +280,23 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
     }
     if status.state == "failed" and status.raw_state != "recorded":
         values["error"] = failure_note(status)[1]
+    elif str(job.error or "").startswith(INVALID_FILE):
+        values["error"] = None  # an earlier download's note; the files came valid this time
     ledger.update_job(job_id, **values)
     return Download(True, True, paths, status)
 
 
-def _results(
-    adapter: BatchAdapter,
-    staging: Staging,
-    job: JobRow,
-    template: PromptTemplate,
-    malformed: list[MalformedLine],
-) -> Iterator[ItemResult]:
+def _lines(
+    adapter: BatchAdapter, staging: Staging, job: JobRow, template: PromptTemplate
+) -> Iterator[ItemResult | MalformedLine]:
+    """Every line of the job's output and error files, in reading order, outputs validated."""
     for path in (job.output_path, job.error_path):
         if not path:
             continue
         with staging.at(path).open("rb") as fh:
             for res in adapter.parse_results(fh):
                 if isinstance(res, MalformedLine):
-                    malformed.append(res)
+                    yield res
                     continue
                 yield check_output(res, template.output_format, template.output_schema)
 
@@ -334,10 +345,8 @@ def reconcile_job(
     if not download_job(ledger, adapter, staging, job_id).complete:
         return {"job_id": job_id, "complete": False}
     job = ledger.get_job(job_id)
-    malformed: list[MalformedLine] = []
-    seen: set[str] = set()
     outcomes: dict[str, int] = {}
-    late = duplicates = unknown = 0
+    late = unknown = 0
     slice_: list[ItemResult] = []
     first = True
 
@@ -352,11 +361,10 @@ def reconcile_job(
             first = False
             failpoint("reconcile.mid")
 
-    for res in _results(adapter, staging, job, template, malformed):
-        if res.custom_id in seen:
-            duplicates += 1
-            continue
-        seen.add(res.custom_id)
+    # Two passes over the files: the first finds the ids with a success, so that the second keeps
+    # the success over an error line of the same id whatever their order (result_lines).
+    sorter = LineSorter(succeeded_ids(_lines(adapter, staging, job, template)), cost_of)
+    for res in sorter.kept(_lines(adapter, staging, job, template)):
         slice_.append(res)
         if len(slice_) >= SLICE:
             apply(slice_)
@@ -375,8 +383,14 @@ def reconcile_job(
                 len(settled),
                 job.error,
             )
+    malformed = [bad for _, bad in sorter.unreadable]
     for bad in malformed[:20]:
         log.warning("malformed result line %d: %s (%s)", bad.line_number, bad.reason, bad.excerpt)
+    # Every other line the provider billed: second answers, superseded errors with usage, and
+    # damaged lines at an estimate (never free).
+    unreadable = price_unreadable(ledger, job_id, sorter.unreadable, cost_of)
+    record_extra_lines(ledger, job_id, [*sorter.extras, *unreadable])
+    duplicates = sorter.duplicates
     missing = ledger.mark_missing(job_id)
     ledger.update_job(
         job_id,
@@ -396,6 +410,8 @@ def reconcile_job(
         "duplicates": duplicates,
         "unknown": unknown,
         "malformed": len(malformed),
+        "superseded": sorter.superseded,
+        "unreadable": len(unreadable),
         "missing": missing,
     }
     log.info("reconciled job %s: %s", job_id, summary)

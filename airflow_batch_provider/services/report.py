@@ -6,8 +6,10 @@ from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
+from airflow_batch_provider.core.cost import AttemptRecord
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
 from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
 
@@ -25,6 +27,26 @@ def batch_pricer(
 
     price = load_prices(override).price(provider, model)
     return lambda usage: cost(usage, price, "batch")
+
+
+def extra_records(ledger: Ledger, workload: str, run_id: str) -> list[AttemptRecord]:
+    """The run's billed lines beyond its items' answers, as discarded attempts with their reason.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    """
+    return [
+        AttemptRecord(
+            usage=row["usage"],
+            mode="batch",
+            discarded=True,
+            reason=row["kind"],
+            provider=row["provider"],
+            model=row["model"],
+        )
+        for row in iter_extra_lines(ledger, workload, run_id)
+    ]
 
 
 def job_outcomes(ledger: Ledger, workload: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
@@ -80,7 +102,7 @@ def build_report(
         ``items_by_route``, and the ``exhausted_sync`` section with what they paid); without it
         every real-time item is route ``fallback``
     """
-    from airflow_batch_provider.core.cost import DUPLICATE, AttemptRecord, ItemCostRecord, compute_run_cost
+    from airflow_batch_provider.core.cost import DUPLICATE, ItemCostRecord, compute_run_cost
     from airflow_batch_provider.services.fallback import POSSIBLY_PAID_TWICE
 
     paid_twice = 0
@@ -144,7 +166,9 @@ def build_report(
 
     prices = load_prices(pricing_override)
     infra = infrastructure_cost(ledger, workload, run_id)
-    report = compute_run_cost(records(), prices, infrastructure_cost=infra)
+    report = compute_run_cost(
+        records(), prices, infrastructure_cost=infra, extra_lines=extra_records(ledger, workload, run_id)
+    )
     out = report.to_dict()
     jobs = job_outcomes(ledger, workload, run_id)
     table = report.render_table()

@@ -547,3 +547,44 @@ async def test_a_realtime_request_of_a_kind_the_provider_refuses_is_a_permanent_
         await client.close()
     assert (reply.result.outcome, reply.result.error_code) == ("failed_permanent", "unsupported")
     assert f"accepts only {sorted(contract.adapter.kinds)}" in str(reply.result.error_message)
+
+
+# -- damaged result files ------------------------------------------------------------------------
+
+
+def downloaded(contract: Contract, ref: BatchRef) -> bytes:
+    sink = io.BytesIO()
+    contract.adapter.download(ref, "output", sink)
+    return sink.getvalue()
+
+
+def test_a_downloaded_result_file_is_valid_and_an_html_page_or_an_error_document_in_its_place_is_not(
+    contract: Contract,
+) -> None:
+    from batch_emulator.faults import HTML_PAGE
+
+    ref = contract.submit_requests(contract.requests(), key_for("valid-file"))
+    assert run_to_end(contract, ref).state == "completed"
+    data = downloaded(contract, ref)
+    assert data and contract.adapter.result_file_problem(io.BytesIO(data)) is None
+    assert contract.adapter.result_file_problem(io.BytesIO(b"")) is None  # nothing in it: valid
+    page = contract.adapter.result_file_problem(io.BytesIO(HTML_PAGE))
+    assert page is not None and "not a result file" in page
+    document = b'{"error": {"message": "Session expired", "type": "authentication_error"}}\n'
+    problem = contract.adapter.result_file_problem(io.BytesIO(document))
+    assert problem is not None and repr(contract.profile.id_field) in problem
+
+
+def test_a_truncated_line_is_a_damaged_line_of_a_valid_file_that_still_names_its_custom_id(
+    contract: Contract,
+) -> None:
+    contract.faults(rate_malformed=1.0)
+    requests = contract.requests()
+    ref = contract.submit_requests(requests, key_for("truncated"))
+    assert run_to_end(contract, ref).state == "completed"
+    data = downloaded(contract, ref)
+    assert contract.adapter.result_file_problem(io.BytesIO(data)) is None
+    damaged = [p for p in contract.adapter.parse_results(io.BytesIO(data)) if isinstance(p, MalformedLine)]
+    assert len(damaged) == len(requests)
+    named = {d.custom_id for d in damaged} - {None}
+    assert named <= {contract.custom_id(r) for r in requests}

@@ -124,3 +124,16 @@ def test_the_deadline_fallback_needs_a_real_time_endpoint_at_the_connection_s_ho
         VllmKubernetesAdapter(AdapterSettings()).realtime_client()
     client = VllmKubernetesAdapter(AdapterSettings(base_url="http://vllm-online:8000/v1")).realtime_client()
     assert str(client._client.base_url) == "http://vllm-online:8000/v1/"  # type: ignore[attr-defined]
+
+
+def test_the_pods_output_file_is_a_valid_result_file_and_an_html_page_or_a_log_in_its_place_is_not() -> None:
+    from batch_emulator.faults import HTML_PAGE
+
+    lane = VllmKubernetesAdapter(AdapterSettings())
+    lines = [SUCCESS, HANDLER_ERROR, ROUTING_ERROR, NULL_BODY_NO_ERROR]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    assert lane.result_file_problem(io.BytesIO(data)) is None
+    assert lane.result_file_problem(io.BytesIO(data + data[: len(data) // 8])) is None  # a cut last line
+    assert lane.result_file_problem(io.BytesIO(HTML_PAGE)) is not None
+    log = b"INFO 12-01 run_batch.py:123] Reading batch from /exchange/in.jsonl\n"
+    assert lane.result_file_problem(io.BytesIO(log)) is not None

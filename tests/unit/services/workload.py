@@ -119,10 +119,13 @@ class World:
 
 
 @contextmanager
-def world(tmp_path: Path, provider: str = "openai", **config: Any) -> Iterator[World]:
+def world(
+    tmp_path: Path, provider: str = "openai", ledger_url: str | None = None, **config: Any
+) -> Iterator[World]:
     """Serve an emulator (fast clock unless told) and open a fresh ledger and staging under ``tmp_path``.
 
-    ``provider`` is ``openai`` (default) or ``anthropic`` (with :data:`FAST_CREATE`).
+    ``provider`` is ``openai`` (default) or ``anthropic`` (with :data:`FAST_CREATE`); ``ledger_url``
+    names the ledger (default: a SQLite file under ``tmp_path``).
     """
     config.setdefault("time_scale", 0.02)
     if isinstance(config.get("faults"), dict):
@@ -137,7 +140,7 @@ def world(tmp_path: Path, provider: str = "openai", **config: Any) -> Iterator[W
             adapter = AnthropicBatchAdapter(AdapterSettings(api_key="sk-test", base_url=url, extra=extra))
         else:
             adapter = OpenAIBatchAdapter(AdapterSettings(api_key="sk-test", base_url=f"{url}/v1"))
-        ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+        ledger = Ledger.from_url(ledger_url or f"sqlite:///{tmp_path / 'ledger.sqlite'}")
         staging = Staging(f"file://{tmp_path / 'staging'}")
         prompt = CLAUDE if provider == "anthropic" else PROMPT
         yield World(ledger, adapter, staging, url, tmp_path, prompt)
