@@ -328,7 +328,9 @@ class BatchAdapter(ABC):
         """Parse a downloaded output or error file, streaming, into neutral results.
 
         A line that cannot be parsed yields a :class:`MalformedLine` (counted and logged by the
-        caller); it never stops the stream, and its item ends up ``missing``, hence retried.
+        caller, with its custom id when that is still readable); it never stops the stream, its
+        item ends up ``missing``, hence retried, and the line is priced at an estimate as
+        ``unreadable``. Whether the file is a result file at all is :meth:`result_file_problem`.
 
         :param lines: readable binary stream of JSONL
         """

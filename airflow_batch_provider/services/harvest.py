@@ -11,7 +11,13 @@ The rules that make a rerun converge:
   (retryable or permanent, by :data:`FAILED_BATCH_CAUSES`), so the items go to the next round or
   to review, and the run goes on to publish;
 - results that arrive after another route (the deadline fallback) answered an item are kept as
-  discarded cost by the ledger, never applied twice.
+  discarded cost by the ledger, never applied twice;
+- a downloaded file that is not a result file (an HTML page served with HTTP 200) is fetched
+  again, and if it stays invalid the download is incomplete, never "every item missing"
+  (:mod:`~airflow_batch_provider.services.result_files`);
+- an item keeps its success over an error line of the same id, whatever their order, and every
+  other billed line (a second answer, an unreadable line at an estimate) is priced
+  (:mod:`~airflow_batch_provider.services.result_lines`).
 """
 
 from __future__ import annotations
