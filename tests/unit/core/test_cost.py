@@ -6,6 +6,7 @@ from decimal import Decimal
 import pytest
 
 from airflow_batch_provider.core.cost import (
+    UNREADABLE,
     AttemptRecord,
     ItemCostRecord,
     check_budget,
@@ -171,6 +172,36 @@ def test_a_duplicate_result_line_is_paid_but_not_in_the_sync_equivalent(table: P
     assert report.paid_by_kind["discarded"] == Decimal("7.5")
     assert report.sync_equivalent == Decimal(15)
     assert report.savings == 0
+
+
+def test_extra_billed_lines_are_paid_discarded_and_billed_with_the_unreadable_ones_reported_apart(
+    table: PriceTable,
+) -> None:
+    million = Usage(output_tokens=1_000_000)
+    row = item("succeeded", "batch", AttemptRecord(million, "batch"))
+    extras = [
+        AttemptRecord(million, "batch", True, "duplicate", *SONNET),
+        AttemptRecord(Usage(input_tokens=2_000_000), "batch", True, UNREADABLE, *SONNET),
+    ]
+    report = compute_run_cost([row], table, extra_lines=extras)
+    assert report.usage == Usage(input_tokens=2_000_000, output_tokens=2_000_000)
+    assert report.discarded_usage == Usage(input_tokens=2_000_000, output_tokens=1_000_000)
+    assert report.paid_by_kind["discarded"] == Decimal("7.5") + Decimal(3)  # $3 x 2M x half
+    assert report.sync_equivalent == Decimal(15)  # the same work synchronously is paid once
+    assert report.attempts == 3
+    out = report.to_dict()
+    assert out["extra_lines"] == {"duplicate": 1, "unreadable": 1}
+    assert out["unreadable"] == {
+        "lines": 1,
+        "estimated_usage": {
+            "input_tokens": 2_000_000,
+            "cached_input_tokens": 0,
+            "cache_write_tokens": 0,
+            "output_tokens": 0,
+        },
+        "paid": "3",
+    }
+    assert "unreadable priced at an estimate $3.00" in report.render_table()
 
 
 def test_cost_per_usable_result_divides_paid_by_succeeded_plus_unchanged(table: PriceTable) -> None:
