@@ -110,10 +110,10 @@ class FaultConfig:
     :param rate_malformed: the item's output line is truncated into invalid JSON
     :param rate_duplicate_other: the item's output line is followed by a second copy with another
         answer (other text, one more output token), which the provider bills again (the record's
-        ``billed_again``)
+        ``billed_again``); chat answers on OpenAI, Anthropic and Gemini (not Bedrock yet)
     :param rate_error_before_success: an error line (HTTP 500 ``server_error``) for the item comes
         before its success: in the error file (OpenAI, which keeps errors apart) or just before the
-        success line in the one results file (the other providers); it is not billed
+        success line in the one results file (Anthropic, Gemini; not Bedrock yet); it is not billed
 
     Batch faults:
 
@@ -132,7 +132,8 @@ class FaultConfig:
         batch's results (a copy of a real line under a foreign id); sticky at creation
     :param html_downloads: the next this-many downloads of a result file answer an HTML page with
         HTTP 200 (a proxy's or a login page served in place of the file); counts down per download,
-        and applies at once (OpenAI file content, Anthropic results)
+        and applies at once (OpenAI file content, Anthropic results, Gemini file download; not
+        Bedrock, whose files are S3 objects)
 
     Create faults (every create-like call: file upload, batch create; see the module docstring):
 

@@ -68,6 +68,8 @@ from batch_emulator.common import (
     ErrorTable,
     InputScan,
     InputWords,
+    another_answer,
+    html_page_instead,
     injected_error,
     key_given,
     output_file,
@@ -608,6 +610,9 @@ class GeminiEmulator:
         file_id, _, action = file_ref.partition(":")
         meta = self._file(file_id)
         if action == "download":
+            page = html_page_instead(self.state, meta.purpose)
+            if page is not None:
+                return page
             return StreamingResponse(
                 self.state.files.iter_bytes(meta.id),
                 media_type="application/octet-stream",
@@ -875,7 +880,14 @@ class GeminiEmulator:
                     inlined.append(entry)
                     continue
                 item = outcome.item
-                out.write({"key": item.custom_id, **entry}, item.decision if "response" in entry else None)
+                answered = "response" in entry
+                if answered and item.decision.error_first:
+                    out.write({"key": item.custom_id, "error": dict(INJECTED_ERRORS["server_error"])})
+                out.write({"key": item.custom_id, **entry}, item.decision if answered else None)
+                if answered and item.decision.other_answer and "candidates" in entry["response"]:
+                    out.write(
+                        {"key": item.custom_id, "response": self._answer_again(job, item.custom_id, entry)}
+                    )
             if inline:
                 return {"output": {"inlinedResponses": {"inlinedResponses": inlined}}}
             out.write_foreign(job.faults.unknown_result_lines, job.id)
@@ -884,6 +896,20 @@ class GeminiEmulator:
             )
             out.keep(file_meta)
         return {"output": {"responsesFile": f"files/{file_meta.id}"}}
+
+    @staticmethod
+    def _answer_again(job: Job, custom_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """A second response to an item with another answer, billed again (``rate_duplicate_other``)."""
+        again: dict[str, Any] = json.loads(json.dumps(entry["response"]))
+        part = again["candidates"][0]["content"]["parts"][0]
+        part["text"] = another_answer(part.get("text"))
+        usage = again["usageMetadata"]
+        usage["candidatesTokenCount"] += 1
+        usage["totalTokenCount"] += 1
+        cached = int(usage.get("cachedContentTokenCount") or 0)
+        used = {"input": usage["promptTokenCount"], "cached": cached, "output": usage["candidatesTokenCount"]}
+        job.bill_again(custom_id, **generate_billed(used))
+        return again
 
     def _entry(self, job: Job, outcome: ItemOutcome, seen_prefixes: set[str]) -> dict[str, Any] | None:
         """One item's response or error entry (``None``: fault ``missing``, no line at all); bills it.

@@ -27,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -588,3 +589,31 @@ def test_a_truncated_line_is_a_damaged_line_of_a_valid_file_that_still_names_its
     assert len(damaged) == len(requests)
     named = {d.custom_id for d in damaged} - {None}
     assert named <= {contract.custom_id(r) for r in requests}
+
+
+def test_an_item_with_an_error_line_before_its_success_and_a_second_answer_keeps_its_first_success(
+    contract: Contract,
+) -> None:
+    from airflow_batch_provider.core.results import Usage
+    from airflow_batch_provider.services.result_lines import LineSorter, succeeded_ids
+
+    if contract.name == "bedrock":
+        pytest.skip(
+            "the emulator's Bedrock router has no rate_error_before_success / rate_duplicate_other yet"
+        )
+    contract.faults(rate_error_before_success=1.0, rate_duplicate_other=1.0)
+    requests = contract.requests()
+    ref = contract.submit_requests(requests, key_for("error-first"))
+    assert run_to_end(contract, ref).state == "completed"
+    parsed = items(contract.results(ref))
+    sent = {contract.custom_id(r) for r in requests}
+    assert {r.custom_id for r in parsed if r.outcome != "succeeded"} == sent  # an error line for each
+    sorter = LineSorter(succeeded_ids(parsed), lambda usage: Decimal(usage.total_tokens))
+    kept = list(sorter.kept(parsed))
+    assert sorted(r.custom_id for r in kept) == sorted(sent)
+    assert all(r.outcome == "succeeded" and "answered again" not in str(r.output) for r in kept)
+    again = contract.http.get("/_emulator/record").json()["batches"][contract.name][0]["billed_again"]
+    assert sorted(cid for cid, _ in again) == sorted(
+        x.custom_id for x in sorter.extras if x.kind == "duplicate"
+    )
+    assert all(x.usage != Usage() for x in sorter.extras if x.kind == "duplicate")
