@@ -569,6 +569,10 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
             expected_usage += usage
             expected_paid += cost(usage, price, "batch")
             billed_answers[item_key_of(custom_id)] += 1
+        for _, tokens in batch.get("billed_again") or []:  # a second answer, priced as a duplicate
+            usage = Usage(**tokens)
+            expected_usage += usage
+            expected_paid += cost(usage, price, "batch")
     billed_sync: Counter[str] = Counter()
     for provider, answers in record.get("realtime", {}).items():
         price = prices.price(provider, runs[0].model)
