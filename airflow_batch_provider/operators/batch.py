@@ -859,6 +859,9 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
+        if self.prompt is not None:
+            # before anything is sent or paid: the answers will be judged by the run's prompt
+            self.run_template(self.prompt, context)
         if submit.goes_sync(job, self.adapter):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
