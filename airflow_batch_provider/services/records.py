@@ -139,6 +139,8 @@ class PrepareResult:
             f"{self.ledger.changed} changed, {self.ledger.unchanged} unchanged (skipped), "
             f"{self.ledger.already_in_run} already in this run"
         )
+        if self.ledger.owned_by_newer_run:
+            text += f", {self.ledger.owned_by_newer_run} left with a newer run that owns them"
         return text + (f"; the source stopped early: {self.source_error}" if self.source_error else "")
 
 

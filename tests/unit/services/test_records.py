@@ -452,4 +452,5 @@ def test_a_rerun_of_an_older_run_leaves_the_items_a_newer_run_owns_with_the_newe
     assert rows_of(any_ledger, older) == {}
     assert set(rows_of(any_ledger, newer)) == {f"r{k}" for k in range(4)}
     assert again.ledger.owned_by_newer_run == 4
+    assert "4 left with a newer run that owns them" in again.describe()
     assert rows_of(any_ledger, newer)["r0"] == ("pending", None)  # the bad copy did not take it either
