@@ -57,10 +57,7 @@ def record_run_prompt(ledger: Ledger, workload: str, run_id: str, prompt: RunPro
             .where(*_key(workload, run_id), c.prompt_sha256.is_(None))
             .values(prompt_version=prompt.version, prompt_sha256=prompt.sha256)
         )
-        found = conn.execute(select(c.prompt_version, c.prompt_sha256).where(*_key(workload, run_id))).first()
-    if found is None or found.prompt_sha256 is None:
-        return None
-    return RunPrompt(str(found.prompt_version), str(found.prompt_sha256))
+    return run_prompt(ledger, workload, run_id)  # the first one recorded, by this call or another
 
 
 def run_prompt(ledger: Ledger, workload: str, run_id: str) -> RunPrompt | None:
