@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -315,6 +316,17 @@ class PromptTemplate:
                 f"Jinja's name for the template itself, never a record field. Rename the field in the "
                 "records (e.g. with a records callable) and in the template."
             )
+
+    @property
+    def fingerprint(self) -> str:
+        """The sha256 of the prompt's content: every field, the version and the output schema included.
+
+        A run records it at prepare: a prompt edited during the run (a new schema, another
+        template) has another fingerprint, even under the same version.
+        """
+        content = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        # ``default``: a parameter JSON cannot write (a mapping proxy) still counts, by its text
+        return sha256_hex(json.dumps(content, sort_keys=True, separators=(",", ":"), default=repr))
 
     def render(self, record: Mapping[str, Any], position: int | None = None) -> CanonicalRequest:
         """Render one record into a request.

@@ -28,8 +28,9 @@ from sqlalchemy import (
 #: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
 #: the ``abp_leases`` and ``abp_audit`` tables. 3: ``abp_runs.batch_conn_id`` (the connection a run
 #: started on). 4: the ``abp_extra_lines`` table (billed result lines beyond an item's one
-#: answer: a second answer, an unreadable line; created when missing, like every table). Older
-#: ledgers are upgraded in place on open.
+#: answer: a second answer, an unreadable line; created when missing, like every table), and
+#: ``abp_runs.prompt_version`` and ``abp_runs.prompt_sha256`` (the prompt a run started with).
+#: Older ledgers are upgraded in place on open.
 SCHEMA_VERSION: Final = 4
 
 
@@ -265,6 +266,9 @@ runs = Table(
     Column("dag_id", String(250)),
     # the batch connection id as prepare rendered it: every later task of the run must render the same
     Column("batch_conn_id", String(250)),
+    # the prompt as prepare rendered it (version and content digest): every later task must render the same
+    Column("prompt_version", String(100)),
+    Column("prompt_sha256", String(64)),
 )
 
 published = Table(
@@ -335,7 +339,7 @@ ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
         "in_doubt_at",
         "input_kind",
     ),
-    "abp_runs": ("dag_id", "batch_conn_id"),
+    "abp_runs": ("dag_id", "batch_conn_id", "prompt_version", "prompt_sha256"),
 }
 
 #: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the

@@ -83,6 +83,7 @@ from airflow_batch_provider.ledger.records import (
     WorkloadLease,
     sync_job_id,
 )
+from airflow_batch_provider.ledger.runs import newer_runs
 
 BATCH = 1000
 _Shape = TypeVar("_Shape")
@@ -136,6 +137,8 @@ class UpsertStats:
         again until their input changes or someone re-drives them
     :param in_flight_elsewhere: items staged or sent by another run that may already be at a
         provider; they stay with that run (never sent twice)
+    :param owned_by_newer_run: items a run that started later owns; a rerun of an older run leaves
+        them (and that run's history) alone
     """
 
     new: int = 0
@@ -144,6 +147,7 @@ class UpsertStats:
     already_in_run: int = 0
     in_review: int = 0
     in_flight_elsewhere: int = 0
+    owned_by_newer_run: int = 0
 
 
 @dataclass
@@ -987,7 +991,10 @@ class Ledger:
 
         A new item, or one whose input changed or that never succeeded, becomes ``pending``. An item
         whose input hash matches its last success becomes ``unchanged`` and keeps its output. An
-        item this run already recorded is left alone, so rerunning the task changes nothing.
+        item this run already recorded with the same input is left alone, so rerunning the task
+        changes nothing; one whose input changed since (a record fixed after its reject, an edited
+        input) is prepared again (``pending``) unless it is staged or sent. An item a run that
+        started later owns stays with that run (a rerun of an older run).
 
         Sticky, when the input is unchanged: an item in ``review`` (or that a person resolved or
         skipped) stays there, and a ``failed_permanent`` one goes to ``review``: neither is paid for
@@ -1022,6 +1029,7 @@ class Ledger:
                         ).where(c.workload == workload, _pairs(c.item_key, c.prompt_version, keys))
                     ).mappings()
                 }
+                newer = newer_runs(conn, workload, run_id, {str(r["run_id"]) for r in existing.values()})
                 unsent = self._unsent_jobs(
                     conn,
                     {
@@ -1068,10 +1076,15 @@ class Ledger:
                         )
                         stats["new"] += 1
                         continue
-                    if row["run_id"] == run_id:
+                    state = row["state"]
+                    if row["run_id"] == run_id and (
+                        row["input_hash"] == input_hash or state in IN_FLIGHT_STATES
+                    ):
                         stats["already_in_run"] += 1
                         continue
-                    state = row["state"]
+                    if row["run_id"] in newer:
+                        stats["owned_by_newer_run"] += 1
+                        continue
                     if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
                         stats["in_flight_elsewhere"] += 1
                         continue
@@ -1164,6 +1177,8 @@ class Ledger:
     ) -> int:
         """Record items that cannot be sent, in ``review`` with the reason; others go on.
 
+        An item a run that started later owns is left with it.
+
         :param workload: workload name
         :param run_id: the Airflow run id
         :param rejected: (item or ``None`` when it could not be rendered, app id, code, message)
@@ -1183,6 +1198,8 @@ class Ledger:
                 )
                 found = conn.execute(select(s.items.c.run_id).where(where)).first()
                 values = {"run_id": run_id, "error_code": code, "error_message": message, "route": None}
+                if found and found.run_id != run_id and newer_runs(conn, workload, run_id, [found.run_id]):
+                    continue  # a newer run owns it: a rerun of an older run does not take it back
                 if found:
                     # An item another run has in flight stays with it; anything else is reopened.
                     moved = _transition(

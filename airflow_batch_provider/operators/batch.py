@@ -35,13 +35,14 @@ from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
+from airflow_batch_provider.ledger.runs import FinishedRun, finished_run
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
-from airflow_batch_provider.services.runs import check_run_connection
+from airflow_batch_provider.services.runs import check_run_connection, check_run_prompt, keep_run_prompt
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
@@ -420,6 +421,27 @@ class BatchBaseOperator(BaseOperator):
         super().pre_execute(context)
         check_run_connection(self.ledger, self.workload, context["run_id"], self.batch_conn_id, self.task_id)
 
+    def run_template(self, prompt: PromptSource, context: Mapping[str, Any]) -> PromptTemplate:
+        """The prompt of this task, which must be the one the run started with (content and version).
+
+        :param prompt: the task's prompt (or its file, or a callable)
+        :param context: the task context
+        :raises ConfigurationError: the run started with another prompt (see :func:`check_run_prompt`)
+        """
+        template = load_prompt(prompt, context)
+        check_run_prompt(self.ledger, self.workload, context["run_id"], template, self.task_id)
+        return template
+
+    def finished_run(self, context: Mapping[str, Any]) -> FinishedRun | None:
+        """Return the task's run as publish finished it (``None``: it is not finished).
+
+        A finished run is history: a cleared task of it must change neither its items nor its
+        report, nor take items a newer run owns.
+
+        :param context: the task context
+        """
+        return finished_run(self.ledger, self.workload, context["run_id"])
+
     def emit(self, context: Mapping[str, Any], event: BatchEvent) -> None:
         """Send an alert event (never fails the task).
 
@@ -636,6 +658,17 @@ class BatchPrepareOperator(BatchBaseOperator):
         from airflow_batch_provider.services.records import Reject, check_kind, load_records
 
         run_id = context["run_id"]
+        finished = self.finished_run(context)
+        if finished is not None:
+            self.log.warning(
+                "run %s of workload %s finished at %s (its report is published): it is history, so this "
+                "cleared prepare reads nothing, stages nothing and takes no item; start a new run to "
+                "process the input again.",
+                run_id,
+                self.workload,
+                finished.finished_at.isoformat(),
+            )
+            return []
         if self.lane is not None:
             from airflow_batch_provider.kubernetes.lane import check_conn_lane
 
@@ -668,6 +701,8 @@ class BatchPrepareOperator(BatchBaseOperator):
         )
         if started_on != self.batch_conn_id:  # another prepare of this run recorded another one meanwhile
             check_run_connection(ledger, self.workload, run_id, self.batch_conn_id, self.task_id)
+        # the run keeps the prompt it started with: a cleared prepare with an edited one refuses
+        keep_run_prompt(ledger, self.workload, run_id, template, self.task_id)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -824,6 +859,9 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
+        if self.prompt is not None:
+            # before anything is sent or paid: the answers will be judged by the run's prompt
+            self.run_template(self.prompt, context)
         if submit.goes_sync(job, self.adapter):
             out = {"job_id": job.job_id, "provider": self.adapter.name, "idempotency_key": key}
             return {**out, **self.send_synchronously(context, job)}
@@ -885,7 +923,7 @@ class BatchSubmitOperator(BatchBaseOperator):
                 f"{self.adapter.limits.min_requests} per batch, and must go through the real-time API, which "
                 "needs the prompt: pass prompt= to BatchSubmitOperator (batch_inference_group does)."
             )
-        template = load_prompt(self.prompt, context)
+        template = self.run_template(self.prompt, context)
         self.log.warning(
             "job %s has %d lines, below %s's minimum of %d per batch: sending them through the real-time "
             "API at full price instead of padding the batch",
@@ -981,7 +1019,7 @@ class BatchReconcileOperator(BatchBaseOperator):
             self.adapter,
             self.staging,
             job.job_id,
-            load_prompt(self.prompt, context),
+            self.run_template(self.prompt, context),
             report.batch_pricer(self.adapter.name, job.model, self.budget.pricing_override),
         )
 
@@ -1137,6 +1175,23 @@ batch_pricer = report.batch_pricer
 build_report = report.build_report
 
 
+def publish_outcome(summary: Mapping[str, Any], report_path: str) -> dict[str, Any]:
+    """What publish returns (its XCom): the counts of the report and where it is.
+
+    :param summary: the run's report
+    :param report_path: where ``report.json`` is
+    """
+    return {
+        "items_by_state": summary["items_by_state"],
+        "paid_usd": summary["paid"],
+        "cost_per_usable_result_usd": summary["cost_per_usable_result"],
+        "failed_batches": len(summary["failed_batches"]),
+        "in_doubt_jobs": len(summary["in_doubt_jobs"]),
+        "possibly_paid_twice": summary["possibly_paid_twice"],
+        "report": report_path,
+    }
+
+
 class BatchPublishOperator(BatchBaseOperator):
     """Close the run: harvest late files, settle what is unfinished, publish results and the report.
 
@@ -1190,7 +1245,10 @@ class BatchPublishOperator(BatchBaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
         ledger = self.ledger
-        template = load_prompt(self.prompt, context) if self.prompt is not None else None
+        finished = self.finished_run(context)
+        if finished is not None:
+            return self.published_before(context, finished)
+        template = self.run_template(self.prompt, context) if self.prompt is not None else None
         self.harvest_late(run_id, template, context)
         if self.exhausted == "sync" and template is not None:
             self.send_exhausted(context, template)
@@ -1239,17 +1297,28 @@ class BatchPublishOperator(BatchBaseOperator):
         release_workload_lease(ledger, self.workload, run_id)
         self.log.info("published %d items to the results table and %s", published, folder / "results.jsonl")
         self.log.info("\n%s", summary["table"])
-        out = {
-            "items_by_state": summary["items_by_state"],
-            "paid_usd": summary["paid"],
-            "cost_per_usable_result_usd": summary["cost_per_usable_result"],
-            "failed_batches": len(summary["failed_batches"]),
-            "in_doubt_jobs": len(summary["in_doubt_jobs"]),
-            "possibly_paid_twice": summary["possibly_paid_twice"],
-            "report": str(folder / "report.json"),
-        }
+        out = publish_outcome(summary, str(folder / "report.json"))
         self.tell(context, summary, out, str(folder / "results.jsonl"))
         return out
+
+    def published_before(self, context: Context, finished: FinishedRun) -> dict[str, Any]:
+        """A cleared publish of a finished run: what it published then, unchanged, and nothing else.
+
+        No item moves, no report is rebuilt or rewritten, no alert or Asset event is sent again.
+
+        :param context: the task context
+        :param finished: the run as publish finished it
+        """
+        folder = self.staging.run_dir(self.workload, context["run_id"])
+        self.log.warning(
+            "run %s of workload %s finished at %s: it is history, so this cleared publish changes neither "
+            "its items nor its report (%s); start a new run to process the input again.",
+            context["run_id"],
+            self.workload,
+            finished.finished_at.isoformat(),
+            folder / "report.json",
+        )
+        return publish_outcome(finished.report, str(folder / "report.json"))
 
     def tell(
         self, context: Context, summary: Mapping[str, Any], out: Mapping[str, Any], results: str

@@ -22,7 +22,6 @@ from airflow_batch_provider.operators.batch import (
     BatchBaseOperator,
     PromptSource,
     limits_settings,
-    load_prompt,
 )
 from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
 from airflow_batch_provider.settings import load_prices
@@ -82,7 +81,7 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         run_id = context["run_id"]
-        template = load_prompt(self.prompt, context)
+        template = self.run_template(self.prompt, context)
         rows = list(self.ledger.iter_item_rows(self.workload, run_id, states=FALLBACK_FROM, shape=OpenItem))
         if not rows:
             self.log.info("no open items: nothing to send synchronously")

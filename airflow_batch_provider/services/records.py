@@ -9,8 +9,10 @@ Rules, for every source:
   with its position, its line (files) and a reason that names the fix, and reading goes on.
   CSV and JSONL are decoded line by line, so a byte that is not UTF-8 costs only its record.
 - The counts always add up: ``items + rejected == read``. Blank lines are not records.
-- The first record with an id is kept; a later record with the same id is a ``duplicate_id``
-  reject.
+- The first good record of an id is the item; a later good record with the same id is a
+  ``duplicate_id`` reject, and a bad copy (before or after it) is a reject with its own line and
+  reason that leaves the item alone. Only an id with no good record goes to review, once, with
+  its first bad copy's reason.
 - When the source itself fails part-way (the records callable raises, a read fails, a CSV header
   is unreadable), the records read before are kept (upserted, rejects recorded) and
   :attr:`PrepareResult.source_error` says where and why; the operator then fails the task,
@@ -137,6 +139,8 @@ class PrepareResult:
             f"{self.ledger.changed} changed, {self.ledger.unchanged} unchanged (skipped), "
             f"{self.ledger.already_in_run} already in this run"
         )
+        if self.ledger.owned_by_newer_run:
+            text += f", {self.ledger.owned_by_newer_run} left with a newer run that owns them"
         return text + (f"; the source stopped early: {self.source_error}" if self.source_error else "")
 
 
@@ -338,19 +342,26 @@ class FirstPositions:
         self._pending: dict[str, int] = {}
         self._db: sqlite3.Connection | None = None
 
+    def get(self, app_id: str) -> int | None:
+        """Return the first position of ``app_id``, or ``None`` when no record of it was kept.
+
+        :param app_id: the record's application id
+        """
+        found = self._pending.get(app_id)
+        if found is not None or self._db is None:
+            return found
+        row = self._db.execute("SELECT position FROM first_ids WHERE app_id = ?", (app_id,)).fetchone()
+        return None if row is None else int(row[0])
+
     def setdefault(self, app_id: str, position: int) -> int:
         """Return the first position of ``app_id``, recording ``position`` when it is new.
 
         :param app_id: the record's application id
         :param position: the record's position
         """
-        found = self._pending.get(app_id)
+        found = self.get(app_id)
         if found is not None:
             return found
-        if self._db is not None:
-            row = self._db.execute("SELECT position FROM first_ids WHERE app_id = ?", (app_id,)).fetchone()
-            if row is not None:
-                return int(row[0])
         self._pending[app_id] = position
         if len(self._pending) >= self.flush:
             self._write()
@@ -381,6 +392,8 @@ class FirstPositions:
 class RecordPreparer:
     """Render source records into prepared items; every bad one goes to ``on_reject``.
 
+    It remembers which ids became items until :meth:`close` (:meth:`is_item`).
+
     :param template: the prompt
     :param on_reject: called once per rejected record, in order
     """
@@ -404,27 +417,35 @@ class RecordPreparer:
         :param records: the source's records
         """
         source = iter(records)
-        try:
-            while True:
-                try:
-                    rec = next(source)
-                except StopIteration:
-                    return
-                except Exception as exc:  # the source's failure is reported, not raised here
-                    self.source_error = (
-                        f"after {self.read} records, reading the source raised {type(exc).__name__}: {exc}"
-                    )
-                    return
-                self.read += 1
-                try:
-                    request = self._render(rec)
-                except ItemError as exc:
-                    self.rejected[exc.code] += 1
-                    self.on_reject(Reject(rec.position, rec.line, exc.app_id, exc.code, str(exc), rec.raw))
-                    continue
-                yield PreparedItem(item_key(request.app_id), request)
-        finally:
-            self._first.close()
+        while True:
+            try:
+                rec = next(source)
+            except StopIteration:
+                return
+            except Exception as exc:  # the source's failure is reported, not raised here
+                self.source_error = (
+                    f"after {self.read} records, reading the source raised {type(exc).__name__}: {exc}"
+                )
+                return
+            self.read += 1
+            try:
+                request = self._render(rec)
+            except ItemError as exc:
+                self.rejected[exc.code] += 1
+                self.on_reject(Reject(rec.position, rec.line, exc.app_id, exc.code, str(exc), rec.raw))
+                continue
+            yield PreparedItem(item_key(request.app_id), request)
+
+    def is_item(self, app_id: str) -> bool:
+        """Whether a good record of ``app_id`` became an item (until :meth:`close`).
+
+        :param app_id: the application id
+        """
+        return self._first.get(app_id) is not None
+
+    def close(self) -> None:
+        """Forget the ids read (their temporary file goes)."""
+        self._first.close()
 
     def _render(self, rec: SourceRecord) -> CanonicalRequest:
         if rec.problem is not None or rec.value is None:
@@ -478,9 +499,10 @@ def load_records(
 ) -> PrepareResult:
     """Upsert a run's good records into the ledger; record every bad one; return the counts.
 
-    Rejected records that have an id are also recorded in the ledger (state ``review``, under the
-    prompt's version, so that a fixed record replaces the row); a duplicate keeps the first
-    record's row. Every reject goes to ``write_reject`` (the rejects file) and the log.
+    Rejected records that have an id and no good record in the input are also recorded in the
+    ledger (state ``review``, under the prompt's version, with the first bad copy's reason, so that
+    a fixed record replaces the row); a good record of the id is the item whatever its bad copies
+    say, and a duplicate keeps the first good record's row. Every reject goes to ``write_reject`` (the rejects file) and the log.
 
     :param ledger: the ledger
     :param workload: the workload
@@ -496,7 +518,8 @@ def load_records(
     if adapter is not None:
         check_kind(workload, template, adapter)
     logger: Log = log or logging.getLogger(__name__)
-    in_review: list[tuple[PreparedItem | None, str, str, str]] = []
+    # The first bad copy of each id, for review unless a good record of the id became the item.
+    bad_copies: dict[str, tuple[PreparedItem | None, str, str, str]] = {}
 
     def on_reject(reject: Reject) -> None:
         where = (
@@ -508,12 +531,17 @@ def load_records(
         write_reject(reject)
         if reject.app_id is not None and reject.code != "duplicate_id":
             request = CanonicalRequest(reject.app_id, template.version, template.model)
-            in_review.append(
-                (PreparedItem(item_key(reject.app_id), request), reject.app_id, reject.code, reject.message)
+            bad_copies.setdefault(
+                reject.app_id,
+                (PreparedItem(item_key(reject.app_id), request), reject.app_id, reject.code, reject.message),
             )
 
     preparer = RecordPreparer(template, on_reject)
-    stats = ledger.upsert_items(workload, run_id, preparer.prepare(records))
+    try:
+        stats = ledger.upsert_items(workload, run_id, preparer.prepare(records))
+        in_review = [entry for app_id, entry in bad_copies.items() if not preparer.is_item(app_id)]
+    finally:
+        preparer.close()
     if in_review:
         ledger.reject_items(workload, run_id, in_review)
     return PrepareResult(

@@ -1,9 +1,11 @@
-"""What every task of a run must agree on with the run as prepare started it."""
+"""What every task of a run must agree on with the run as prepare started it: its connection and prompt."""
 
 from __future__ import annotations
 
+from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.runs import RunPrompt, record_run_prompt, run_prompt
 
 
 def check_run_connection(
@@ -31,3 +33,54 @@ def check_run_connection(
             f"template it reads changed during the run. Set it back to {started_on!r} and clear this "
             "task; a new connection takes effect with the next run."
         )
+
+
+def check_run_prompt(
+    ledger: Ledger, workload: str, run_id: str, template: PromptTemplate, task_id: str
+) -> None:
+    """Refuse a task whose prompt is not the one its run started with (content and version).
+
+    A prompt file edited while the run's batches are out (v1 text to v2 JSON with a schema)
+    would judge v1's answers by v2's rules: every answer ``invalid_output``, resent and paid
+    again. The run keeps the prompt prepare recorded; the edit takes effect with the next run.
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run the task belongs to
+    :param template: the prompt the task renders
+    :param task_id: the task, for the message
+    :raises ConfigurationError: the run started with another prompt
+    """
+    started = run_prompt(ledger, workload, run_id)
+    if started is None or started.sha256 == template.fingerprint:
+        return
+    same_version = started.version == template.version
+    what = (
+        f"prompt {template.version!r} with other content (sha256 {template.fingerprint[:12]})"
+        if same_version
+        else f"prompt {template.version!r} (sha256 {template.fingerprint[:12]})"
+    )
+    raise ConfigurationError(
+        f"{task_id}: this task renders {what} but run {run_id!r} of workload {workload!r} started with "
+        f"prompt {started.version!r} (sha256 {started.sha256[:12]}); the prompt (its file, or what the "
+        f"callable returns) changed during the run, and the run's answers were asked with "
+        f"{started.version!r}. Put prompt {started.version!r} back and clear this task; a new prompt "
+        "(with a new version) takes effect with the next run."
+    )
+
+
+def keep_run_prompt(
+    ledger: Ledger, workload: str, run_id: str, template: PromptTemplate, task_id: str
+) -> None:
+    """Record the prompt a run starts with (prepare), or refuse another one than it started with.
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run (already started: :meth:`Ledger.start_run`)
+    :param template: the prompt prepare renders
+    :param task_id: the task, for the message
+    :raises ConfigurationError: the run started with another prompt (see :func:`check_run_prompt`)
+    """
+    recorded = record_run_prompt(ledger, workload, run_id, RunPrompt(template.version, template.fingerprint))
+    if recorded is not None and recorded.sha256 != template.fingerprint:
+        check_run_prompt(ledger, workload, run_id, template, task_id)

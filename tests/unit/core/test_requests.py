@@ -364,3 +364,21 @@ def test_a_tool_choice_in_any_providers_form_reads_as_one_canonical_choice(
     from airflow_batch_provider.core.requests import canonical_tool_choice
 
     assert canonical_tool_choice(choice) == canonical
+
+
+def test_a_prompts_fingerprint_changes_with_any_field_and_not_with_a_fresh_load() -> None:
+    from dataclasses import replace
+
+    base = PromptTemplate(version="v1", model="m", user="{{ text }}", params={"temperature": 0})
+    assert (
+        base.fingerprint
+        == PromptTemplate(version="v1", model="m", user="{{ text }}", params={"temperature": 0}).fingerprint
+    )
+    others = [
+        replace(base, version="v2"),
+        replace(base, output_format="json"),
+        replace(base, output_schema={"type": "object"}),
+        replace(base, system="Other rubric."),
+        replace(base, params={"temperature": 1}),
+    ]
+    assert len({base.fingerprint, *(p.fingerprint for p in others)}) == 1 + len(others)

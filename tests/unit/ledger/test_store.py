@@ -187,11 +187,27 @@ def test_new_items_are_pending_with_their_request_stored(ledger: Ledger) -> None
     assert row["attempts"] == 0
 
 
-def test_upserting_again_in_the_same_run_changes_nothing(ledger: Ledger) -> None:
+def test_upserting_the_same_input_again_in_the_same_run_changes_nothing(ledger: Ledger) -> None:
     ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
     before = snapshot(ledger)
-    assert ledger.upsert_items(WL, "r1", [prep("a"), prep("b", text="edited meanwhile")]) == UpsertStats(
-        already_in_run=2
+    assert ledger.upsert_items(WL, "r1", [prep("a"), prep("b")]) == UpsertStats(already_in_run=2)
+    assert snapshot(ledger) == before
+
+
+def test_an_item_edited_before_it_is_staged_is_prepared_again_in_the_same_run(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    stats = ledger.upsert_items(WL, "r1", [prep("a"), prep("b", text="edited meanwhile")])
+    assert stats == UpsertStats(already_in_run=1, changed=1)
+    rows = {r["app_id"]: r for r in ledger.iter_items(WL, "r1", columns=["app_id", "state", "request_json"])}
+    assert rows["b"]["state"] == "pending" and "edited meanwhile" in rows["b"]["request_json"]
+
+
+def test_an_item_of_the_run_already_staged_keeps_its_request_when_the_input_is_edited(ledger: Ledger) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    submit(ledger, "r1", ["a"])
+    before = snapshot(ledger)
+    assert ledger.upsert_items(WL, "r1", [prep("a", text="edited after it was sent")]) == UpsertStats(
+        already_in_run=1
     )
     assert snapshot(ledger) == before
 

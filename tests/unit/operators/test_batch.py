@@ -298,6 +298,8 @@ class Flow:
         self.tmp_path = tmp_path
         self.xcom: dict[tuple[str, str], Any] = {}
         self.extra: dict[str, Any] = {}  # more context (outlet_events)
+        self.run_id = RUN  # the run the next task belongs to
+        self.prompt = PROMPT  # the prompt the next task renders (as a prompt file would be read)
 
     def context(self, task_id: str, map_index: int = -1) -> Any:
         def xcom_push(key: str, value: Any) -> None:
@@ -308,7 +310,7 @@ class Flow:
         ti = SimpleNamespace(
             dag_id="flow_dag", task_id=task_id, map_index=map_index, try_number=1, xcom_push=xcom_push
         )
-        return {"run_id": RUN, "ti": ti, "dag": DAG("flow_dag", schedule=None), **self.extra}
+        return {"run_id": self.run_id, "ti": ti, "dag": DAG("flow_dag", schedule=None), **self.extra}
 
     def fault(self, **faults: Any) -> None:
         httpx.put(f"{self.url}/_emulator/config", json={"faults": faults}).raise_for_status()
@@ -316,7 +318,7 @@ class Flow:
     def prepare(self, n: int, **kw: Any) -> list[dict[str, Any]]:
         records = [{"id": f"r{k}", "text": f"text {k}"} for k in range(n)]
         op = BatchPrepareOperator(
-            task_id="prepare", records=lambda ctx: records, prompt=PROMPT, **self.common, **kw
+            task_id="prepare", records=lambda ctx: records, prompt=self.prompt, **self.common, **kw
         )
         return op.execute(self.context("prepare"))  # type: ignore[no-any-return]
 
@@ -328,7 +330,10 @@ class Flow:
         out = []
         for i, manifest in enumerate(manifests):
             submitted = BatchSubmitOperator(
-                task_id=f"submit{suffix}", job=self.upload(manifest, i, suffix), prompt=PROMPT, **self.common
+                task_id=f"submit{suffix}",
+                job=self.upload(manifest, i, suffix),
+                prompt=self.prompt,
+                **self.common,
             )
             sub = submitted.execute(self.context(f"submit{suffix}", i))
             wait = BatchStatusSensor(
@@ -345,7 +350,7 @@ class Flow:
             )
             out.append(
                 BatchReconcileOperator(
-                    task_id=f"reconcile{suffix}", batch=got, prompt=PROMPT, **self.common
+                    task_id=f"reconcile{suffix}", batch=got, prompt=self.prompt, **self.common
                 ).execute(self.context(f"reconcile{suffix}", i))
             )
         return out
@@ -359,7 +364,7 @@ class Flow:
 
     def publish(self, **kw: Any) -> dict[str, Any]:
         kw.setdefault("max_attempts", 3)
-        op = BatchPublishOperator(task_id="publish", prompt=PROMPT, **self.common, **kw)
+        op = BatchPublishOperator(task_id="publish", prompt=self.prompt, **self.common, **kw)
         return op.execute(self.context("publish"))
 
 
@@ -412,6 +417,75 @@ def test_after_a_token_limit_failure_the_next_round_sends_the_items_in_half_size
     out = flow.publish()
     assert out["items_by_state"] == {"succeeded": 8}
     assert out["failed_batches"] == 1
+
+
+# ------------------------------------------------- what a run keeps, what a rerun may change (issue 18)
+
+PROMPT_V2 = PromptTemplate(
+    version="v2",
+    model="gpt-4o-mini",
+    user="{{ text }}",
+    system="Label it as JSON.",
+    output_format="json",
+    output_schema={"type": "object", "required": ["label"]},
+)
+
+
+def test_a_prompt_edited_while_the_batches_run_stops_the_next_task_naming_both_and_judges_nothing(
+    flow: Flow,
+) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    (manifest,) = flow.prepare(4)
+    flow.prompt = PROMPT_V2  # the prompt file is edited while v1's batch runs
+    with pytest.raises(ConfigurationError) as caught:
+        flow.round([manifest])
+    message = str(caught.value)
+    assert "renders prompt 'v2'" in message and "started with prompt 'v1'" in message
+    assert "Put prompt 'v1' back and clear this task" in message
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    states = {r["state"] for r in ledger.iter_items("flow", RUN, columns=["state"])}
+    assert states == {"staged"}  # submit refused before anything was sent, nothing judged
+    flow.prompt = PROMPT  # put back: the run goes on with v1
+    flow.round([manifest])
+    assert flow.publish()["items_by_state"] == {"succeeded": 4}
+
+
+def test_the_same_version_with_other_content_is_another_prompt_too(flow: Flow) -> None:
+    from airflow_batch_provider.exceptions import ConfigurationError
+
+    (manifest,) = flow.prepare(4)
+    flow.round([manifest])
+    flow.prompt = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}", system="Other rubric.")
+    with pytest.raises(ConfigurationError, match="renders prompt 'v1' with other content"):
+        flow.publish()
+
+
+def test_a_cleared_prepare_and_publish_of_a_finished_run_change_neither_its_items_nor_its_report(
+    flow: Flow, capfd: pytest.CaptureFixture[str]
+) -> None:
+    older, newer = "scheduled__2026-11-01T00:00:00+00:00", "scheduled__2026-11-02T00:00:00+00:00"
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    flow.run_id = older
+    flow.round(flow.prepare(4))
+    first = flow.publish()
+    assert first["items_by_state"] == {"succeeded": 4}
+    flow.run_id = newer
+    assert flow.prepare(4) == []  # every item unchanged: nothing to send
+    assert flow.publish()["items_by_state"] == {"unchanged": 4}
+    older_report = json.loads(Path(first["report"].removeprefix("file://")).read_text())
+
+    flow.run_id = older  # a person clears the older run
+    assert flow.prepare(4) == []
+    again = flow.publish()
+    assert again == first
+    logged = "".join(capfd.readouterr())
+    assert logged.count("it is history") == 2 and "cleared prepare reads nothing" in logged
+    assert json.loads(Path(again["report"].removeprefix("file://")).read_text()) == older_report
+    [run] = [r for r in ledger.runs("flow") if r["run_id"] == older]
+    assert json.loads(run["report_json"])["items_by_state"] == {"succeeded": 4}
+    assert {r["state"] for r in ledger.iter_items("flow", newer, columns=["state"])} == {"unchanged"}
+    assert list(ledger.iter_items("flow", older, columns=["state"])) == []
 
 
 # ---------------------------------------------------------------------------- the workload lease

@@ -353,3 +353,104 @@ def test_a_kind_the_provider_accepts_is_loaded(ledger: Ledger) -> None:
         adapter=OpenAIBatchAdapter,
     )
     assert result.items == 1
+
+
+# ------------------------------------------------- what a run keeps, what a rerun may change (issue 18)
+
+
+@pytest.fixture
+def any_ledger(ledger_url: str) -> Ledger:
+    return Ledger.from_url(ledger_url)
+
+
+def load_run(ledger: Ledger, run_id: str, values: list[dict[str, Any]]) -> tuple[PrepareResult, list[Reject]]:
+    rejects: list[Reject] = []
+    result = load_records(
+        ledger=ledger,
+        workload="w",
+        run_id=run_id,
+        template=PROMPT,
+        records=read_values(lambda: values),
+        write_reject=rejects.append,
+    )
+    return result, rejects
+
+
+def rows_of(ledger: Ledger, run_id: str) -> dict[str, tuple[str, str | None]]:
+    return {
+        r["app_id"]: (r["state"], r["error_code"])
+        for r in ledger.iter_items("w", run_id, columns=["app_id", "state", "error_code"])
+    }
+
+
+@pytest.mark.parametrize("bad_first", [True, False])
+def test_a_good_record_is_the_item_whatever_a_bad_copy_of_its_id_says_before_or_after_it(
+    any_ledger: Ledger, bad_first: bool
+) -> None:
+    good = {"id": "a", "channel": "email", "comment": "fine"}
+    bad = {"id": "a", "channel": "email"}  # no comment: the template names it
+    values = [bad, good] if bad_first else [good, bad]
+    result, (reject,) = load_run(any_ledger, RUN, [*values, {"id": "b", "channel": "c", "comment": "x"}])
+    assert (result.read, result.items, result.rejected) == (3, 2, 1)
+    assert reject.position == (0 if bad_first else 1) and reject.app_id == "a"
+    assert reject.code == "template_variable_missing" and "comment" in reject.message
+    assert rows_of(any_ledger, RUN) == {"a": ("pending", None), "b": ("pending", None)}
+    requests = {
+        r["app_id"]: r["request_json"]
+        for r in any_ledger.iter_items("w", RUN, columns=["app_id", "request_json"])
+    }
+    assert "fine" in requests["a"]
+
+
+def test_two_bad_copies_of_an_id_go_to_review_once_with_the_first_copys_reason(any_ledger: Ledger) -> None:
+    values = [{"id": "a", "channel": "email"}, {"id": "a"}]
+    result, rejects = load_run(any_ledger, RUN, values)
+    assert result.rejected == 2 and [r.position for r in rejects] == [0, 1]
+    assert rows_of(any_ledger, RUN) == {"a": ("review", "template_variable_missing")}
+    (row,) = any_ledger.iter_items("w", RUN, columns=["error_message"])
+    assert row["error_message"] == rejects[0].message
+
+
+def test_a_record_fixed_after_its_reject_is_prepared_again_by_the_cleared_prepare_of_the_same_run(
+    any_ledger: Ledger,
+) -> None:
+    broken = [{"id": f"r{k}", "channel": "email"} for k in range(3)]
+    first, _ = load_run(any_ledger, RUN, [*broken, {"id": "ok", "channel": "c", "comment": "x"}])
+    assert first.rejected == 3 and rows_of(any_ledger, RUN)["r0"] == ("review", "template_variable_missing")
+    fixed = [{**r, "comment": f"now fine {r['id']}"} for r in broken]
+    again, rejects = load_run(any_ledger, RUN, [*fixed, {"id": "ok", "channel": "c", "comment": "x"}])
+    assert rejects == [] and again.ledger.changed == 3 and again.ledger.already_in_run == 1
+    assert rows_of(any_ledger, RUN) == {k: ("pending", None) for k in ("r0", "r1", "r2", "ok")}
+    requests = {
+        r["app_id"]: r["request_json"]
+        for r in any_ledger.iter_items("w", RUN, columns=["app_id", "request_json"])
+    }
+    assert "now fine r1" in requests["r1"]
+
+
+def test_a_record_edited_in_the_input_after_the_prepare_is_prepared_again_while_it_is_not_staged(
+    any_ledger: Ledger,
+) -> None:
+    load_run(any_ledger, RUN, [{"id": "a", "channel": "c", "comment": "old"}])
+    again, _ = load_run(any_ledger, RUN, [{"id": "a", "channel": "c", "comment": "new"}])
+    assert again.ledger.changed == 1
+    (row,) = any_ledger.iter_items("w", RUN, columns=["request_json", "state"])
+    assert "new" in row["request_json"] and row["state"] == "pending"
+
+
+def test_a_rerun_of_an_older_run_leaves_the_items_a_newer_run_owns_with_the_newer_run(
+    any_ledger: Ledger,
+) -> None:
+    values = [{"id": f"r{k}", "channel": "c", "comment": "x"} for k in range(4)]
+    older, newer = "scheduled__2026-11-01T00:00:00+00:00", "scheduled__2026-11-02T00:00:00+00:00"
+    any_ledger.start_run("w", older, "openai", "m")
+    load_run(any_ledger, older, values)
+    any_ledger.start_run("w", newer, "openai", "m")
+    load_run(any_ledger, newer, values)
+    assert set(rows_of(any_ledger, newer)) == {f"r{k}" for k in range(4)}
+    again, _ = load_run(any_ledger, older, [*values, {"id": "r0", "channel": "c"}])
+    assert rows_of(any_ledger, older) == {}
+    assert set(rows_of(any_ledger, newer)) == {f"r{k}" for k in range(4)}
+    assert again.ledger.owned_by_newer_run == 4
+    assert "4 left with a newer run that owns them" in again.describe()
+    assert rows_of(any_ledger, newer)["r0"] == ("pending", None)  # the bad copy did not take it either

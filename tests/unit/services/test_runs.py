@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.services.runs import check_run_connection
+from airflow_batch_provider.services.runs import check_run_connection, check_run_prompt, keep_run_prompt
 
 
 @pytest.fixture
@@ -25,3 +28,36 @@ def test_a_connection_changed_during_the_run_is_refused_with_both_ids_and_the_fi
     message = str(caught.value)
     assert "wl.wait" in message and "'anthropic_b'" in message and "started on 'openai_a'" in message
     assert "Set it back to 'openai_a'" in message and "next run" in message
+
+
+PROMPT = PromptTemplate(version="v1", model="m", user="{{ text }}")
+
+
+def test_a_task_rendering_the_prompt_its_run_started_with_goes_ahead(ledger: Ledger) -> None:
+    ledger.start_run("wl", "r1", "openai", "m")
+    keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")
+    keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")  # a cleared prepare, same prompt
+    check_run_prompt(
+        ledger, "wl", "r1", PromptTemplate(version="v1", model="m", user="{{ text }}"), "wl.submit"
+    )
+    check_run_prompt(ledger, "wl", "r2", replace(PROMPT, version="v9"), "wl.prepare")  # not started yet
+
+
+def test_a_prompt_edited_during_the_run_is_refused_naming_both_versions_and_the_fix(ledger: Ledger) -> None:
+    ledger.start_run("wl", "r1", "openai", "m")
+    keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")
+    edited = replace(PROMPT, version="v2", output_format="json", output_schema={"type": "object"})
+    for task in (check_run_prompt, keep_run_prompt):  # a later task, and a cleared prepare
+        with pytest.raises(ConfigurationError) as caught:
+            task(ledger, "wl", "r1", edited, "wl.reconcile")
+        message = str(caught.value)
+        assert "wl.reconcile" in message and "renders prompt 'v2'" in message
+        assert "started with prompt 'v1'" in message and "Put prompt 'v1' back" in message
+        assert edited.fingerprint[:12] in message and PROMPT.fingerprint[:12] in message
+
+
+def test_the_same_version_with_another_schema_is_refused_as_other_content(ledger: Ledger) -> None:
+    ledger.start_run("wl", "r1", "openai", "m")
+    keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")
+    with pytest.raises(ConfigurationError, match="renders prompt 'v1' with other content"):
+        check_run_prompt(ledger, "wl", "r1", replace(PROMPT, output_format="json"), "wl.publish")

@@ -1,0 +1,47 @@
+"""What a run keeps and owns (airflow_batch_provider.ledger.runs), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.runs import (
+    RunPrompt,
+    finished_run,
+    newer_runs,
+    record_run_prompt,
+    run_prompt,
+)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Ledger:
+    return Ledger.from_url(ledger_url)
+
+
+def test_the_first_prompt_recorded_for_a_run_is_the_one_it_keeps(ledger: Ledger) -> None:
+    assert record_run_prompt(ledger, "wl", "r1", RunPrompt("v1", "a" * 64)) is None  # not started
+    ledger.start_run("wl", "r1", "openai", "m")
+    assert run_prompt(ledger, "wl", "r1") is None
+    assert record_run_prompt(ledger, "wl", "r1", RunPrompt("v1", "a" * 64)) == RunPrompt("v1", "a" * 64)
+    assert record_run_prompt(ledger, "wl", "r1", RunPrompt("v2", "b" * 64)) == RunPrompt("v1", "a" * 64)
+    assert run_prompt(ledger, "wl", "r1") == RunPrompt("v1", "a" * 64)
+
+
+def test_a_run_is_finished_once_publish_recorded_its_report(ledger: Ledger) -> None:
+    ledger.start_run("wl", "r1", "openai", "m")
+    assert finished_run(ledger, "wl", "r1") is None
+    ledger.finish_run("wl", "r1", {"items_by_state": {"succeeded": 2}})
+    done = finished_run(ledger, "wl", "r1")
+    assert done is not None and done.report == {"items_by_state": {"succeeded": 2}}
+    assert finished_run(ledger, "wl", "r2") is None
+
+
+def test_only_runs_that_started_later_count_as_newer(ledger: Ledger) -> None:
+    for run in ("r1", "r2", "r3"):
+        ledger.start_run("wl", run, "openai", "m")
+    ledger.start_run("other", "r9", "openai", "m")
+    with ledger.engine.connect() as conn:
+        assert newer_runs(conn, "wl", "r2", ["r1", "r2", "r3", "r9"]) == {"r3"}
+        assert newer_runs(conn, "wl", "r3", ["r1", "r2"]) == set()
+        assert newer_runs(conn, "wl", "unrecorded", ["r1", "r2"]) == set()
