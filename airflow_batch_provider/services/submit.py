@@ -45,7 +45,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef, InputRef
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.core.states import NOT_CREATED_JOB_STATES
+from airflow_batch_provider.core.states import IN_DOUBT_CODE, NOT_CREATED_JOB_STATES
 from airflow_batch_provider.exceptions import (
     BatchInDoubtError,
     JobClaimedError,
@@ -67,8 +67,6 @@ SDK_TIMEOUT_S: Final = 600.0
 CLAIM_RETRY_S: Final = 5.0
 #: The job state of a job whose create may or may not have taken effect.
 IN_DOUBT: Final = "in_doubt"
-#: The item error code of items whose job was still in doubt when waiting stopped.
-IN_DOUBT_CODE: Final = "in_doubt"
 
 
 def aware(value: datetime) -> datetime:
