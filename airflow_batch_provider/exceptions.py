@@ -146,12 +146,13 @@ class BatchNotHarvestedError(LedgerError):
                 parts.append(
                     f"{count} item(s) of job {job_id!r}, whose create is {state} (a batch may exist and bill "
                     f"them): resolve it first with `airflow-batch jobs resolve {job_id} --batch-id ID "
-                    "--note WHAT_YOU_CHECKED` (its answers are then harvested by the next run) or `--absent`"
+                    "--note WHAT_YOU_CHECKED` (then clear its run's publish task once the batch ended: it "
+                    "harvests the batch) or `--absent`"
                 )
             else:
                 parts.append(
                     f"{count} item(s) of job {job_id!r}, whose batch {batch_id!r} is not harvested yet (job "
-                    f"{state}): let a run of the workload harvest it first (the next run does, once the batch ended)"
+                    f"{state}): harvest it first (clear its run's publish task once the batch ended)"
                 )
         more = f"; and {len(jobs) - 5} more job(s)" if len(jobs) > 5 else ""
         super().__init__(
