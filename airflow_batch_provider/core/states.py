@@ -149,6 +149,9 @@ NOT_CREATED_JOB_STATES: Final[frozenset[str]] = frozenset({"staged", "uploaded"}
 #: Job states whose batch holds enqueued tokens at the provider, or is about to (admitted, not yet
 #: created), until the batch ends.
 ENQUEUED_JOB_STATES: Final[frozenset[str]] = NOT_CREATED_JOB_STATES | {"submitting", "in_doubt", "submitted"}
+#: Job states whose create may have reached the provider without a recorded batch id (the send
+#: guard, :mod:`airflow_batch_provider.ledger.unharvested`, treats their job as holding a batch).
+UNKNOWN_CREATE_JOB_STATES: Final[frozenset[str]] = frozenset({"in_doubt", "submitting"})
 #: The item error code of items whose job was still in doubt when waiting stopped.
 IN_DOUBT_CODE: Final = "in_doubt"
 #: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.

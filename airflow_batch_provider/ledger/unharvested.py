@@ -19,17 +19,14 @@ are harvested, never sent again.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
-from airflow_batch_provider.core.states import HARVESTED_JOB_STATES
+from airflow_batch_provider.core.states import HARVESTED_JOB_STATES, UNKNOWN_CREATE_JOB_STATES
 from airflow_batch_provider.exceptions import BatchNotHarvestedError
 from airflow_batch_provider.ledger import schema as s
-
-#: Job states whose create may have reached the provider without a recorded batch id.
-UNKNOWN_CREATE_STATES: Final[frozenset[str]] = frozenset({"in_doubt", "submitting"})
 
 
 def holds_unharvested_batch(jobs: Any = None) -> Any:
@@ -39,7 +36,7 @@ def holds_unharvested_batch(jobs: Any = None) -> Any:
     """
     j = (jobs if jobs is not None else s.jobs).c
     return or_(
-        j.state.in_(sorted(UNKNOWN_CREATE_STATES)),
+        j.state.in_(sorted(UNKNOWN_CREATE_JOB_STATES)),
         and_(j.batch_id.is_not(None), j.state.not_in(sorted(HARVESTED_JOB_STATES))),
     )
 
