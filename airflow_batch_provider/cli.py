@@ -108,6 +108,16 @@ def _jobs(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
         + (f" (batch {job.batch_id})" if job.batch_id else "")
         + "\n"
     )
+    if job.batch_id:
+        out.write(
+            f"its items wait for that batch's answers: once the batch has ended, clear the publish task of "
+            f"run {job.run_id!r} (it harvests the batch and reports what it billed); do not re-drive them\n"
+        )
+    else:
+        out.write(
+            f"no batch exists: re-drive its items in review to send them (`airflow-batch review redrive "
+            f"--workload {job.workload} --error-code in_doubt --reason ...`)\n"
+        )
     return 0
 
 

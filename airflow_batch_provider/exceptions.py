@@ -128,6 +128,39 @@ class JobNotClaimableError(LedgerError):
         super().__init__(f"job {job_id!r} cannot be claimed for create ({reason}: {detail}): {remedy}")
 
 
+class BatchNotHarvestedError(LedgerError):
+    """Items may not be sent again: their current job holds a batch that may have answered and billed them.
+
+    :param action: what was refused (``redrive``)
+    :param workload: the workload
+    :param jobs: ``(job_id, job state, batch id, items)`` of each job that holds such a batch
+    """
+
+    def __init__(self, action: str, workload: str, jobs: list[tuple[str, str, str | None, int]]) -> None:
+        self.action = action
+        self.workload = workload
+        self.jobs = jobs
+        parts = []
+        for job_id, state, batch_id, count in jobs[:5]:
+            if state == "in_doubt" or batch_id is None:
+                parts.append(
+                    f"{count} item(s) of job {job_id!r}, whose create is {state} (a batch may exist and bill "
+                    f"them): resolve it first with `airflow-batch jobs resolve {job_id} --batch-id ID "
+                    "--note WHAT_YOU_CHECKED` (then clear its run's publish task once the batch ended: it "
+                    "harvests the batch) or `--absent`"
+                )
+            else:
+                parts.append(
+                    f"{count} item(s) of job {job_id!r}, whose batch {batch_id!r} is not harvested yet (job "
+                    f"{state}): harvest it first (clear its run's publish task once the batch ended)"
+                )
+        more = f"; and {len(jobs) - 5} more job(s)" if len(jobs) > 5 else ""
+        super().__init__(
+            f"{action} of workload {workload!r} refused, nothing moved: sending these items again would pay "
+            f"for them twice. {'; '.join(parts)}{more}; then {action} what is left."
+        )
+
+
 class WorkloadLeasedError(LedgerError):
     """Another run holds the workload: two runs of one workload must not move each other's items.
 

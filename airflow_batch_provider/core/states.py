@@ -60,8 +60,10 @@ _TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "fallback": frozenset({"succeeded", "failed_permanent", "review", "failed_retryable"}),
     "succeeded": frozenset(),
     "unchanged": frozenset(),
-    # a person's decision on a review item (Ledger.skip_review); a re-drive goes back to pending
-    "review": frozenset({"skipped"}),
+    # a person's decision on a review item (Ledger.skip_review); a re-drive goes back to pending;
+    # an item sent to review because its job was in doubt is ``submitted`` again when the job is
+    # resolved to its batch (Ledger.resolve_job): the batch's answer is harvested, never re-sent
+    "review": frozenset({"skipped", "submitted"}),
     "skipped": frozenset(),
 }
 
@@ -147,5 +149,10 @@ NOT_CREATED_JOB_STATES: Final[frozenset[str]] = frozenset({"staged", "uploaded"}
 #: Job states whose batch holds enqueued tokens at the provider, or is about to (admitted, not yet
 #: created), until the batch ends.
 ENQUEUED_JOB_STATES: Final[frozenset[str]] = NOT_CREATED_JOB_STATES | {"submitting", "in_doubt", "submitted"}
+#: Job states whose create may have reached the provider without a recorded batch id (the send
+#: guard, :mod:`airflow_batch_provider.ledger.unharvested`, treats their job as holding a batch).
+UNKNOWN_CREATE_JOB_STATES: Final[frozenset[str]] = frozenset({"in_doubt", "submitting"})
+#: The item error code of items whose job was still in doubt when waiting stopped.
+IN_DOUBT_CODE: Final = "in_doubt"
 #: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.
 HARVESTED_JOB_STATES: Final[frozenset[str]] = frozenset({"downloaded", "reconciled"})

@@ -58,6 +58,7 @@ from sqlalchemy.schema import CreateTable
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.core.states import (
+    IN_DOUBT_CODE,
     IN_FLIGHT_STATES,
     ITEM_STATES,
     REDRIVABLE_STATES,
@@ -74,6 +75,7 @@ from airflow_batch_provider.exceptions import (
     WorkloadLeasedError,
 )
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger import unharvested
 from airflow_batch_provider.ledger.records import (
     ITEM_SHAPES,
     AuditRow,
@@ -1038,6 +1040,11 @@ class Ledger:
                         if r["state"] == "staged" and r["run_id"] != run_id and r["job_id"]
                     },
                 )
+                # the send guard: an item whose job holds a batch not yet harvested, that may
+                # still answer (and bill) it, stays with its run
+                guarded = unharvested.guarded_items(
+                    conn, and_(c.workload == workload, _pairs(c.item_key, c.prompt_version, keys))
+                )
                 inserts: list[tuple[Any, ...]] = []
                 stamp = _db_stamp(conn, now)
                 reopened: list[tuple[Any, ...]] = []
@@ -1085,7 +1092,10 @@ class Ledger:
                     if row["run_id"] in newer:
                         stats["owned_by_newer_run"] += 1
                         continue
-                    if state in IN_FLIGHT_STATES and not (state == "staged" and row["job_id"] in unsent):
+                    in_flight = state in IN_FLIGHT_STATES and not (
+                        state == "staged" and row["job_id"] in unsent
+                    )
+                    if in_flight or (it.key, req.prompt_version) in guarded:
                         stats["in_flight_elsewhere"] += 1
                         continue
                     address = (it.key, req.prompt_version, state)
@@ -1610,8 +1620,11 @@ class Ledger:
 
         :param job_id: the job
         :param batch_id: the batch found for it: the job becomes ``submitted`` and its ``staged``
-            items ``submitted``; ``None``: proven absent, the job goes back to ``staged`` and may
-            be claimed again (its items stay staged under it)
+            items ``submitted``, and so do those sent to review while it was in doubt (code
+            ``in_doubt``, no person's decision): the batch answered and billed them, so they are
+            harvested from it (the run's publish harvests it late; clear it once the batch ended),
+            never sent again; ``None``: proven absent, the job goes back to ``staged`` and may be
+            claimed again (its items stay staged under it; those in review may be re-driven)
         :param actor: who decided (a person, or ``provider-list`` when matched automatically)
         :param note: why (what was checked)
         :param submitted_at: when the batch was created, if known (keeps the poll timeout honest)
@@ -1639,11 +1652,25 @@ class Ledger:
                 if input_ref is not None:
                     values["input_ref"] = input_ref
                 conn.execute(s.jobs.update().where(j.job_id == job_id).values(**values))
+                ic = s.items.c
                 _transition(
                     conn,
                     now,
                     target="submitted",
-                    where=and_(s.items.c.job_id == job_id, s.items.c.state == "staged"),
+                    where=and_(
+                        ic.job_id == job_id,
+                        or_(
+                            ic.state == "staged",
+                            # sent to review while the job was in doubt, no person's decision yet:
+                            # the batch holds their answers, harvested from it, never sent again
+                            and_(
+                                ic.state == "review",
+                                ic.error_code == IN_DOUBT_CODE,
+                                ic.review_action.is_(None),
+                            ),
+                        ),
+                    ),
+                    values={"error_code": None, "error_message": None},
                 )
             else:
                 conn.execute(
@@ -2113,6 +2140,7 @@ class Ledger:
             reason,
             target="pending",
             from_states=REDRIVABLE_STATES,
+            guard=True,
             values={
                 "attempts": 0,
                 "job_id": None,
@@ -2208,6 +2236,7 @@ class Ledger:
         target: str,
         from_states: Iterable[str],
         values: Mapping[str, Any],
+        guard: bool = False,
     ) -> int:
         if not actor or not reason:
             raise LedgerError(f"{action} needs an actor and a reason, for the audit table.")
@@ -2226,6 +2255,8 @@ class Ledger:
         moved = 0
         with self.engine.begin() as conn:
             if item_keys is None and app_ids is None:
+                if guard:
+                    unharvested.refuse_unharvested(conn, "redrive", workload, and_(*base))
                 moved = _transition(
                     conn, now, target=target, where=and_(*base), values=values, from_states=states
                 ).moved
@@ -2234,6 +2265,8 @@ class Ledger:
                 keys, ids = list(item_keys or []), list(app_ids or [])
                 for i in range(0, max(len(keys), len(ids)), BATCH):
                     who = or_(c.item_key.in_(keys[i : i + BATCH]), c.app_id.in_(ids[i : i + BATCH]))
+                    if guard:
+                        unharvested.refuse_unharvested(conn, "redrive", workload, and_(*base, who))
                     moved += _transition(
                         conn, now, target=target, where=and_(*base, who), values=values, from_states=states
                     ).moved

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -46,8 +47,10 @@ class BatchStatusSensor(BaseSensorOperator):
     up on polling (timeout, too many status errors) fails the task. A batch that ends is counted
     (``batch_provider.batches.<state>``), a failed one is a ``batch_failed`` alert, once per job.
 
-    A job *in doubt* (its create may or may not have taken effect) is resolved here first, in the
-    worker, once per poll (:func:`airflow_batch_provider.services.submit.resolve_in_doubt`):
+    A job *in doubt* (its create may or may not have taken effect) is resolved here first, one
+    look-up per poll (:func:`airflow_batch_provider.services.submit.resolve_in_doubt`); deferred,
+    the wait between two look-ups happens in the triggerer (:class:`BatchStatusTrigger` with
+    ``recheck_at``, the delay from the same decision object), never in a worker slot:
     found, the wait attaches to that batch; proven absent, the job is created in this task;
     still unknown at the deadline or the poll timeout (counted from the job's intent), its items go
     to review with code ``in_doubt``.
@@ -148,21 +151,63 @@ class BatchStatusSensor(BaseSensorOperator):
             return {**dict(self.batch), "state": "completed", "deadline": False, "counts": {}}
         if not self.deferrable:
             return super().execute(context)  # poke(), in this worker or rescheduled
-        policy = self.policy()
         batch = dict(self.batch)
         if not batch.get("batch_id"):
-            state = start(policy, float(batch["submitted_at"]))
-            while True:
-                resolved, state, delay = self._resolve_step(context, batch, policy, state)
-                if resolved is not None:
-                    break
-                self.log.info(
-                    "job %s still in doubt; asking the provider again in %.0fs", batch["job_id"], delay
-                )
-                time.sleep(delay)
-            if not resolved.get("batch_id"):
-                return resolved
-            batch = resolved
+            return self._resolve_or_defer(context, batch, start(self.policy(), float(batch["submitted_at"])))
+        return self._wait_deferred(context, batch)
+
+    def execute_in_doubt(
+        self,
+        context: Context,
+        event: Any,
+        batch: Mapping[str, Any],
+        poll_state: Mapping[str, Any],
+    ) -> Any:
+        """Resume a wait on a job in doubt after the trigger's ``recheck``: ask the provider once more.
+
+        :param context: the task context
+        :param event: the trigger's payload
+        :param batch: the submit task's result (no batch id)
+        :param poll_state: the poll state before the wait (:class:`PollState` fields)
+        :raises TriggerEventError: the event is not a ``recheck`` of this job
+        """
+        self.batch = dict(batch)
+        action, _, _ = self._check_event(event)
+        if action != "recheck":
+            raise TriggerEventError(
+                str(batch["job_id"]), f"status {action!r} while the job is in doubt", event
+            )
+        return self._resolve_or_defer(context, dict(batch), PollState(**poll_state))
+
+    def _resolve_or_defer(self, context: Context, batch: dict[str, Any], state: PollState) -> Any:
+        """Ask the provider once about a job in doubt; defer until the next look-up while it stays unknown."""
+        policy = self.policy()
+        resolved, state, delay = self._resolve_step(context, batch, policy, state)
+        if resolved is None:
+            self.log.info("job %s still in doubt; asking the provider again in %.0fs", batch["job_id"], delay)
+            self.defer(
+                trigger=BatchStatusTrigger(
+                    batch_conn_id=self.batch_conn_id,
+                    job_id=batch["job_id"],
+                    batch_id="",
+                    provider=self.adapter.name,
+                    idempotency_key=batch["idempotency_key"],
+                    submitted_at=float(batch["submitted_at"]),
+                    policy=policy.to_dict(),
+                    workload=self._workload(batch["job_id"]),
+                    recheck_at=time.time() + delay,
+                ),
+                method_name="execute_in_doubt",
+                kwargs={"batch": batch, "poll_state": asdict(state)},
+                timeout=timedelta(seconds=self.timeout),
+            )
+        if not resolved.get("batch_id"):
+            return resolved
+        return self._wait_deferred(context, resolved)
+
+    def _wait_deferred(self, context: Context, batch: dict[str, Any]) -> Any:
+        """Read the batch's status once, then defer to the trigger until the policy says it is over."""
+        policy = self.policy()
         self.batch = batch
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
         status, error = self._read(ref)
@@ -242,6 +287,8 @@ class BatchStatusSensor(BaseSensorOperator):
         if batch is not None:
             self.batch = batch
         action, status, reason = self._check_event(event)
+        if action == "recheck":
+            raise TriggerEventError(str(self.batch.get("job_id")), "a recheck while a batch is polled", event)
         return self._finish(context, action, status, reason)
 
     def on_kill(self) -> None:

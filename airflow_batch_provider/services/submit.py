@@ -45,7 +45,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef, InputRef
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.core.states import NOT_CREATED_JOB_STATES
+from airflow_batch_provider.core.states import IN_DOUBT_CODE, NOT_CREATED_JOB_STATES
 from airflow_batch_provider.exceptions import (
     BatchInDoubtError,
     JobClaimedError,
@@ -67,8 +67,6 @@ SDK_TIMEOUT_S: Final = 600.0
 CLAIM_RETRY_S: Final = 5.0
 #: The job state of a job whose create may or may not have taken effect.
 IN_DOUBT: Final = "in_doubt"
-#: The item error code of items whose job was still in doubt when waiting stopped.
-IN_DOUBT_CODE: Final = "in_doubt"
 
 
 def aware(value: datetime) -> datetime:
@@ -604,7 +602,10 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     ]
     message = (
         f"job {job_id} is in doubt ({job.error}): the provider may or may not have its batch, and "
-        f"nothing was created again; {why}. Resolve it with the ledger's resolve command, then re-drive."
+        f"nothing was created again; {why}. Resolve it: `airflow-batch jobs resolve {job_id} --batch-id ID "
+        "--note WHAT_YOU_CHECKED` when the batch exists (its items are harvested from it when this run's "
+        "publish task is cleared after the batch ended; never re-drive them), or `--absent` when it does "
+        "not (then re-drive them). A re-drive before that is refused."
     )
     moved = ledger.transition(
         job.workload,

@@ -23,7 +23,7 @@ from airflow_batch_provider.core.policy import PollPolicy, decide, start
 log = logging.getLogger(__name__)
 
 #: The ``status`` values of an event (the policy's actions other than ``wait``).
-TRIGGER_STATUSES: Final[tuple[str, ...]] = ("done", "deadline", "timeout", "give_up")
+TRIGGER_STATUSES: Final[tuple[str, ...]] = ("done", "deadline", "timeout", "give_up", "recheck")
 
 
 def first_poll_delay(batch_id: str, interval: float) -> float:
@@ -65,6 +65,11 @@ class BatchStatusTrigger(BaseTrigger):
     ``batch`` (the last normalised status or ``None``), ``reason``, ``polls``, ``job_id``,
     ``batch_id``.
 
+    A job *in doubt* has no batch to poll: with ``recheck_at`` the trigger only waits, off the
+    worker, until the time the poll policy gave for the next look-up, and fires ``recheck``; the
+    sensor asks the provider once (:func:`~airflow_batch_provider.services.submit.resolve_in_doubt`)
+    and defers again, attaches, or settles the job at the deadline.
+
     :param batch_conn_id: the provider connection id
     :param job_id: the ledger job id
     :param batch_id: the provider's batch id
@@ -73,6 +78,7 @@ class BatchStatusTrigger(BaseTrigger):
     :param submitted_at: epoch seconds of the submission (the timeout counts from here)
     :param policy: :meth:`PollPolicy.to_dict` output
     :param workload: the workload (a metric tag)
+    :param recheck_at: epoch seconds: fire ``recheck`` then, polling nothing (a job in doubt)
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class BatchStatusTrigger(BaseTrigger):
         submitted_at: float,
         policy: dict[str, Any],
         workload: str = "",
+        recheck_at: float | None = None,
     ) -> None:
         super().__init__()
         self.batch_conn_id = batch_conn_id
@@ -95,6 +102,7 @@ class BatchStatusTrigger(BaseTrigger):
         self.submitted_at = submitted_at
         self.policy = policy
         self.workload = workload
+        self.recheck_at = recheck_at
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -108,6 +116,7 @@ class BatchStatusTrigger(BaseTrigger):
                 "submitted_at": self.submitted_at,
                 "policy": self.policy,
                 "workload": self.workload,
+                "recheck_at": self.recheck_at,
             },
         )
 
@@ -126,6 +135,10 @@ class BatchStatusTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_batch_provider.hooks.batch import BatchHook
 
+        if self.recheck_at is not None:
+            await asyncio.sleep(max(0.0, self.recheck_at - time.time()))
+            yield self._event("recheck", None, "time for the next look-up of a job in doubt", 0)
+            return
         policy = PollPolicy.from_dict(self.policy)
         state = start(policy, self.submitted_at)
         ref = BatchRef(self.provider, self.batch_id, self.idempotency_key)

@@ -115,6 +115,30 @@ def test_jobs_in_doubt_are_listed_and_resolved_from_the_shell(ledger: Ledger, le
     assert "not in doubt" in again.stderr
 
 
+def test_redriving_in_doubt_items_before_their_job_is_resolved_is_refused_naming_the_job(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a"), prep("b")])
+    job_id, _ = stage(ledger, "r1", ["a", "b"])
+    ledger.mark_job_in_doubt(job_id, "lost create reply")
+    keys = [(item_key(a), "v1") for a in ("a", "b")]
+    ledger.transition(WL, "r1", "review", ["staged"], keys=keys, error_code="in_doubt")
+    redrive = ("review", "redrive", "--workload", WL, "--error-code", "in_doubt", "--reason", "as told")
+
+    refused = cli("--ledger-url", ledger_url, *redrive)
+    assert refused.returncode == 2, refused.stdout
+    assert job_id in refused.stderr and "airflow-batch jobs resolve" in refused.stderr
+    assert [r.state for r in ledger.review_items(WL)] == ["review", "review"]
+
+    resolved = cli(
+        "--ledger-url", ledger_url, "jobs", "resolve", job_id, "--batch-id", "b1", "--note", "console"
+    )
+    assert "clear the publish task of run 'r1'" in resolved.stdout, resolved.stderr
+    # its items now wait for the batch: nothing left in review to send again
+    again = cli("--ledger-url", ledger_url, *redrive)
+    assert again.returncode == 0 and "re-drove 0 item(s)" in again.stdout, again.stderr
+
+
 def test_lease_release_frees_only_the_named_run(ledger: Ledger, ledger_url: str) -> None:
     ledger.acquire_workload_lease(WL, "dead-run", "t1", dag_id="nightly")
     shown = cli("--ledger-url", ledger_url, "lease", "show", "--workload", WL)

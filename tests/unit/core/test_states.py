@@ -67,6 +67,8 @@ ALLOWED = [
     ("cancelled", "review"),
     # a person skips an item in review
     ("review", "skipped"),
+    # an item sent to review while its job was in doubt goes back with the job resolved to its batch
+    ("review", "submitted"),
 ]
 
 FORBIDDEN = [
@@ -188,8 +190,13 @@ def test_settled_final_states_have_no_way_out_but_a_new_input() -> None:
         assert {t for t in ITEM_STATES if can_transition(state, t)} == {state, "pending"}
 
 
-def test_a_review_item_leaves_review_only_by_a_new_input_a_redrive_or_a_persons_skip() -> None:
-    assert {t for t in ITEM_STATES if can_transition("review", t)} == {"review", "pending", "skipped"}
+def test_a_review_item_leaves_review_only_by_a_new_input_a_redrive_a_persons_skip_or_its_jobs_batch() -> None:
+    assert {t for t in ITEM_STATES if can_transition("review", t)} == {
+        "review",
+        "pending",
+        "skipped",
+        "submitted",
+    }
 
 
 def test_a_new_runs_reopen_reaches_every_decision_of_prepare_from_any_state() -> None:

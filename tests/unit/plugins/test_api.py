@@ -756,6 +756,52 @@ def test_redrive_resolve_and_skip_move_the_items_and_are_audited(shared: Shared)
     assert item_state(shared.url, TICKETS, "c09") == ("review", 1)
 
 
+def test_a_redrive_of_items_whose_job_is_in_doubt_is_refused_naming_the_job_and_moves_nothing(
+    shared: Shared,
+) -> None:
+    writer = Ledger.from_url(shared.url)
+    try:
+        writer.upsert_items(WL, "doubt-run", [prep("d01")])
+        job_id = f"{WL}:doubt-run:r1:c00000"
+        writer.record_job(
+            {
+                "job_id": job_id,
+                "workload": WL,
+                "run_id": "doubt-run",
+                "round": 1,
+                "chunk_index": 0,
+                "provider": "anthropic",
+                "model": MODEL,
+                "idempotency_key": f"key-{job_id}",
+                "staged_path": f"/staging/{job_id}.jsonl",
+                "input_sha256": "0" * 64,
+                "lines": 1,
+                "size_bytes": 100,
+            },
+            [(item_key("d01"), "v1", make_custom_id(item_key("d01"), 1, 0), 1)],
+        )
+        writer.mark_job_in_doubt(job_id, "lost create reply")
+        writer.transition(
+            WL, "doubt-run", "review", ["staged"], keys=[(item_key("d01"), "v1")], error_code="in_doubt"
+        )
+    finally:
+        writer.engine.dispose()
+    editor = shared.client("feedback_editor")
+    resp = editor.post(
+        "/review/action",
+        data={
+            **review_form(editor, WL),
+            "action": "redrive",
+            "reason": "x",
+            "every_with_error_code": "in_doubt",
+        },
+        follow_redirects=False,
+    )
+    assert resp.status_code == 409
+    assert job_id in resp.text and "airflow-batch jobs resolve" in resp.text
+    assert item_state(shared.url, WL, "d01") == ("review", 1)
+
+
 def test_resolving_needs_a_reason_and_takes_the_item_out_of_the_queue(shared: Shared) -> None:
     editor = shared.client("feedback_editor")
     form = review_form(editor, WL)

@@ -168,6 +168,53 @@ def test_the_wait_creates_a_job_in_doubt_that_the_provider_proves_absent(tmp_pat
         assert w.batches_created() == 1
 
 
+def test_a_deferrable_wait_on_a_job_in_doubt_defers_between_look_ups_and_resumes_to_its_batch(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        (manifest,) = w.stage(3)
+        op, xcom = in_doubt_sensor(w, manifest["job_id"], "create:500_after")
+        op.deferrable = True
+        step: Any = lambda: op.execute(CONTEXT)  # noqa: E731
+        rechecks = 0
+        while True:
+            try:
+                result = step()
+                break
+            except TaskDeferred as deferred:
+                trigger = deferred.trigger
+                assert isinstance(trigger, BatchStatusTrigger)
+                kwargs = deferred.kwargs or {}
+                if deferred.method_name == "execute_complete":
+                    # attached: the status poll as before (the trigger would report the ended batch)
+                    job = w.ledger.get_job(manifest["job_id"])
+                    assert w.wait_terminal(job.job_id) == "completed"
+                    event = {"status": "done", "batch": w.adapter.status(w.ref(job.job_id)).to_dict()}
+                    step = lambda e=event, k=kwargs: op.execute_complete(CONTEXT, e, **k)  # noqa: E731
+                    continue
+                # in doubt: the wait between two look-ups is the trigger's, serialised as primitives
+                assert deferred.method_name == "execute_in_doubt"
+                assert trigger.batch_id == "" and trigger.recheck_at is not None
+                assert set(trigger.serialize()[1]) >= {"recheck_at", "job_id", "batch_conn_id"}
+                rechecks += 1
+
+                async def fire(t: BatchStatusTrigger = trigger) -> dict[str, Any]:
+                    async for ev in t.run():
+                        return dict(ev.payload)
+                    raise AssertionError("the trigger fired nothing")
+
+                payload = asyncio.run(fire())
+                assert payload["status"] == "recheck"
+                step = lambda p=payload, k=kwargs: op.execute_in_doubt(CONTEXT, p, **k)  # noqa: E731
+        job = w.ledger.get_job(manifest["job_id"])
+        assert rechecks >= 1
+        assert (result["state"], result["batch_id"]) == ("completed", job.batch_id)
+        assert result["submitted_at"] == xcom["submitted_at"]
+        assert w.batches_created() == 1
+
+
 # ---------------------------------------------------------------------------- Airflow conventions
 
 

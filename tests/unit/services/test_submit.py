@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.exceptions import JobClaimedError
+from airflow_batch_provider.exceptions import BatchNotHarvestedError, JobClaimedError
 from airflow_batch_provider.services import report, submit
 from airflow_batch_provider.services.submit import epoch, submit_job, upload_job
 from tests.unit.services.workload import RUN, WORKLOAD, World, world
@@ -149,6 +149,39 @@ def test_items_of_a_job_still_in_doubt_go_to_review_with_the_code_in_doubt(tmp_p
             j["job_id"]
             for j in report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None)["in_doubt_jobs"]
         ] == [job_id]
+
+
+def test_the_documented_in_doubt_remedy_harvests_the_batch_and_bills_each_item_once(tmp_path: Path) -> None:
+    # issue 18, bug 1 and 2: a lost create reply, the deadline while in doubt, then the task's own
+    # message followed: re-drive first (refused), resolve to the batch, harvest; never sent again.
+    from decimal import Decimal
+
+    from airflow_batch_provider.core.results import Usage
+    from airflow_batch_provider.services.harvest import reconcile_job
+
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        w.arm("create:500_after")
+        assert submit_job(
+            ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1"
+        ).in_doubt
+        assert submit.settle_in_doubt(w.ledger, job_id, "the deadline came") == 3
+        with pytest.raises(BatchNotHarvestedError, match=re.escape(job_id)):
+            w.ledger.redrive(WORKLOAD, error_code="in_doubt", actor="ops", reason="as the task said")
+        (batch,) = httpx.get(f"{w.url}/_emulator/record").json()["batches"]["anthropic"]
+        w.ledger.resolve_job(job_id, batch["id"], "ops", "found in the console")
+        w.wait_terminal(job_id)
+        # what the run's publish does when cleared (its late harvest of the run's unharvested jobs)
+        reconcile_job(w.ledger, w.adapter, w.staging, job_id, w.prompt, lambda u: Decimal(0))
+        rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state"]))
+        assert {r["state"] for r in rows} == {"succeeded"}
+        assert w.ledger.redrive(WORKLOAD, error_code="in_doubt", actor="ops", reason="again") == 0
+        (batch,) = httpx.get(f"{w.url}/_emulator/record").json()["batches"]["anthropic"]
+        billed = [Usage(**u) for u in batch["billed"].values()]
+        totals = w.ledger.attempt_totals(WORKLOAD, RUN)
+        assert len(billed) == 3 and created(w) == 1
+        assert sum(t["input_tokens"] for t in totals) == sum(u.input_tokens for u in billed)
+        assert sum(t["output_tokens"] for t in totals) == sum(u.output_tokens for u in billed)
 
 
 def test_the_claim_outlasts_the_create_steps_at_their_worst(tmp_path: Path) -> None:
