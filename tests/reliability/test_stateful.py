@@ -114,11 +114,18 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             provider=st.sampled_from(["openai", "anthropic"]),
             items=st.integers(5, 8),
             chunk=st.sampled_from([3, 4]),
+            budget=st.sampled_from([None, None, "0.00006"]),
         )
-        def setup(self, provider: str, items: int, chunk: int) -> None:
+        def setup(self, provider: str, items: int, chunk: int, budget: str | None) -> None:
             httpx.post(f"{url}/_emulator/reset", timeout=30).raise_for_status()
             self.w = StatefulWorkload(
-                url, ledgers.new(self.folder), self.folder, provider=provider, items=items, chunk=chunk
+                url,
+                ledgers.new(self.folder),
+                self.folder,
+                provider=provider,
+                items=items,
+                chunk=chunk,
+                budget_usd=budget,
             )
             batch_ops.dagrun_state = airflow_says(self.w)  # type: ignore[assignment]
             self.w.start_run()
@@ -172,7 +179,9 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
 
         @rule(
             run=st.integers(0, 3),
-            task=st.sampled_from(["submit", "wait", "download", "reconcile", "resubmit", "sync_fallback", "publish"]),
+            task=st.sampled_from(
+                ["submit", "wait", "download", "reconcile", "resubmit", "sync_fallback", "publish"]
+            ),
         )
         def run_up_to(self, run: int, task: str) -> None:
             """Run the run's tasks (waiting for its batches) until its next one is ``task``."""
@@ -227,6 +236,10 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
         @rule(index=st.integers(0, 20), text=st.sampled_from(["the parcel was lost", "great, thanks", None]))
         def edit_the_input(self, index: int, text: str | None) -> None:
             self.wl.edit_record(index, text)
+
+        @rule(index=st.integers(0, 20), bad=st.booleans())
+        def add_a_record_with_the_same_id(self, index: int, bad: bool) -> None:
+            self.wl.duplicate_record(index, bad)
 
         @rule(version=st.sampled_from(["v1", "v2"]), wording=st.sampled_from(["", " Answer in one word."]))
         def bump_or_edit_the_prompt(self, version: str, wording: str) -> None:
@@ -320,7 +333,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             }[fault]
             self.wl.fault(**settings_)
 
-        @rule(how=st.sampled_from(["html", "truncate", "lose"]))
+        @rule(how=st.sampled_from(["html", "truncate", "lose", "error_first"]))
         def damage_a_result_file(self, how: str) -> None:
             self.wl.damage_result_file(how)
 

@@ -43,7 +43,7 @@ import httpx
 
 from airflow_batch_provider import cli
 from airflow_batch_provider.core import failpoints
-from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.ledger import Ledger
@@ -131,16 +131,31 @@ def shared_ssl_contexts() -> Iterator[None]:
 def prompt_variant(model: str, version: str, wording: str = "") -> PromptTemplate:
     """The workload's prompt at a version, with an optional change of wording (an edit in place).
 
+    ``v1`` asks for text; any other version asks for JSON with a ``label`` key, which the
+    emulator's answers never have (each of its answers is ``invalid_output``): an answer judged
+    by a version other than its own shows.
+
     :param model: the model
     :param version: the prompt version
     :param wording: appended to the system prompt (``""``: the original wording)
     """
+    if version == "v1":
+        return PromptTemplate(
+            version=version,
+            model=model,
+            system=SYSTEM + wording,
+            user="Comment {{ id }}: {{ text }}",
+            params={"max_tokens": 16},
+            name="stateful",
+        )
     return PromptTemplate(
         version=version,
         model=model,
-        system=SYSTEM + wording,
+        system=SYSTEM + " Answer in JSON with the key label." + wording,
         user="Comment {{ id }}: {{ text }}",
-        params={"max_tokens": 16},
+        params={"max_tokens": 64},
+        output_format="json",
+        output_schema={"type": "object", "required": ["label"]},
         name="stateful",
     )
 
@@ -159,6 +174,7 @@ class Run:
     :param published_after_change: an input or prompt change happened since that publish
     :param prompt_version: the prompt version its prepare rendered
     :param records: the input its prepare read
+    :param prompt: the prompt its prepare rendered
     """
 
     run_id: str
@@ -171,6 +187,7 @@ class Run:
     published_after_change: bool = False
     prompt_version: str = "v1"
     records: list[dict[str, str]] = field(default_factory=list)
+    prompt: PromptTemplate | None = None
 
 
 #: report fields that name when, not what
@@ -197,6 +214,7 @@ class StatefulWorkload:
     :param items: records in the input
     :param chunk: requests per job
     :param attempts: rounds per run
+    :param budget_usd: each run's budget (``None``: none)
     """
 
     def __init__(
@@ -209,8 +227,10 @@ class StatefulWorkload:
         items: int = 6,
         chunk: int = 3,
         attempts: int = 2,
+        budget_usd: str | None = None,
     ) -> None:
         conn_type, suffix, model = PROVIDERS[provider]
+        self.budget = BudgetOptions(budget_usd=budget_usd)
         self.url = url
         self.ledger_url = ledger_url
         self.root = root
@@ -300,6 +320,22 @@ class StatefulWorkload:
         self._changed()
         return record["id"]
 
+    def duplicate_record(self, index: int, bad: bool) -> str:
+        """Add a second record with one record's id (``bad``: without its text); return the id.
+
+        :param index: which record
+        :param bad: the duplicate cannot be rendered
+        """
+        record = dict(self.records[index % len(self.records)])
+        if bad:
+            record.pop("text", None)
+        else:
+            record["text"] = "a second opinion on " + record.get("text", "it")
+        self.records.append(record)
+        self.edits[record["id"]] = self.edits.get(record["id"], 0) + 1
+        self._changed()
+        return record["id"]
+
     def set_prompt(self, version: str, wording: str = "") -> None:
         """Bump the prompt (a new version) or edit it in place (same version, other wording).
 
@@ -334,7 +370,8 @@ class StatefulWorkload:
         """Damage the first downloaded output file that reconcile has not read yet; return its path.
 
         :param how: ``html`` (an error page instead of the file), ``truncate`` (its last line cut
-            in half) or ``lose`` (the file deleted)
+            short), ``lose`` (the file deleted) or ``error_first`` (an error line for its first
+            custom id put before that id's answer)
         """
         from sqlalchemy import select
 
@@ -357,8 +394,17 @@ class StatefulWorkload:
             elif how == "truncate":
                 data = path.read_bytes().rstrip(b"\n")
                 path.write_bytes(data[: max(1, len(data) - 20)])
-            else:
+            elif how == "lose":
                 path.unlink()
+            else:
+                lines = path.read_bytes().splitlines()
+                if not lines:
+                    continue
+                first = json.loads(lines[0])
+                extra = json.dumps(_twin_line(first, how)).encode()
+                path.write_bytes(
+                    b"\n".join([extra, *lines] if how == "error_first" else [*lines, extra]) + b"\n"
+                )
             return str(path)
         return None
 
@@ -453,6 +499,7 @@ class StatefulWorkload:
         if key[0] == "prepare":
             run.records = [dict(r) for r in self.records]
             run.prompt_version = self.prompt.version
+            run.prompt = self.prompt
         if key[0] == "publish":
             run.finished = True
             run.published_after_change = False
@@ -498,7 +545,8 @@ class StatefulWorkload:
         task_id = context["ti"].task_id
         common = self.common
         deadline = self._deadline(run)
-        chunking = ChunkOptions(max_requests=self.chunk)
+        # a bad record is rejected and the run goes on (the default ratio would stop it at prepare)
+        chunking = ChunkOptions(max_requests=self.chunk, max_reject_ratio=0.5)
         operator: Any
         if task == "lease":
             operator = ops.BatchWorkloadLeaseOperator(task_id=task_id, **common)
@@ -518,13 +566,14 @@ class StatefulWorkload:
                 max_attempts=self.attempts,
                 chunking=chunking,
                 deadline=deadline,
+                budget=self.budget,
                 **common,
             )
         elif task == "upload":
             operator = ops.BatchUploadOperator(task_id=task_id, job=self._input(run, key), **common)
         elif task == "submit":
             operator = ops.BatchSubmitOperator(
-                task_id=task_id, job=self._input(run, key), prompt=self.prompt, **common
+                task_id=task_id, job=self._input(run, key), prompt=self.prompt, budget=self.budget, **common
             )
         elif task == "wait":
             sensor = BatchStatusSensor(
@@ -547,7 +596,7 @@ class StatefulWorkload:
             operator = ops.BatchDownloadOperator(task_id=task_id, batch=self._input(run, key), **common)
         elif task == "reconcile":
             operator = ops.BatchReconcileOperator(
-                task_id=task_id, batch=self._input(run, key), prompt=self.prompt, **common
+                task_id=task_id, batch=self._input(run, key), prompt=self.prompt, budget=self.budget, **common
             )
         elif task == "deadline_branch":
             branch = BatchDeadlineBranchOperator(
@@ -560,16 +609,45 @@ class StatefulWorkload:
             )
             return branch.choose_branch(context)  # type: ignore[arg-type]
         elif task == "sync_fallback":
-            operator = BatchSyncFallbackOperator(task_id=task_id, prompt=self.prompt, **common)
+            operator = BatchSyncFallbackOperator(
+                task_id=task_id, prompt=self.prompt, budget=self.budget, **common
+            )
         elif task == "publish":
             operator = ops.BatchPublishOperator(
-                task_id=task_id, max_attempts=self.attempts, prompt=self.prompt, **common
+                task_id=task_id, max_attempts=self.attempts, prompt=self.prompt, budget=self.budget, **common
             )
         else:  # pragma: no cover - the plan names only the tasks above
             raise AssertionError(task)
         if task != "lease":
             operator.pre_execute(context)
         return operator.execute(context)
+
+
+def _twin_line(line: dict[str, Any], how: str) -> dict[str, Any]:
+    """Another result line for ``line``'s custom id: an error (``error_first``) or another answer.
+
+    :param line: an OpenAI (``response``) or Anthropic (``result``) result line
+    :param how: ``error_first`` or ``other_answer``
+    """
+    twin = json.loads(json.dumps(line))
+    if "response" in twin:  # OpenAI
+        if how == "error_first":
+            twin["response"] = {
+                "status_code": 500,
+                "body": {"error": {"message": "server error", "type": "server_error"}},
+            }
+            return twin
+        body = twin["response"]["body"]
+        body["choices"][0]["message"]["content"] = "negative"
+        body["usage"]["completion_tokens"] = int(body["usage"].get("completion_tokens", 0)) + 3
+        return twin
+    if how == "error_first":
+        twin["result"] = {"type": "errored", "error": {"type": "api_error", "message": "overloaded"}}
+        return twin
+    message = twin["result"]["message"]
+    message["content"] = [{"type": "text", "text": "negative"}]
+    message["usage"]["output_tokens"] = int(message["usage"].get("output_tokens", 0)) + 3
+    return twin
 
 
 def airflow_says(workload: StatefulWorkload) -> Callable[[str | None, str | None], str | None]:

@@ -11,6 +11,9 @@ pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.
   version had its earlier answer harvested and refused (a retryable outcome), or its input
   changed in between; an answer that was billed and never harvested, or harvested as a success,
   is a reason for nothing (a re-drive of it pays twice);
+- *a run keeps its prompt*: a ``v1`` (text) answer is never ``invalid_output`` (only the JSON
+  schema of ``v2`` can refuse one);
+- *the budget holds*: no run's report says it paid more than its budget;
 - *a finished run is history*: its report and its attempts stay as its publish left them, until
   that run itself is cleared and published again (and then, when neither input nor prompt
   changed, to the same report);
@@ -18,7 +21,8 @@ pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.
 and, once every run is finished (publish ran):
 
 - *every input row in exactly one final state or rejected* (the last run's input, at its prompt
-  version);
+  version), and its item holds that input (a good record of an id over a bad one with the same
+  id, a fixed record over the one that went to review);
 - *no batch the ledger does not know*;
 - *the reported billed usage equals the emulator's bill* (the documented upper bound for
   interrupted real-time sends allowed, as in the chaos suite).
@@ -146,6 +150,21 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
                 f"never harvested or harvested as a success, with {edits} input changes: {detail}"
             )
 
+    # a run keeps its prompt: a v1 (text) answer is never judged by v2's JSON schema
+    for a in attempts:
+        if a["prompt_version"] == "v1" and (
+            a["outcome"] == "invalid_output" or a["error_code"] == "invalid_output"
+        ):
+            out.append(
+                f"v1 answer {a['custom_id']} (run {a['run_id']}) judged invalid_output: by another prompt's schema"
+            )
+    # a run's budget holds for everything it pays
+    if workload.budget.budget_usd is not None:
+        limit = Decimal(str(workload.budget.budget_usd))
+        for run_id, report in snap["reports"].items():
+            if report and Decimal(report["paid"]) > limit:
+                out.append(f"run {run_id} paid ${report['paid']}, over its budget of ${limit}")
+
     # a finished run is history
     reports: Mapping[str, Any] = snap["reports"]
     for run in workload.runs:
@@ -191,6 +210,19 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
     version = last.prompt_version
     rejected = set(workload.rejects(last.run_id))
     rows = {(i["item_key"], i["prompt_version"]): i for i in snap["items"]}
+    # the input the last run read is the input its items hold (a good record of an id wins over a
+    # bad one; a fixed record replaces the one that went to review)
+    renderable: dict[str, set[str]] = defaultdict(set)
+    for rec in last.records:
+        if "text" in rec and last.prompt is not None:
+            renderable[rec["id"]].add(last.prompt.render(rec).input_hash)
+    for app_id, hashes in sorted(renderable.items()):
+        row = rows.get((item_key(app_id), version))
+        if row is not None and row["input_hash"] not in hashes:
+            out.append(
+                f"input row {app_id} ({version}): the item holds another input than the last run read "
+                f"(state {row['state']}, {row['error_code']})"
+            )
     for rec in last.records:
         row = rows.get((item_key(rec["id"]), version))
         if row is None:
