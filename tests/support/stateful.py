@@ -370,8 +370,10 @@ class StatefulWorkload:
         """Damage the first downloaded output file that reconcile has not read yet; return its path.
 
         :param how: ``html`` (an error page instead of the file), ``truncate`` (its last line cut
-            short), ``lose`` (the file deleted) or ``error_first`` (an error line for its first
-            custom id put before that id's answer)
+            short), ``lose`` (the file deleted), ``error_first`` / ``error_after`` (an error line for
+            its first custom id before / after that id's answer) or ``malformed_after`` (a broken
+            copy of its first line after it: a bad duplicate of a good answer) or
+            ``error_in_error_file`` (an error line for its first custom id in the error file)
         """
         from sqlalchemy import select
 
@@ -379,15 +381,23 @@ class StatefulWorkload:
 
         with self.ledger().engine.connect() as conn:
             rows = conn.execute(
-                select(s.jobs.c.output_path).where(
+                select(s.jobs.c.output_path, s.jobs.c.error_path).where(
                     s.jobs.c.workload == WORKLOAD,
                     s.jobs.c.output_path.is_not(None),
                     s.jobs.c.reconciled_at.is_(None),
                 )
             ).all()
-        for (output_path,) in rows:
+        for output_path, error_path in rows:
             path = Path(str(output_path).removeprefix("file://"))
             if not path.exists():
+                continue
+            if how == "error_in_error_file" and error_path:
+                line = path.read_bytes().splitlines()[:1]
+                errors = Path(str(error_path).removeprefix("file://"))
+                if line and errors.exists():
+                    twin = json.dumps(_twin_line(json.loads(line[0]))).encode() + b"\n"
+                    errors.write_bytes(errors.read_bytes() + twin)
+                    return str(errors)
                 continue
             if how == "html":
                 path.write_bytes(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n")
@@ -400,8 +410,10 @@ class StatefulWorkload:
                 lines = path.read_bytes().splitlines()
                 if not lines:
                     continue
-                first = json.loads(lines[0])
-                extra = json.dumps(_twin_line(first, how)).encode()
+                if how == "malformed_after":
+                    extra = lines[0][: len(lines[0]) // 2]
+                else:
+                    extra = json.dumps(_twin_line(json.loads(lines[0]))).encode()
                 path.write_bytes(
                     b"\n".join([extra, *lines] if how == "error_first" else [*lines, extra]) + b"\n"
                 )
@@ -623,30 +635,19 @@ class StatefulWorkload:
         return operator.execute(context)
 
 
-def _twin_line(line: dict[str, Any], how: str) -> dict[str, Any]:
-    """Another result line for ``line``'s custom id: an error (``error_first``) or another answer.
+def _twin_line(line: dict[str, Any]) -> dict[str, Any]:
+    """An error result line for ``line``'s custom id.
 
     :param line: an OpenAI (``response``) or Anthropic (``result``) result line
-    :param how: ``error_first`` or ``other_answer``
     """
     twin = json.loads(json.dumps(line))
     if "response" in twin:  # OpenAI
-        if how == "error_first":
-            twin["response"] = {
-                "status_code": 500,
-                "body": {"error": {"message": "server error", "type": "server_error"}},
-            }
-            return twin
-        body = twin["response"]["body"]
-        body["choices"][0]["message"]["content"] = "negative"
-        body["usage"]["completion_tokens"] = int(body["usage"].get("completion_tokens", 0)) + 3
+        twin["response"] = {
+            "status_code": 500,
+            "body": {"error": {"message": "server error", "type": "server_error"}},
+        }
         return twin
-    if how == "error_first":
-        twin["result"] = {"type": "errored", "error": {"type": "api_error", "message": "overloaded"}}
-        return twin
-    message = twin["result"]["message"]
-    message["content"] = [{"type": "text", "text": "negative"}]
-    message["usage"]["output_tokens"] = int(message["usage"].get("output_tokens", 0)) + 3
+    twin["result"] = {"type": "errored", "error": {"type": "api_error", "message": "overloaded"}}
     return twin
 
 
