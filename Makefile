@@ -58,7 +58,7 @@ test-google: venv-google ## the Google provider's branch: Vertex, gs:// staging 
 # runs; --runxfail: a violation fails the target even while the test is marked xfail
 chaos-long: venv ## the stateful exactly-once property test, long: ABP_STATEFUL_EXAMPLES (200), ABP_STATEFUL_STEPS (60), ABP_STATEFUL_SEED
 	ABP_STATEFUL_EXAMPLES=$${ABP_STATEFUL_EXAMPLES:-200} ABP_STATEFUL_STEPS=$${ABP_STATEFUL_STEPS:-60} ABP_STATEFUL_SHRINK=1 \
-		$(BIN)/pytest -q -s --runxfail tests/reliability/test_stateful.py
+		ABP_STATEFUL_LONG=1 $(BIN)/pytest -q -s --runxfail tests/reliability/test_stateful.py tests/reliability/test_stateful_sequences.py
 
 lint: venv ## ruff lint and format check
 	$(BIN)/ruff check .
