@@ -20,7 +20,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_NO_INPUT := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-google test test-google lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
+.PHONY: help venv venv-google test test-google chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,6 +53,12 @@ $(STAMP_GOOGLE): $(STAMP) pyproject.toml constraints-google.txt
 # up over gRPC, which a JSON-only endpoint such as the test GCS server does not speak: set off here
 test-google: venv-google ## the Google provider's branch: Vertex, gs:// staging and Gemini tests with the provider installed
 	GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false $(VENV_GOOGLE)/bin/python -m pytest $(PYTEST_ARGS) $(GOOGLE_TESTS)
+
+# the stateful property test (tests/reliability/test_stateful.py) with many more examples than `make test`
+# runs; --runxfail: a violation fails the target even while the test is marked xfail
+chaos-long: venv ## the stateful exactly-once property test, long: ABP_STATEFUL_EXAMPLES (200), ABP_STATEFUL_STEPS (60), ABP_STATEFUL_SEED
+	ABP_STATEFUL_EXAMPLES=$${ABP_STATEFUL_EXAMPLES:-200} ABP_STATEFUL_STEPS=$${ABP_STATEFUL_STEPS:-60} ABP_STATEFUL_SHRINK=1 \
+		ABP_STATEFUL_LONG=1 $(BIN)/pytest -q -s --runxfail tests/reliability/test_stateful.py tests/reliability/test_stateful_sequences.py
 
 lint: venv ## ruff lint and format check
 	$(BIN)/ruff check .

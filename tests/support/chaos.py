@@ -558,50 +558,8 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
         if b["id"] not in known and not any(b["id"].endswith(k) or k.endswith(b["id"]) for k in known)
     ]
 
-    billed_answers: Counter[str] = Counter()
-    prices = PriceTable.load()
-    expected_paid = Decimal(0)
-    expected_usage = Usage()
-    for provider, batch in batches:
-        price = prices.price(provider, runs[0].model)
-        for custom_id, tokens in (batch.get("billed") or {}).items():
-            usage = Usage(**tokens)
-            expected_usage += usage
-            expected_paid += cost(usage, price, "batch")
-            billed_answers[item_key_of(custom_id)] += 1
-        for _, tokens in batch.get("billed_again") or []:  # a second answer, priced as a duplicate
-            usage = Usage(**tokens)
-            expected_usage += usage
-            expected_paid += cost(usage, price, "batch")
-    billed_sync: Counter[str] = Counter()
-    for provider, answers in record.get("realtime", {}).items():
-        price = prices.price(provider, runs[0].model)
-        for answer in answers:
-            usage = Usage(**answer["usage"])
-            expected_usage += usage
-            expected_paid += cost(usage, price, "sync")
-            if answer.get("custom_id"):
-                billed_answers[item_key_of(answer["custom_id"])] += 1
-                billed_sync[item_key_of(answer["custom_id"])] += 1
-    # A process killed while real-time requests were in flight cannot know which of them the
-    # provider completed: the report prices each interrupted send as paid, like its resend (an
-    # upper bound, never free). One the provider never completed (the kill cut its request short)
-    # is the only over-count allowed, and exactly the resend's price.
-    sync_price = prices.price(runs[0].provider, runs[0].model)
-    for key, attempts in sync_attempts.items():
-        never_completed = len(attempts) - billed_sync[key]
-        interrupted = [a for a in attempts if a["error_code"] == POSSIBLY_PAID_TWICE]
-        resend = next((a for a in reversed(attempts) if a["error_code"] != POSSIBLY_PAID_TWICE), None)
-        if 0 < never_completed <= len(interrupted) and resend is not None:
-            usage = Usage(
-                input_tokens=resend["input_tokens"],
-                output_tokens=resend["output_tokens"],
-                cached_input_tokens=resend["cached_input_tokens"],
-                cache_write_tokens=resend["cache_write_tokens"],
-            )
-            for _ in range(never_completed):
-                expected_usage += usage
-                expected_paid += cost(usage, sync_price, "sync")
+    bill = expected_bill(record, sync_attempts, runs[0].provider, runs[0].model)
+    billed_answers, expected_usage, expected_paid = bill.answers, bill.usage, bill.paid
     paid_twice = [f"{key} ({n} answers billed)" for key, n in sorted(billed_answers.items()) if n > 1]
     unrecorded = [
         f"{key}: {n} answers billed, {known_attempts[key]} attempts in the ledger"
@@ -647,6 +605,82 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
     TALLY.paid_twice += len(paid_twice)
     TALLY.unknown_batches += len(unknown)
     return verdict
+
+
+@dataclass(frozen=True)
+class Bill:
+    """What the emulator billed, as the published reports must count it.
+
+    :param usage: the tokens billed (batch and real-time answers)
+    :param paid: their cost at the shipped prices
+    :param answers: item key -> answers billed for it
+    """
+
+    usage: Usage
+    paid: Decimal
+    answers: Counter[str]
+
+
+def expected_bill(
+    record: Mapping[str, Any], sync_attempts: Mapping[str, Sequence[Any]], provider: str, model: str
+) -> Bill:
+    """The emulator's bill (its record), plus the documented upper bound for interrupted real-time sends.
+
+    Batches are priced at the batch price, real-time answers at full price; for each real-time send
+    a kill interrupted before the emulator completed it (``possibly_paid_twice``), exactly its
+    resend's price is added (the report cannot know and prices every interrupted send as paid).
+
+    :param record: the emulator's record (``GET /_emulator/record``)
+    :param sync_attempts: item key -> its real-time attempt rows, in the order they were made
+    :param provider: the provider of the real-time sends
+    :param model: the model
+    """
+    batches = [(source, b) for source, bs in record.get("batches", {}).items() for b in bs]
+    billed_answers: Counter[str] = Counter()
+    prices = PriceTable.load()
+    expected_paid = Decimal(0)
+    expected_usage = Usage()
+    for source, batch in batches:
+        price = prices.price(source, model)
+        for custom_id, tokens in (batch.get("billed") or {}).items():
+            usage = Usage(**tokens)
+            expected_usage += usage
+            expected_paid += cost(usage, price, "batch")
+            billed_answers[item_key_of(custom_id)] += 1
+        for _, tokens in batch.get("billed_again") or []:  # a second answer, priced as a duplicate
+            usage = Usage(**tokens)
+            expected_usage += usage
+            expected_paid += cost(usage, price, "batch")
+    billed_sync: Counter[str] = Counter()
+    for source, answers in record.get("realtime", {}).items():
+        price = prices.price(source, model)
+        for answer in answers:
+            usage = Usage(**answer["usage"])
+            expected_usage += usage
+            expected_paid += cost(usage, price, "sync")
+            if answer.get("custom_id"):
+                billed_answers[item_key_of(answer["custom_id"])] += 1
+                billed_sync[item_key_of(answer["custom_id"])] += 1
+    # A process killed while real-time requests were in flight cannot know which of them the
+    # provider completed: the report prices each interrupted send as paid, like its resend (an
+    # upper bound, never free). One the provider never completed (the kill cut its request short)
+    # is the only over-count allowed, and exactly the resend's price.
+    sync_price = prices.price(provider, model)
+    for key, attempts in sync_attempts.items():
+        never_completed = len(attempts) - billed_sync[key]
+        interrupted = [a for a in attempts if a["error_code"] == POSSIBLY_PAID_TWICE]
+        resend = next((a for a in reversed(attempts) if a["error_code"] != POSSIBLY_PAID_TWICE), None)
+        if 0 < never_completed <= len(interrupted) and resend is not None:
+            usage = Usage(
+                input_tokens=resend["input_tokens"],
+                output_tokens=resend["output_tokens"],
+                cached_input_tokens=resend["cached_input_tokens"],
+                cache_write_tokens=resend["cache_write_tokens"],
+            )
+            for _ in range(never_completed):
+                expected_usage += usage
+                expected_paid += cost(usage, sync_price, "sync")
+    return Bill(expected_usage, expected_paid, billed_answers)
 
 
 def check_input_files(base_url: str, jobs: Sequence[Mapping[str, Any]]) -> list[str]:

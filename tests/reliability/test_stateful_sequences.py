@@ -1,0 +1,118 @@
+"""The shortest sequences through the stateful machine that break issue 18's guarantees on main.
+
+Written by hand from the issue and replayed through the machine's own rules (the same steps
+hypothesis would draw), so each known bug stays a fixed, fast regression case beside the random
+search of ``test_stateful.py``. Run by ``make chaos-long`` (``ABP_STATEFUL_LONG=1``); each case is
+``xfail`` until its bug is fixed. See docs/reliability.md ("What it found on unfixed main").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, Final
+
+import pytest
+
+from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.testing import run_emulator
+from tests.reliability.test_stateful import Ledgers, machine
+from tests.support.stateful import shared_ssl_contexts
+
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.skipif(os.environ.get("ABP_STATEFUL_LONG") != "1", reason="make chaos-long runs these"),
+]
+
+OPENAI: Final[dict[str, Any]] = {"provider": "openai", "items": 6, "chunk": 3, "budget": None}
+ANTHROPIC: Final[dict[str, Any]] = {**OPENAI, "provider": "anthropic"}
+Step = tuple[str, dict[str, Any]]
+FINISH_0: Final[Step] = ("finish", {"run": 0, "wait": True})
+FINISH_1: Final[Step] = ("finish", {"run": 1, "wait": True})
+IN_DOUBT_PAST_DEADLINE: Final[list[Step]] = [
+    ("setup", ANTHROPIC),
+    ("inject_a_fault", {"fault": "lost_create_reply"}),
+    ("run_up_to", {"run": 0, "task": "wait"}),
+    ("the_deadline_passes", {"run": 0}),
+    ("finish", {"run": 0, "wait": False}),
+]
+UP_TO_RECONCILE: Final[list[Step]] = [("setup", OPENAI), ("run_up_to", {"run": 0, "task": "reconcile"})]
+
+SEQUENCES: Final[dict[str, list[Step]]] = {
+    "bug1_resolve_then_redrive_in_doubt": [
+        *IN_DOUBT_PAST_DEADLINE,
+        ("resolve_jobs_in_doubt", {"absent": False}),
+        ("act_on_review", {"action": "redrive", "code": "in_doubt"}),
+        ("start_another_run", {}),
+        FINISH_1,
+    ],
+    "bug2_html_page_as_output_file": [*UP_TO_RECONCILE, ("damage_a_result_file", {"how": "html"}), FINISH_0],
+    "bug2_truncated_line": [*UP_TO_RECONCILE, ("damage_a_result_file", {"how": "truncate"}), FINISH_0],
+    "bug2_error_line_before_success": [
+        *UP_TO_RECONCILE,
+        ("damage_a_result_file", {"how": "error_first"}),
+        FINISH_0,
+    ],
+    "bug2_rate_malformed": [("setup", OPENAI), ("inject_a_fault", {"fault": "rate_malformed"}), FINISH_0],
+    "bug3_prompt_bumped_mid_run": [
+        *UP_TO_RECONCILE,
+        ("bump_or_edit_the_prompt", {"version": "v2", "wording": ""}),
+        FINISH_0,
+    ],
+    "bug5_fixed_input_and_cleared_run": [
+        ("setup", OPENAI),
+        ("edit_the_input", {"index": 1, "text": None}),
+        FINISH_0,
+        ("edit_the_input", {"index": 1, "text": "fixed"}),
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+    ],
+    "bug6_clearing_an_older_run": [
+        ("setup", OPENAI),
+        FINISH_0,
+        ("edit_the_input", {"index": 1, "text": "changed"}),
+        ("start_another_run", {}),
+        FINISH_1,
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+    ],
+    "bug9_redrive_in_doubt_without_resolve": [
+        *IN_DOUBT_PAST_DEADLINE,
+        ("act_on_review", {"action": "redrive", "code": "in_doubt"}),
+        ("start_another_run", {}),
+        FINISH_1,
+    ],
+    "bug10_sync_fallback_over_budget": [
+        ("setup", {**OPENAI, "budget": "0.00006"}),
+        ("inject_a_fault", {"fault": "stuck_next"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        ("the_deadline_passes", {"run": 0}),
+        FINISH_0,
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[str]:
+    timings = Timings(validating_s=1.0, in_progress_s=5.0, finalizing_s=1.0, cancelling_s=0.0)
+    with shared_ssl_contexts(), run_emulator(EmulatorConfig(seed=7, time_scale=1.0, timings=timings)) as url:
+        yield url
+
+
+@pytest.mark.xfail(strict=False, reason="issue 18: the bug the sequence is named after is open on main")
+@pytest.mark.parametrize("name", sorted(SEQUENCES))
+def test_a_known_sequence_keeps_every_item_answered_once_and_every_billed_answer_priced(
+    emulator: str, name: str
+) -> None:
+    from airflow_batch_provider.operators import batch as batch_ops
+
+    saved = batch_ops.dagrun_state
+    state = machine(emulator, Ledgers("sqlite"), [])()
+    try:
+        state.exactly_once()
+        for rule, kwargs in SEQUENCES[name]:
+            getattr(state, rule)(**kwargs)
+            state.exactly_once()
+    finally:
+        state.teardown()
+        batch_ops.dagrun_state = saved  # type: ignore[assignment]

@@ -1,0 +1,668 @@
+"""The stateful workload: one workload's runs driven task by task in-process, for the property test.
+
+A :class:`StatefulWorkload` is the chaos workload (``tests/reliability/dags/chaos_workload.py``)
+without Airflow's processes: each task of ``batch_inference_group`` is its real operator, built
+with the arguments the group gives it and run by calling its ``execute`` (the sensor: one
+``poke``) with a small task context, against the real ledger (SQLite or PostgreSQL), the real
+adapters over HTTP and a real emulator. What a DAG run does is a list of task keys in the order
+Airflow would run them (:meth:`StatefulWorkload.plan`); a task's result is its XCom. So the public
+operations are plain methods a state machine can call in any order:
+
+- :meth:`~StatefulWorkload.start_run`, :meth:`~StatefulWorkload.step` (run the next task of a run),
+  :meth:`~StatefulWorkload.clear` (a run, or one task and what follows it),
+- a kill at a fail point (:func:`killing_at`: the named point raises :class:`Killed`, which no
+  ``except Exception`` catches, instead of SIGKILLing this process; the task is left failed),
+- :meth:`~StatefulWorkload.edit_record`, :attr:`~StatefulWorkload.prompt` (bump or edit it),
+- :meth:`~StatefulWorkload.cli` (``review redrive|resolve|skip``, ``jobs resolve``),
+- emulator faults (:meth:`~StatefulWorkload.fault`), a damaged downloaded result file
+  (:meth:`~StatefulWorkload.damage_result_file`), a deadline that passes
+  (:meth:`~StatefulWorkload.pass_deadline`).
+
+The emulator runs on its own clock, moved forward only by :meth:`StatefulWorkload.advance_clock`
+(:data:`CLOCK_STEP_S`: longer than any batch phase), so a batch ends when the emulator says so (a
+stuck batch never does), a job in doubt stays in doubt until its batch has ended, and no step
+sleeps.
+:mod:`tests.support.stateful_invariants` checks the ledger and reports against the emulator after
+every step.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import ssl
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, redirect_stderr
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Final
+
+import httpx
+
+from airflow_batch_provider import cli
+from airflow_batch_provider.core import failpoints
+from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions
+from airflow_batch_provider.core.policy import PollPolicy
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.staging import run_key
+
+WORKLOAD: Final = "stateful"
+DAG_ID: Final = "stateful_workload"
+CONN_ID: Final = "stateful_batch"
+#: emulated seconds a wait task moves the emulator's clock: more than any batch phase lasts
+CLOCK_STEP_S: Final = 3600.0
+#: the run's deadline before and after :meth:`StatefulWorkload.pass_deadline`
+FAR: Final = "2099-01-01T00:00:00+00:00"
+PAST: Final = "2001-01-01T00:00:00+00:00"
+FAST_POLL: Final = PollPolicy(initial_interval=0.01, factor=1.0, max_interval=0.01)
+#: provider -> (connection type, path added to the emulator URL, model)
+PROVIDERS: Final[Mapping[str, tuple[str, str, str]]] = {
+    "openai": ("openai_batch", "/v1", "gpt-4o-mini"),
+    "anthropic": ("anthropic_batch", "", "claude-3-5-haiku-20241022"),
+}
+#: the tasks of one round, in the order Airflow runs them (each one mapped over the round's jobs)
+ROUND_TASKS: Final = ("upload", "submit", "wait", "harvest", "download", "reconcile")
+#: the operator classes of the task keys
+SYSTEM = "Label the sentiment of the comment: positive, negative or neutral."
+
+TaskKey = tuple[str, int, int]
+
+
+class Killed(BaseException):
+    """A fail point fired: the task's process is gone (no ``except Exception`` may catch this)."""
+
+
+class NotYet(Exception):
+    """The wait task's poke said the batch is not done yet (the task stays where it is)."""
+
+
+@contextmanager
+def killing_at(name: str) -> Iterator[None]:
+    """Arm the fail point ``name`` (``name=N``: its N-th hit) so that it raises :class:`Killed`.
+
+    :param name: a name of :data:`~airflow_batch_provider.core.failpoints.FAILPOINTS`
+    """
+
+    def kill(pid: int, sig: int) -> None:
+        raise Killed(name)
+
+    shim = SimpleNamespace(environ=os.environ, getpid=os.getpid, kill=kill)
+    saved_os, saved_env = failpoints.os, os.environ.get(failpoints.ENV_VAR)
+    failpoints._hits.clear()
+    os.environ[failpoints.ENV_VAR] = name
+    failpoints.os = shim  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        failpoints.os = saved_os
+        failpoints._hits.clear()
+        if saved_env is None:
+            os.environ.pop(failpoints.ENV_VAR, None)
+        else:
+            os.environ[failpoints.ENV_VAR] = saved_env
+
+
+@contextmanager
+def shared_ssl_contexts() -> Iterator[None]:
+    """Build each kind of default SSL context once (every SDK client builds one: 0.15 s of CA loading).
+
+    The emulator speaks plain HTTP, so no context is ever used; without this, loading the CA
+    bundle for each operator's client is most of a step's time.
+    """
+    made: dict[tuple[Any, ...], ssl.SSLContext] = {}
+    original = ssl.create_default_context
+
+    def cached(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = original(*args, **kwargs)
+        return made[key]
+
+    ssl.create_default_context = cached  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ssl.create_default_context = original
+
+
+def prompt_variant(model: str, version: str, wording: str = "") -> PromptTemplate:
+    """The workload's prompt at a version, with an optional change of wording (an edit in place).
+
+    ``v1`` asks for text; any other version asks for JSON with a ``label`` key, which the
+    emulator's answers never have (each of its answers is ``invalid_output``): an answer judged
+    by a version other than its own shows.
+
+    :param model: the model
+    :param version: the prompt version
+    :param wording: appended to the system prompt (``""``: the original wording)
+    """
+    if version == "v1":
+        return PromptTemplate(
+            version=version,
+            model=model,
+            system=SYSTEM + wording,
+            user="Comment {{ id }}: {{ text }}",
+            params={"max_tokens": 16},
+            name="stateful",
+        )
+    return PromptTemplate(
+        version=version,
+        model=model,
+        system=SYSTEM + " Answer in JSON with the key label." + wording,
+        user="Comment {{ id }}: {{ text }}",
+        params={"max_tokens": 64},
+        output_format="json",
+        output_schema={"type": "object", "required": ["label"]},
+        name="stateful",
+    )
+
+
+@dataclass
+class Run:
+    """One DAG run of the workload: the results (XComs) of the tasks it has run.
+
+    :param run_id: the run id
+    :param done: task key -> its result
+    :param tries: task key -> how often it was started (the try number of the next start)
+    :param deadline: the run's deadline (ISO moment)
+    :param finished: its publish task ran
+    :param abandoned: marked failed by the user (Airflow says it is no longer running)
+    :param report: the report its last publish wrote (the comparable part)
+    :param published_after_change: an input or prompt change happened since that publish
+    :param prompt_version: the prompt version its prepare rendered
+    :param records: the input its prepare read
+    :param prompt: the prompt its prepare rendered
+    """
+
+    run_id: str
+    done: dict[TaskKey, Any] = field(default_factory=dict)
+    tries: dict[TaskKey, int] = field(default_factory=dict)
+    deadline: str = FAR
+    finished: bool = False
+    abandoned: bool = False
+    report: dict[str, Any] | None = None
+    published_after_change: bool = False
+    prompt_version: str = "v1"
+    records: list[dict[str, str]] = field(default_factory=list)
+    prompt: PromptTemplate | None = None
+
+
+#: report fields that name when, not what
+REPORT_VOLATILE: Final = frozenset(
+    {"generated_at", "finished_at", "started_at", "table", "report", "duration_s"}
+)
+
+
+def comparable_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a published report that must not change once the run is finished.
+
+    :param report: the report (``runs.report_json``)
+    """
+    return {k: v for k, v in report.items() if k not in REPORT_VOLATILE and not k.endswith("_at")}
+
+
+class StatefulWorkload:
+    """One workload (one ledger, one staging area) whose runs are driven task by task.
+
+    :param url: the emulator's base URL (reset by the caller for each example)
+    :param ledger_url: the ledger
+    :param root: a folder for staging and the Anthropic spool
+    :param provider: ``openai`` or ``anthropic``
+    :param items: records in the input
+    :param chunk: requests per job
+    :param attempts: rounds per run
+    :param budget_usd: each run's budget (``None``: none)
+    """
+
+    def __init__(
+        self,
+        url: str,
+        ledger_url: str,
+        root: Path,
+        *,
+        provider: str = "openai",
+        items: int = 6,
+        chunk: int = 3,
+        attempts: int = 2,
+        budget_usd: str | None = None,
+    ) -> None:
+        conn_type, suffix, model = PROVIDERS[provider]
+        self.budget = BudgetOptions(budget_usd=budget_usd)
+        self.url = url
+        self.ledger_url = ledger_url
+        self.root = root
+        self.provider = provider
+        self.model = model
+        self.chunk = chunk
+        self.attempts = attempts
+        self.records: list[dict[str, str]] = [
+            {"id": f"r{i:03d}", "text": f"the parcel {i} arrived"} for i in range(items)
+        ]
+        self.prompt = prompt_variant(model, "v1")
+        self.runs: list[Run] = []
+        #: app id -> times its input was changed (a resend of a succeeded item needs one, or a re-drive)
+        self.edits: dict[str, int] = {}
+        #: item keys a person re-drove, with how often
+        self.redriven: dict[str, int] = {}
+        extra: dict[str, Any] = {}
+        if provider == "anthropic":
+            extra = {
+                "spool_dir": str(root / "spool"),
+                "create_retry_initial_s": 0.01,
+                "create_retry_max_s": 0.02,
+                "timeout": 2.0,
+            }
+        connection = {"conn_type": conn_type, "host": url + suffix, "password": "sk-stateful", "extra": extra}
+        self.env = {
+            f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(connection),
+            "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": ledger_url,
+            "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{root / 'staging'}",
+        }
+        self.common: dict[str, Any] = {"workload": WORKLOAD, "batch_conn_id": CONN_ID}
+        self._ledger: Ledger | None = None
+        #: one client for the emulator's test endpoints
+        self.http = httpx.Client(timeout=30)
+
+    # ------------------------------------------------------------------ the world
+
+    def ledger(self) -> Ledger:
+        """The workload's ledger (one engine per workload)."""
+        if self._ledger is None:
+            self._ledger = Ledger.from_url(self.ledger_url)
+        return self._ledger
+
+    def close(self) -> None:
+        """Dispose of the ledger's engine."""
+        if self._ledger is not None:
+            self._ledger.engine.dispose()
+            self._ledger = None
+        self.http.close()
+
+    def fault(self, **faults: Any) -> None:
+        """Set emulator faults (``FaultConfig`` fields), merged into the current ones."""
+        self.http.put(f"{self.url}/_emulator/config", json={"faults": faults}).raise_for_status()
+
+    def advance_clock(self, seconds: float = CLOCK_STEP_S) -> None:
+        """Move the emulator's clock forward (its batches progress as if that time had passed)."""
+        self.http.post(f"{self.url}/_emulator/clock", json={"advance_s": seconds}).raise_for_status()
+
+    def staging_dir(self) -> Path:
+        return self.root / "staging"
+
+    def rejects(self, run_id: str) -> list[str]:
+        """Application ids in the run's ``rejects.jsonl``."""
+        path = self.staging_dir() / WORKLOAD / run_key(run_id) / "rejects.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                out.append(str(json.loads(line).get("id") or ""))
+        return out
+
+    # ------------------------------------------------------------------ user operations
+
+    def edit_record(self, index: int, text: str | None) -> str:
+        """Change one input record's text (``None``: drop the field, a bad record); return its id.
+
+        :param index: which record
+        :param text: the new text
+        """
+        record = self.records[index % len(self.records)]
+        if text is None:
+            record.pop("text", None)
+        else:
+            record["text"] = text
+        self.edits[record["id"]] = self.edits.get(record["id"], 0) + 1
+        self._changed()
+        return record["id"]
+
+    def duplicate_record(self, index: int, bad: bool) -> str:
+        """Add a second record with one record's id (``bad``: without its text); return the id.
+
+        :param index: which record
+        :param bad: the duplicate cannot be rendered
+        """
+        record = dict(self.records[index % len(self.records)])
+        if bad:
+            record.pop("text", None)
+        else:
+            record["text"] = "a second opinion on " + record.get("text", "it")
+        self.records.append(record)
+        self.edits[record["id"]] = self.edits.get(record["id"], 0) + 1
+        self._changed()
+        return record["id"]
+
+    def set_prompt(self, version: str, wording: str = "") -> None:
+        """Bump the prompt (a new version) or edit it in place (same version, other wording).
+
+        :param version: the version
+        :param wording: the change of wording
+        """
+        self.prompt = prompt_variant(self.model, version, wording)
+        self._changed()
+
+    def _changed(self) -> None:
+        for run in self.runs:
+            run.published_after_change = True
+
+    def pass_deadline(self, run: Run) -> None:
+        """The run's deadline passes: its later tasks see a deadline in the past."""
+        run.deadline = PAST
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        """Run ``abp-ledger`` (:func:`airflow_batch_provider.cli.main`) on the ledger; return status and output.
+
+        :param args: its arguments after ``--ledger-url``
+        """
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stderr(err):
+            try:
+                code = cli.main(["--ledger-url", self.ledger_url, *args], out=out)
+            except SystemExit as exc:  # argparse refused
+                code = int(exc.code or 2)
+        return code, out.getvalue() + err.getvalue()
+
+    def damage_result_file(self, how: str) -> str | None:
+        """Damage the first downloaded output file that reconcile has not read yet; return its path.
+
+        :param how: ``html`` (an error page instead of the file), ``truncate`` (its last line cut
+            short), ``lose`` (the file deleted), ``error_first`` / ``error_after`` (an error line for
+            its first custom id before / after that id's answer) or ``malformed_after`` (a broken
+            copy of its first line after it: a bad duplicate of a good answer) or
+            ``error_in_error_file`` (an error line for its first custom id in the error file)
+        """
+        from sqlalchemy import select
+
+        from airflow_batch_provider.ledger import schema as s
+
+        with self.ledger().engine.connect() as conn:
+            rows = conn.execute(
+                select(s.jobs.c.output_path, s.jobs.c.error_path).where(
+                    s.jobs.c.workload == WORKLOAD,
+                    s.jobs.c.output_path.is_not(None),
+                    s.jobs.c.reconciled_at.is_(None),
+                )
+            ).all()
+        for output_path, error_path in rows:
+            path = Path(str(output_path).removeprefix("file://"))
+            if not path.exists():
+                continue
+            if how == "error_in_error_file" and error_path:
+                line = path.read_bytes().splitlines()[:1]
+                errors = Path(str(error_path).removeprefix("file://"))
+                if line and errors.exists():
+                    twin = json.dumps(_twin_line(json.loads(line[0]))).encode() + b"\n"
+                    errors.write_bytes(errors.read_bytes() + twin)
+                    return str(errors)
+                continue
+            if how == "html":
+                path.write_bytes(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n")
+            elif how == "truncate":
+                data = path.read_bytes().rstrip(b"\n")
+                path.write_bytes(data[: max(1, len(data) - 20)])
+            elif how == "lose":
+                path.unlink()
+            else:
+                lines = path.read_bytes().splitlines()
+                if not lines:
+                    continue
+                if how == "malformed_after":
+                    extra = lines[0][: len(lines[0]) // 2]
+                else:
+                    extra = json.dumps(_twin_line(json.loads(lines[0]))).encode()
+                path.write_bytes(
+                    b"\n".join([extra, *lines] if how == "error_first" else [*lines, extra]) + b"\n"
+                )
+            return str(path)
+        return None
+
+    # ------------------------------------------------------------------ runs
+
+    def start_run(self) -> Run:
+        """A new DAG run of the workload (the next day's logical date)."""
+        run = Run(f"manual__2026-03-{len(self.runs) + 1:02d}T00:00:00+00:00")
+        self.runs.append(run)
+        return run
+
+    def plan(self, run: Run) -> Iterator[TaskKey]:
+        """The run's task keys in the order Airflow runs them, up to the first one not done.
+
+        :param run: the run
+        """
+        for key in (("lease", 0, 0), ("prepare", 1, 0)):
+            yield key
+            if key not in run.done:
+                return
+        manifests: list[dict[str, Any]] = run.done[("prepare", 1, 0)] or []
+        for round_ in range(1, self.attempts + 1):
+            if round_ > 1:
+                key = ("resubmit", round_, 0)
+                yield key
+                if key not in run.done:
+                    return
+                manifests = run.done[key] or []
+            for task in ROUND_TASKS:
+                for index in range(len(manifests)):
+                    key = (task, round_, index)
+                    yield key
+                    if key not in run.done:
+                        return
+        yield ("deadline_branch", 0, 0)
+        if ("deadline_branch", 0, 0) not in run.done:
+            return
+        if run.done[("deadline_branch", 0, 0)] == "sync_fallback":
+            yield ("sync_fallback", 0, 0)
+            if ("sync_fallback", 0, 0) not in run.done:
+                return
+        yield ("publish", 0, 0)
+
+    def next_task(self, run: Run) -> TaskKey | None:
+        """The run's next task, or ``None`` when it is finished."""
+        if run.finished:
+            return None
+        keys = list(self.plan(run))
+        return keys[-1] if keys[-1] not in run.done else None
+
+    def clear(self, run: Run, key: TaskKey | None = None) -> None:
+        """Clear the run (``key`` ``None``) or one of its tasks and everything after it.
+
+        :param run: the run
+        :param key: the task
+        """
+        order = list(self.plan(run))
+        cut = 0 if key is None or key not in order else order.index(key)
+        for k in order[cut:]:
+            run.done.pop(k, None)
+        run.finished = False
+        run.abandoned = False
+
+    def step(self, run: Run, kill_at: str | None = None) -> TaskKey | None:
+        """Run the run's next task (a kill armed at ``kill_at``); return its key.
+
+        A task that fails (an exception, a kill) is left not done, as Airflow leaves it failed;
+        the exception propagates. :class:`NotYet`: the wait goes on.
+
+        :param run: the run
+        :param kill_at: a fail point to arm for this task
+        """
+        key = self.next_task(run)
+        if key is None:
+            return None
+        run.tries[key] = run.tries.get(key, 0) + 1
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            if kill_at is not None:
+                with killing_at(kill_at):
+                    result = self._execute(run, key)
+            else:
+                result = self._execute(run, key)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        run.done[key] = result
+        if key[0] == "prepare":
+            run.records = [dict(r) for r in self.records]
+            run.prompt_version = self.prompt.version
+            run.prompt = self.prompt
+        if key[0] == "publish":
+            run.finished = True
+            run.published_after_change = False
+        return key
+
+    def _context(self, run: Run, key: TaskKey) -> dict[str, Any]:
+        task, round_, index = key
+        suffix = "" if round_ <= 1 else f"_{round_}"
+        task_id = f"{WORKLOAD}.{task}{suffix if task in ROUND_TASKS else ''}"
+        ti = SimpleNamespace(
+            dag_id=DAG_ID,
+            task_id=task_id,
+            map_index=index if task in ROUND_TASKS else -1,
+            try_number=run.tries.get(key, 1),
+            xcom_push=lambda key, value: None,
+        )
+        return {"run_id": run.run_id, "ti": ti, "dag": SimpleNamespace(dag_id=DAG_ID)}
+
+    def _deadline(self, run: Run) -> DeadlineOptions:
+        return DeadlineOptions(run.deadline, "sync_fallback", harvest_timeout_s=0.5)
+
+    def _input(self, run: Run, key: TaskKey) -> Any:
+        task, round_, index = key
+        previous = {"submit": "upload", "wait": "submit", "harvest": "wait", "download": "harvest"}
+        if task == "upload":
+            source = ("prepare", 1, 0) if round_ == 1 else ("resubmit", round_, 0)
+            return run.done[source][index]
+        if task == "reconcile":
+            return run.done[("download", round_, index)]
+        return run.done[(previous[task], round_, index)]
+
+    def _execute(self, run: Run, key: TaskKey) -> Any:
+        from airflow_batch_provider.operators import batch as ops
+        from airflow_batch_provider.operators.deadline import (
+            BatchDeadlineBranchOperator,
+            BatchDeadlineHarvestOperator,
+        )
+        from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
+        from airflow_batch_provider.sensors.batch import BatchStatusSensor
+
+        task, round_, _ = key
+        context = self._context(run, key)
+        task_id = context["ti"].task_id
+        common = self.common
+        deadline = self._deadline(run)
+        # a bad record is rejected and the run goes on (the default ratio would stop it at prepare)
+        chunking = ChunkOptions(max_requests=self.chunk, max_reject_ratio=0.5)
+        operator: Any
+        if task == "lease":
+            operator = ops.BatchWorkloadLeaseOperator(task_id=task_id, **common)
+        elif task == "prepare":
+            records = [dict(r) for r in self.records]
+            operator = ops.BatchPrepareOperator(
+                task_id=task_id,
+                records=lambda ctx: iter(records),
+                prompt=self.prompt,
+                chunking=chunking,
+                **common,
+            )
+        elif task == "resubmit":
+            operator = ops.BatchResubmitOperator(
+                task_id=task_id,
+                round_number=round_,
+                max_attempts=self.attempts,
+                chunking=chunking,
+                deadline=deadline,
+                budget=self.budget,
+                **common,
+            )
+        elif task == "upload":
+            operator = ops.BatchUploadOperator(task_id=task_id, job=self._input(run, key), **common)
+        elif task == "submit":
+            operator = ops.BatchSubmitOperator(
+                task_id=task_id, job=self._input(run, key), prompt=self.prompt, budget=self.budget, **common
+            )
+        elif task == "wait":
+            sensor = BatchStatusSensor(
+                task_id=task_id,
+                batch=self._input(run, key),
+                batch_conn_id=CONN_ID,
+                poll=FAST_POLL,
+                deadline=deadline.at(),
+                deferrable=False,
+            )
+            poked = sensor.poke(context)  # type: ignore[arg-type]
+            if poked is False or (hasattr(poked, "is_done") and not poked.is_done):
+                raise NotYet(f"{task_id}[{key[2]}]: not done yet")
+            return poked.xcom_value if hasattr(poked, "xcom_value") else None
+        elif task == "harvest":
+            operator = BatchDeadlineHarvestOperator(
+                task_id=task_id, batch=self._input(run, key), deadline=deadline, poll=FAST_POLL, **common
+            )
+        elif task == "download":
+            operator = ops.BatchDownloadOperator(task_id=task_id, batch=self._input(run, key), **common)
+        elif task == "reconcile":
+            operator = ops.BatchReconcileOperator(
+                task_id=task_id, batch=self._input(run, key), prompt=self.prompt, budget=self.budget, **common
+            )
+        elif task == "deadline_branch":
+            branch = BatchDeadlineBranchOperator(
+                task_id=task_id,
+                workload=WORKLOAD,
+                ledger_conn_id=None,
+                deadline=deadline,
+                publish_task_id="publish",
+                policy_task_id="sync_fallback",
+            )
+            return branch.choose_branch(context)  # type: ignore[arg-type]
+        elif task == "sync_fallback":
+            operator = BatchSyncFallbackOperator(
+                task_id=task_id, prompt=self.prompt, budget=self.budget, **common
+            )
+        elif task == "publish":
+            operator = ops.BatchPublishOperator(
+                task_id=task_id, max_attempts=self.attempts, prompt=self.prompt, budget=self.budget, **common
+            )
+        else:  # pragma: no cover - the plan names only the tasks above
+            raise AssertionError(task)
+        if task != "lease":
+            operator.pre_execute(context)
+        return operator.execute(context)
+
+
+def _twin_line(line: dict[str, Any]) -> dict[str, Any]:
+    """An error result line for ``line``'s custom id.
+
+    :param line: an OpenAI (``response``) or Anthropic (``result``) result line
+    """
+    twin = json.loads(json.dumps(line))
+    if "response" in twin:  # OpenAI
+        twin["response"] = {
+            "status_code": 500,
+            "body": {"error": {"message": "server error", "type": "server_error"}},
+        }
+        return twin
+    twin["result"] = {"type": "errored", "error": {"type": "api_error", "message": "overloaded"}}
+    return twin
+
+
+def airflow_says(workload: StatefulWorkload) -> Callable[[str | None, str | None], str | None]:
+    """What Airflow would answer for a run's state (``dagrun_state``), from the machine's runs.
+
+    :param workload: the workload
+    """
+
+    def state(dag_id: str | None, run_id: str | None) -> str | None:
+        for run in workload.runs:
+            if run.run_id == run_id:
+                if run.finished:
+                    return "success"
+                return "failed" if run.abandoned else "running"
+        return None
+
+    return state

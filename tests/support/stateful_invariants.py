@@ -1,0 +1,278 @@
+"""The exactly-once invariants, checked after every step of the stateful property test.
+
+:func:`check` compares a :class:`~tests.support.stateful.StatefulWorkload`'s ledger and published
+reports with the emulator's own record (``GET /_emulator/record``). It reuses the chaos suite's
+pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.item_key_of`,
+:func:`~tests.support.chaos.check_input_files`) and checks, always:
+
+- *sent once per recorded attempt*: no custom id is in two batches, and every custom id the
+  provider received (batch or real-time) is an attempt the ledger recorded;
+- *sent again only for a recorded reason*: an item answered and billed twice at one prompt
+  version had its earlier answer harvested and refused (a retryable outcome), or its input
+  changed in between; an answer that was billed and never harvested, or harvested as a success,
+  is a reason for nothing (a re-drive of it pays twice);
+- *a run keeps its prompt*: a ``v1`` (text) answer is never ``invalid_output`` (only the JSON
+  schema of ``v2`` can refuse one);
+- *the budget holds*: no run's report says it paid more than its budget;
+- *a finished run is history*: its report and its attempts stay as its publish left them, until
+  that run itself is cleared and published again (and then, when neither input nor prompt
+  changed, to the same report);
+
+and, once every run is finished (publish ran):
+
+- *every input row in exactly one final state or rejected* (the last run's input, at its prompt
+  version), and its item holds that input (a good record of an id over a bad one with the same
+  id, a fixed record over the one that went to review);
+- *no batch the ledger does not know*;
+- *the reported billed usage equals the emulator's bill* (the documented upper bound for
+  interrupted real-time sends allowed, as in the chaos suite; a batch the ledger knows only as a
+  job still in doubt is left out until it is resolved: the report lists the job instead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+
+from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.core.results import Usage
+from airflow_batch_provider.core.states import FINAL_STATES
+from airflow_batch_provider.ledger import schema as s
+from tests.support.chaos import expected_bill
+from tests.support.stateful import WORKLOAD, StatefulWorkload, comparable_report
+
+
+@dataclass
+class History:
+    """What the checker remembers between steps: each finished run's report and attempts.
+
+    :param reports: run id -> its comparable report at its last publish
+    :param attempts: run id -> its attempts at its last publish
+    """
+
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attempts: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+
+
+def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
+    with workload.ledger().engine.connect() as conn:
+        items = [
+            dict(r) for r in conn.execute(select(s.items).where(s.items.c.workload == WORKLOAD)).mappings()
+        ]
+        jobs = [dict(r) for r in conn.execute(select(s.jobs).where(s.jobs.c.workload == WORKLOAD)).mappings()]
+        attempts = [
+            dict(r)
+            for r in conn.execute(
+                select(s.attempts).where(s.attempts.c.workload == WORKLOAD).order_by(s.attempts.c.created_at)
+            ).mappings()
+        ]
+        runs = {
+            r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
+            for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
+        }
+    return {"items": items, "jobs": jobs, "attempts": attempts, "reports": runs}
+
+
+def _attempt_rows(attempts: list[dict[str, Any]], run_id: str) -> list[tuple[Any, ...]]:
+    cols = ("job_id", "custom_id", "item_key", "prompt_version", "attempt", "mode", "outcome", "discarded")
+    tokens = ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_tokens")
+    return sorted(tuple(a[c] for c in cols + tokens) for a in attempts if a["run_id"] == run_id)
+
+
+def check(workload: StatefulWorkload, history: History, published: str | None = None) -> list[str]:
+    """Check the invariants now; return the violations, one line each (empty: they hold).
+
+    :param workload: the workload
+    :param history: what earlier checks remembered (updated here)
+    :param published: the run whose publish task just ran, if one did
+    """
+    response = workload.http.get(f"{workload.url}/_emulator/record")
+    response.raise_for_status()
+    record: dict[str, Any] = response.json()
+    snap = _snapshot(workload)
+    attempts: list[dict[str, Any]] = snap["attempts"]
+    by_custom_id = {a["custom_id"]: a for a in attempts}
+    out: list[str] = []
+
+    # sent once per recorded attempt
+    batches = [(p, b) for p, bs in record.get("batches", {}).items() for b in bs]
+    seen: dict[str, list[str]] = defaultdict(list)
+    for _, batch in batches:
+        for custom_id in batch["custom_ids"]:
+            seen[custom_id].append(batch["id"])
+    for custom_id, ids in sorted(seen.items()):
+        if len(ids) > 1:
+            out.append(f"custom id {custom_id} sent in {len(ids)} batches: {ids}")
+        if custom_id not in by_custom_id:
+            out.append(f"custom id {custom_id} sent in batch {ids[0]} with no attempt in the ledger")
+    for answers in record.get("realtime", {}).values():
+        for answer in answers:
+            cid = answer.get("custom_id")
+            if cid and cid not in by_custom_id:
+                out.append(f"real-time answer for {cid} with no attempt in the ledger")
+
+    # sent again only for a recorded reason: every billed answer but the last of an item and
+    # prompt version was harvested and refused, or the input changed after it
+    billed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for _, batch in batches:
+        for custom_id in batch.get("billed") or {}:
+            attempt = by_custom_id.get(custom_id)
+            if attempt is not None:
+                billed[(attempt["item_key"], attempt["prompt_version"])].append(custom_id)
+    for answers in record.get("realtime", {}).values():
+        for answer in answers:
+            attempt = by_custom_id.get(answer.get("custom_id") or "")
+            if attempt is not None:
+                billed[(attempt["item_key"], attempt["prompt_version"])].append(attempt["custom_id"])
+    app_of = {i["item_key"]: i["app_id"] for i in snap["items"]}
+    for (key, version), custom_ids in sorted(billed.items()):
+        if len(custom_ids) < 2:
+            continue
+        ordered = sorted(
+            custom_ids, key=lambda c: (by_custom_id[c]["attempt"], by_custom_id[c]["created_at"])
+        )
+        edits = workload.edits.get(app_of.get(key, key), 0)
+        unexplained = [
+            c
+            for c in ordered[:-1]
+            if by_custom_id[c]["outcome"] in (None, "succeeded")
+            and by_custom_id[c]["error_code"] != "possibly_paid_twice"
+        ]
+        if len(unexplained) > edits:
+            detail = [(c, by_custom_id[c]["outcome"], by_custom_id[c]["error_code"]) for c in ordered]
+            out.append(
+                f"item {key} ({version}) answered and billed {len(ordered)} times, {len(unexplained)} of them "
+                f"never harvested or harvested as a success, with {edits} input changes: {detail}"
+            )
+
+    # a run keeps its prompt: a v1 (text) answer is never judged by v2's JSON schema
+    for a in attempts:
+        if a["prompt_version"] == "v1" and (
+            a["outcome"] == "invalid_output" or a["error_code"] == "invalid_output"
+        ):
+            out.append(
+                f"v1 answer {a['custom_id']} (run {a['run_id']}) judged invalid_output: by another prompt's schema"
+            )
+    # a run's budget holds for everything it pays
+    if workload.budget.budget_usd is not None:
+        limit = Decimal(str(workload.budget.budget_usd))
+        for run_id, report in snap["reports"].items():
+            if report and Decimal(report["paid"]) > limit:
+                out.append(f"run {run_id} paid ${report['paid']}, over its budget of ${limit}")
+
+    # a finished run is history
+    reports: Mapping[str, Any] = snap["reports"]
+    for run in workload.runs:
+        report = reports.get(run.run_id)
+        now = comparable_report(report) if report else None
+        rows = _attempt_rows(attempts, run.run_id)
+        if published == run.run_id and now is not None:
+            before = history.reports.get(run.run_id)
+            if (
+                before is not None
+                and run.report is not None
+                and not run.published_after_change
+                and before != now
+            ):
+                out.append(
+                    f"run {run.run_id} published again with nothing changed and its report differs: "
+                    f"{_diff(before, now)}"
+                )
+            history.reports[run.run_id] = now
+            history.attempts[run.run_id] = rows
+            run.report = now
+            continue
+        if run.run_id in history.reports and run.finished:
+            if now != history.reports[run.run_id]:
+                out.append(
+                    f"finished run {run.run_id}'s report changed: {_diff(history.reports[run.run_id], now or {})}"
+                )
+                history.reports[run.run_id] = now or {}
+            if rows != history.attempts[run.run_id]:
+                gone = sorted(set(history.attempts[run.run_id]) - set(rows))[:3]
+                new = sorted(set(rows) - set(history.attempts[run.run_id]))[:3]
+                out.append(f"finished run {run.run_id}'s attempts changed: was {gone}, now {new}")
+                history.attempts[run.run_id] = rows
+
+    if workload.runs and all(r.finished for r in workload.runs):
+        out += _at_rest(workload, record, snap)
+    return out
+
+
+def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    last = workload.runs[-1]
+    version = last.prompt_version
+    rejected = set(workload.rejects(last.run_id))
+    rows = {(i["item_key"], i["prompt_version"]): i for i in snap["items"]}
+    # the input the last run read is the input its items hold (a good record of an id wins over a
+    # bad one; a fixed record replaces the one that went to review)
+    renderable: dict[str, set[str]] = defaultdict(set)
+    for rec in last.records:
+        if "text" in rec and last.prompt is not None:
+            renderable[rec["id"]].add(last.prompt.render(rec).input_hash)
+    for app_id, hashes in sorted(renderable.items()):
+        row = rows.get((item_key(app_id), version))
+        if row is not None and row["input_hash"] not in hashes:
+            out.append(
+                f"input row {app_id} ({version}): the item holds another input than the last run read "
+                f"(state {row['state']}, {row['error_code']})"
+            )
+    for rec in last.records:
+        row = rows.get((item_key(rec["id"]), version))
+        if row is None:
+            if rec["id"] not in rejected:
+                out.append(f"input row {rec['id']} ({version}): no item and not rejected")
+        elif row["state"] not in FINAL_STATES:
+            out.append(f"input row {rec['id']} ({version}): {row['state']} after every run finished")
+
+    known = {str(j["batch_id"]) for j in snap["jobs"] if j.get("batch_id")}
+    # a job in doubt is the ledger knowing a batch may exist without its id: its batch is known
+    in_doubt = {j["job_id"] for j in snap["jobs"] if j["state"] == "in_doubt"}
+    doubted = {a["custom_id"] for a in snap["attempts"] if a["job_id"] in in_doubt}
+    for provider, batches in record.get("batches", {}).items():
+        for b in batches:
+            if b["id"] not in known and not (b["custom_ids"] and set(b["custom_ids"]) <= doubted):
+                out.append(
+                    f"{provider} batch {b['id']} ({b['request_count']} requests, {b['status']}) not in the ledger"
+                )
+
+    sync_attempts: dict[str, list[Any]] = defaultdict(list)
+    for a in snap["attempts"]:
+        if a["mode"] == "sync":
+            sync_attempts[a["item_key"]].append(a)
+    # a batch the ledger knows only as a job in doubt is not priced until a person (or a wait
+    # task) resolves it: the report lists the job under in_doubt_jobs instead
+    settled = {
+        provider: [
+            b
+            for b in batches
+            if b["id"] in known or not (b["custom_ids"] and set(b["custom_ids"]) <= doubted)
+        ]
+        for provider, batches in record.get("batches", {}).items()
+    }
+    bill = expected_bill({**record, "batches": settled}, sync_attempts, workload.provider, workload.model)
+    usage, paid = Usage(), Decimal(0)
+    for run in workload.runs:
+        report = snap["reports"].get(run.run_id)
+        if report is None:
+            out.append(f"run {run.run_id} published no report")
+            continue
+        usage += Usage(**report["usage"])
+        paid += Decimal(report["paid"])
+    if usage != bill.usage:
+        out.append(f"the reports count {usage}, the emulator billed {bill.usage}")
+    if paid != bill.paid:
+        out.append(f"the reports say ${paid}, the emulator's bill is ${bill.paid}")
+    return out
+
+
+def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    keys = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    return "; ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys[:6])
