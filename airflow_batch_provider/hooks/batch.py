@@ -79,7 +79,8 @@ class BatchHook(BaseHook):
     """
 
     conn_name_attr = "batch_conn_id"
-    default_conn_name = "batch_default"
+    # the connection the README creates; operators and the sensor default to it
+    default_conn_name = "openai_batch_default"
     conn_type = "openai_batch"
     hook_name = "LLM Batch"
 

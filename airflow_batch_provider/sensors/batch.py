@@ -21,6 +21,7 @@ from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.services.runs import check_run_connection
+from airflow_batch_provider.settings import default_poll_policy
 from airflow_batch_provider.triggers.batch import TRIGGER_STATUSES, BatchStatusTrigger, count_poll_error
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class BatchStatusSensor(BaseSensorOperator):
         alerts: BatchAlerts | None = None,
         **kwargs: Any,
     ) -> None:
-        policy = poll or PollPolicy()
+        policy = poll or default_poll_policy()
         kwargs.setdefault("timeout", 60 * 60 * 27)
         kwargs.setdefault("poke_interval", policy.initial_interval)
         if policy.factor > 1:

@@ -6,6 +6,7 @@ import io
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -261,3 +262,18 @@ def test_reschedule_mode_pokes_without_deferral_and_frees_the_slot_until_the_bat
     fresh = sensor(batch, deferrable=False, mode="reschedule")  # a rescheduled try is a new task object
     result = fresh.execute(context)
     assert result["state"] == "completed" and result["batch_id"] == batch["batch_id"]
+
+
+def test_a_sensor_on_its_own_polls_with_the_configured_intervals_like_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL", "2")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL", "20")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_CONSECUTIVE_ERRORS", "9")
+    sensor = BatchStatusSensor(task_id="wait", batch={"batch_id": "b"})
+    assert (sensor.poke_interval, sensor.max_wait) == (2.0, timedelta(seconds=20))
+    assert sensor.poll.max_consecutive_errors == 9
+
+
+def test_a_sensor_waits_on_the_connection_the_docs_name_by_default() -> None:
+    assert BatchStatusSensor(task_id="wait", batch={"batch_id": "b"}).batch_conn_id == "openai_batch_default"
