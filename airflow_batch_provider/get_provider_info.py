@@ -301,6 +301,11 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "connection-types": _connection_types(),
+        # `airflow providers links` lists them; the submit and wait tasks show them
+        "extra-links": [
+            "airflow_batch_provider.links.batch.BatchConsoleLink",
+            "airflow_batch_provider.links.batch.LedgerRunLink",
+        ],
         # gs:// for ObjectStoragePath through gcsfs when the Google provider (which serves it
         # itself) is not installed; the module's ``schemes`` is empty otherwise
         "filesystems": ["airflow_batch_provider.hooks.google"],

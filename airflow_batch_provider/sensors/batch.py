@@ -174,7 +174,7 @@ class BatchStatusSensor(BaseSensorOperator):
             self._log_progress(status)
         if decision.action != "wait":
             return self._finish(context, decision.action, status, decision.reason)
-        persist_links(context, self.adapter.name, [batch["batch_id"]])
+        persist_links(context, self.adapter.name, [batch["batch_id"]], self.adapter.settings.base_url)
         self.defer(
             trigger=BatchStatusTrigger(
                 batch_conn_id=self.batch_conn_id,
@@ -219,7 +219,7 @@ class BatchStatusSensor(BaseSensorOperator):
             batch = resolved
             self.batch = batch
             state = start(policy, float(batch["submitted_at"]))
-        persist_links(context, self.adapter.name, [batch["batch_id"]])
+        persist_links(context, self.adapter.name, [batch["batch_id"]], self.adapter.settings.base_url)
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
         status, error = self._read(ref)
         decision = decide(policy, state, time.time(), status=status, error=error)
