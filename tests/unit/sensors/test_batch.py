@@ -193,9 +193,14 @@ def test_deferral_follows_the_operators_default_deferrable_setting_like_the_offi
 
 
 def test_a_deferred_wait_keeps_the_sensor_timeout_and_has_stored_its_console_link_naming_the_batch(
-    emulator: str,
+    emulator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+
+    # the emulator's host is not api.openai.com: its console page is the configured one
+    monkeypatch.setenv(
+        "AIRFLOW__BATCH_PROVIDER__CONSOLE_URLS", json.dumps({"openai": emulator + "/b/{batch_id}"})
+    )
 
     httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
     batch = submitted(emulator, "k7")
@@ -204,7 +209,7 @@ def test_a_deferred_wait_keeps_the_sensor_timeout_and_has_stored_its_console_lin
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(link_context(xcom))
     assert deferred.value.timeout is not None and deferred.value.timeout.total_seconds() == 3600
-    assert xcom[BatchConsoleLink().xcom_key] == f"https://platform.openai.com/batches/{batch['batch_id']}"
+    assert xcom[BatchConsoleLink().xcom_key] == f"{emulator}/b/{batch['batch_id']}"
     assert "run_id=" in xcom[LedgerRunLink().xcom_key] and "dag_id=nightly" in xcom[LedgerRunLink().xcom_key]
     assert [type(link) for link in op.operator_extra_links] == [BatchConsoleLink, LedgerRunLink]
 
