@@ -56,10 +56,19 @@ def _actor(value: str | None) -> str:
         return "unknown"
 
 
-def _emit(out: TextIO, rows: Sequence[Any], as_json: bool, columns: Sequence[str]) -> None:
+#: ``-o/--output`` choices, as Airflow's own list commands have them
+OUTPUTS = ("table", "json", "yaml")
+
+
+def _emit(out: TextIO, rows: Sequence[Any], output: str, columns: Sequence[str]) -> None:
     dicts = [asdict(r) for r in rows]
-    if as_json:
+    if output == "json":
         out.write(json.dumps(dicts, default=str, indent=2) + "\n")
+        return
+    if output == "yaml":
+        import yaml
+
+        out.write(yaml.safe_dump(json.loads(json.dumps(dicts, default=str)), sort_keys=False))
         return
     if not dicts:
         out.write("(none)\n")
@@ -81,7 +90,10 @@ def _review(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "list":
         rows = ledger.review_items(args.workload, args.error_code, limit=args.limit, offset=args.offset)
         _emit(
-            out, rows, args.json, ("item_key", "prompt_version", "app_id", "error_code", "attempts", "run_id")
+            out,
+            rows,
+            args.output,
+            ("item_key", "prompt_version", "app_id", "error_code", "attempts", "run_id"),
         )
         return 0
     actor = _actor(args.actor)
@@ -100,7 +112,7 @@ def _review(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
 def _jobs(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "in-doubt":
         rows = ledger.jobs_in_doubt(args.workload)
-        _emit(out, rows, args.json, ("job_id", "provider", "lines", "in_doubt_at", "in_doubt_reason"))
+        _emit(out, rows, args.output, ("job_id", "provider", "lines", "in_doubt_at", "in_doubt_reason"))
         return 0
     job = ledger.resolve_job(args.job_id, args.batch_id, _actor(args.actor), args.note)
     out.write(
@@ -125,7 +137,10 @@ def _lease(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "show":
         lease = ledger.workload_lease(args.workload)
         _emit(
-            out, [lease] if lease else [], args.json, ("workload", "run_id", "dag_id", "owner", "acquired_at")
+            out,
+            [lease] if lease else [],
+            args.output,
+            ("workload", "run_id", "dag_id", "owner", "acquired_at"),
         )
         return 0
     held = ledger.workload_lease(args.workload)
@@ -146,7 +161,7 @@ def _fallback(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
 
     if args.action == "list":
         rows = stranded_fallback(ledger, args.workload)
-        _emit(out, rows, args.json, ("workload", "run_id", "items", "holds_lease", "since"))
+        _emit(out, rows, args.output, ("workload", "run_id", "items", "holds_lease", "since"))
         return 0
     why = args.reason if args.action == "redrive" else args.note
     n = settle_stranded_fallback(
@@ -161,9 +176,12 @@ def _fallback(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     return 0 if n else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line (``airflow-batch --help``)."""
-    parser = argparse.ArgumentParser(prog="airflow-batch", description=(__doc__ or "").split("\n\n")[0])
+def build_parser(prog: str = "airflow-batch") -> argparse.ArgumentParser:
+    """The command line (``airflow-batch --help``, or ``airflow batch --help``).
+
+    :param prog: the name it is run as
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger (default: from Airflow's config)")
     parser.add_argument(
         "--conn-id", help="an Airflow ledger connection (default: [batch_provider] ledger_conn_id)"
@@ -173,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, workload: bool = True) -> None:
         if workload:
             p.add_argument("--workload", required=True)
-        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument(
+            "-o", "--output", choices=OUTPUTS, default="table", help="output format (default: table)"
+        )
+        p.add_argument("--json", dest="output", action="store_const", const="json", help="same as -o json")
         p.add_argument("--actor", help="who acts (default: the login name)")
 
     def address(p: argparse.ArgumentParser) -> None:
@@ -247,14 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str = "airflow-batch") -> int:
     """Run the command line; return the exit status (0: done, 1: nothing done, 2: an error).
 
     :param argv: arguments (default: ``sys.argv[1:]``)
     :param out: where to write (default: standard output)
+    :param prog: the name it is run as (in help and error messages)
     """
     out = out or sys.stdout
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     try:
         ledger = Ledger.from_url(resolve_ledger_url(args.ledger_url, args.conn_id))
         try:
@@ -263,7 +285,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         finally:
             ledger.engine.dispose()
     except BatchProviderError as exc:
-        sys.stderr.write(f"airflow-batch: {exc}\n")
+        sys.stderr.write(f"{prog}: {exc}\n")
         return 2
 
 

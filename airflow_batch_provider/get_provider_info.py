@@ -301,6 +301,13 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "connection-types": _connection_types(),
+        # `airflow batch ...`: the airflow-batch command line inside Airflow's
+        "cli": ["airflow_batch_provider.cli_commands.get_batch_cli_commands"],
+        # `airflow providers links` lists them; the submit and wait tasks show them
+        "extra-links": [
+            "airflow_batch_provider.links.batch.BatchConsoleLink",
+            "airflow_batch_provider.links.batch.LedgerRunLink",
+        ],
         # gs:// for ObjectStoragePath through gcsfs when the Google provider (which serves it
         # itself) is not installed; the module's ``schemes`` is empty otherwise
         "filesystems": ["airflow_batch_provider.hooks.google"],

@@ -68,23 +68,11 @@ from airflow_batch_provider.operators.deadline import (
     BatchDeadlineSettleOperator,
 )
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
+from airflow_batch_provider.prompt_path import resolve_prompt_path
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
-from airflow_batch_provider.settings import get_setting
+from airflow_batch_provider.settings import default_poll_policy
 
-
-def default_poll_policy() -> PollPolicy:
-    """The poll policy from the ``[batch_provider]`` config.
-
-    Options: ``poll_initial_interval``, ``poll_factor``, ``poll_max_interval``,
-    ``poll_max_consecutive_errors`` and ``poll_timeout``.
-    """
-    return PollPolicy(
-        initial_interval=float(get_setting("poll_initial_interval", "30")),
-        factor=float(get_setting("poll_factor", "1.5")),
-        max_interval=float(get_setting("poll_max_interval", "600")),
-        max_consecutive_errors=int(get_setting("poll_max_consecutive_errors", "5")),
-        timeout=float(get_setting("poll_timeout", str(26 * 3600))),
-    )
+__all__ = ["batch_inference_group", "default_poll_policy"]
 
 
 def batch_inference_group(
@@ -119,8 +107,9 @@ def batch_inference_group(
 
     :param workload: the workload's name (ledger namespace, staging folder)
     :param records: JSONL/CSV path or URL, or a callable(context) returning dicts
-    :param prompt: the prompt, the path of its YAML file, or a callable(context) returning the
-        prompt when the task runs (e.g. its model from an Airflow Variable)
+    :param prompt: the prompt, the path of its YAML file (a relative path is resolved against the
+        DAG file's folder and must exist when the DAG is parsed), or a callable(context) returning
+        the prompt when the task runs (e.g. its model from an Airflow Variable)
     :param batch_conn_id: provider connection; its type picks the adapter (change it, and the
         model in the prompt, to move the workload to another provider); templated, e.g.
         ``"{{ var.value.get('my_conn_id', 'openai_batch_default') }}"`` to choose it at run time
@@ -181,6 +170,7 @@ def batch_inference_group(
         "staging_root": staging_root,
         "staging_conn_id": staging_conn_id,
     }
+    prompt = resolve_prompt_path(prompt)  # beside the DAG file, and there now, not at run time
     check_exhausted(exhausted, prompt)
     # self-hosted lane: a pod task per chunk replaces upload + submit + wait
     lane_built = built_lane(lane, batch_conn_id)

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_batch_provider.core.policy import PollPolicy
+
 if TYPE_CHECKING:
     from airflow_batch_provider.core.pricing import PriceTable
 
@@ -24,6 +26,21 @@ def get_setting(key: str, default: str) -> str:
 
     value = conf.get("batch_provider", key, fallback=None)
     return str(value) if value not in (None, "") else default
+
+
+def default_poll_policy() -> PollPolicy:
+    """The poll policy from the ``[batch_provider]`` config (the group's and a lone sensor's default).
+
+    Options: ``poll_initial_interval``, ``poll_factor``, ``poll_max_interval``,
+    ``poll_max_consecutive_errors`` and ``poll_timeout``.
+    """
+    return PollPolicy(
+        initial_interval=float(get_setting("poll_initial_interval", "30")),
+        factor=float(get_setting("poll_factor", "1.5")),
+        max_interval=float(get_setting("poll_max_interval", "600")),
+        max_consecutive_errors=int(get_setting("poll_max_consecutive_errors", "5")),
+        timeout=float(get_setting("poll_timeout", str(26 * 3600))),
+    )
 
 
 def airflow_home() -> Path:

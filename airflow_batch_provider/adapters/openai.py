@@ -67,6 +67,22 @@ _STATES = {
 }
 
 
+def api_base_url(url: str) -> str:
+    """The SDK's base URL of a connection host: a bare host (``http://127.0.0.1:8089``) gets ``/v1``.
+
+    OpenAI's SDK appends ``/batches`` to its base URL, so a host without the ``/v1`` the API
+    lives under would answer 404; a host that names a path (``/v1``, a proxy's ``/openai/v1``)
+    is kept as it is.
+
+    :param url: the connection's host
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, _, path = rest.partition("/")
+    return url if path.strip("/") else f"{scheme}://{authority}/v1"
+
+
 def _client_kwargs(settings: AdapterSettings) -> dict[str, Any]:
     extra = settings.extra
     kwargs: dict[str, Any] = {
@@ -79,7 +95,7 @@ def _client_kwargs(settings: AdapterSettings) -> dict[str, Any]:
         kwargs["azure_endpoint"] = settings.base_url
     else:
         if settings.base_url:
-            kwargs["base_url"] = settings.base_url
+            kwargs["base_url"] = api_base_url(settings.base_url)
         for name in ("organization", "project"):
             if extra.get(name):
                 kwargs[name] = extra[name]

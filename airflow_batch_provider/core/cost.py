@@ -31,10 +31,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
+from airflow_batch_provider.core.price_age import price_age_warning
 from airflow_batch_provider.core.pricing import (
     ModelPrice,
     PriceMode,
@@ -219,8 +221,11 @@ class RunCostReport:
             },
         }
 
-    def render_table(self) -> str:
-        """Return a plain-text table for the task log (amounts rounded for display only)."""
+    def render_table(self, today: date | None = None) -> str:
+        """Return a plain-text table for the task log (amounts rounded for display only).
+
+        :param today: the report's date, against which the price table's age is checked (default: today)
+        """
 
         def counts(mapping: Mapping[str, int]) -> str:
             return ", ".join(f"{k} {v:,}" for k, v in mapping.items() if v) or "none"
@@ -270,7 +275,8 @@ class RunCostReport:
         title = f"Run cost ({self.currency}, prices as of {self.prices_as_of})"
         rule = "-" * max(len(title), width + 2 + max(len(v) for _, v in rows))
         lines = [title, rule, *(f"{label.ljust(width)}  {value}" for label, value in rows), rule]
-        return "\n".join(lines)
+        stale = price_age_warning(self.prices_as_of, today or date.today())
+        return "\n".join([*lines, stale] if stale else lines)
 
 
 def _attempt_kind(attempt: AttemptRecord, batch_index: int) -> AttemptKind:

@@ -161,9 +161,14 @@ def decimal_str(amount: Decimal) -> str:
 def format_usd(amount: Decimal, places: int = 2) -> str:
     """Round an amount half up for display only, e.g. ``$1,234.57``.
 
+    An amount under a cent keeps its first two significant digits (``$0.0042``, not ``$0.00``),
+    so a small run's report does not read as free.
+
     :param amount: the exact amount
-    :param places: decimal places to show
+    :param places: decimal places to show (at least; more for an amount under a cent)
     """
+    if amount and abs(amount) < Decimal("0.01"):
+        places = min(max(places, 1 - abs(amount).adjusted()), 12)
     quantum = Decimal(1).scaleb(-places)
     rounded = amount.quantize(quantum, rounding=ROUND_HALF_UP)
     sign = "-" if rounded < 0 else ""

@@ -31,6 +31,8 @@ from airflow_batch_provider.get_provider_info import get_provider_info
 HOOKS: dict[str, str] = {
     entry["connection-type"]: entry["hook-class-name"] for entry in get_provider_info()["connection-types"]
 }
+# the OpenAI provider's own connection type is read (and tested) as an ``openai_batch`` one
+HOOKS["openai"] = HOOKS["openai_batch"]
 
 
 def settings_from_connection(conn: Any) -> AdapterSettings:
@@ -79,7 +81,8 @@ class BatchHook(BaseHook):
     """
 
     conn_name_attr = "batch_conn_id"
-    default_conn_name = "batch_default"
+    # the connection the README creates; operators and the sensor default to it
+    default_conn_name = "openai_batch_default"
     conn_type = "openai_batch"
     hook_name = "LLM Batch"
 

@@ -9,8 +9,11 @@ Console pages, by provider (``{batch_id}``, ``{region}`` are filled in; ``[batch
 console_urls`` — a JSON object of provider name to such a template — adds or replaces them, e.g.
 to point at a gateway or the emulator)::
 
-    openai   https://platform.openai.com/batches/{batch_id}
+    openai   https://platform.openai.com/batches/{batch_id}   (only for api.openai.com)
 
+A shipped template belongs to the provider's own API host: a batch created through another
+OpenAI-compatible host (Azure, a LiteLLM proxy, the emulator) gets the run's LLM batch page, never
+platform.openai.com, unless ``console_urls`` names a template for it.
 The other providers have no default here: their console addresses depend on the workspace,
 project or account, so a deployment sets them in ``console_urls``. A provider without a template
 gets the run's LLM batch page instead, which lists every batch of the run.
@@ -22,7 +25,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
 CONSOLE_URLS: Final[Mapping[str, str]] = {
     "openai": "https://platform.openai.com/batches/{batch_id}",
 }
+#: The API hosts whose batches the shipped :data:`CONSOLE_URLS` template shows (no host: the SDK's default).
+CONSOLE_HOSTS: Final[Mapping[str, frozenset[str]]] = {"openai": frozenset({"api.openai.com"})}
 #: Where the plugin mounts the LLM batch page (see ``plugins.batch_progress.URL_PREFIX``).
 PAGE_PREFIX: Final = "/llm-batch"
 _REGION_IN_ARN = re.compile(r"^arn:[^:]+:[^:]+:([a-z0-9-]+):")
@@ -56,8 +61,21 @@ def console_templates() -> dict[str, str]:
     return {**CONSOLE_URLS, **extra}
 
 
+def _shipped_host(provider: str, base_url: str | None) -> bool:
+    """Say whether ``base_url`` (``None``: the SDK's default) is the provider's own API host."""
+    if not base_url:
+        return True
+    host = urlsplit(base_url if "://" in base_url else f"https://{base_url}").hostname or ""
+    return host in CONSOLE_HOSTS.get(provider, frozenset())
+
+
 def console_url(
-    provider: str, batch_id: str, *, region: str | None = None, templates: Mapping[str, str] | None = None
+    provider: str,
+    batch_id: str,
+    *,
+    region: str | None = None,
+    templates: Mapping[str, str] | None = None,
+    base_url: str | None = None,
 ) -> str | None:
     """The provider's console page of one batch, or ``None`` when no template is known.
 
@@ -65,10 +83,15 @@ def console_url(
     :param batch_id: the provider's batch id (a Bedrock job ARN carries its region)
     :param region: the region, where the provider has regions (else taken from an ARN)
     :param templates: templates by provider (default: :func:`console_templates`)
+    :param base_url: the connection's API host (``None``: the SDK's default); a shipped template is
+        used only for its own host
     """
-    template = (templates if templates is not None else console_templates()).get(provider)
+    known = templates if templates is not None else console_templates()
+    template = known.get(provider)
     if not template or not batch_id:
         return None
+    if template == CONSOLE_URLS.get(provider) and not _shipped_host(provider, base_url):
+        return None  # another host's batch: the shipped console would show someone else's account
     found = _REGION_IN_ARN.match(batch_id)
     region = region or (found.group(1) if found else "")
     return template.format(batch_id=quote(batch_id, safe=""), region=quote(region, safe=""))
@@ -127,6 +150,7 @@ class BatchConsoleLink(_StoredLink):
         provider: str,
         batch_ids: Sequence[str],
         region: str | None = None,
+        base_url: str | None = None,
     ) -> str:
         """Store the link now (call it before deferring); returns the URL stored.
 
@@ -134,8 +158,10 @@ class BatchConsoleLink(_StoredLink):
         :param provider: provider (adapter) name
         :param batch_ids: the task's provider batch ids
         :param region: the region, for providers with regions
+        :param base_url: the connection's API host (``None``: the SDK's default)
         """
-        url = console_url(provider, batch_ids[0], region=region) if len(batch_ids) == 1 else None
+        one = len(batch_ids) == 1
+        url = console_url(provider, batch_ids[0], region=region, base_url=base_url) if one else None
         if url is None:
             url = run_page_url(context["dag"].dag_id, context["run_id"])
         return cls._push(context, url)

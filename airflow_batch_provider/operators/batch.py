@@ -129,7 +129,9 @@ def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: Ba
         log.exception("alert %s of %s could not be sent", event.kind, event.workload)
 
 
-def persist_links(context: Mapping[str, Any], provider: str, batch_ids: Sequence[str]) -> str | None:
+def persist_links(
+    context: Mapping[str, Any], provider: str, batch_ids: Sequence[str], base_url: str | None = None
+) -> str | None:
     """Store the "Provider batch" and "LLM batch run" links of a task now (before it defers).
 
     Returns the console URL stored, or ``None`` when the context cannot store links (no task
@@ -138,13 +140,16 @@ def persist_links(context: Mapping[str, Any], provider: str, batch_ids: Sequence
     :param context: the task context
     :param provider: provider (adapter) name
     :param batch_ids: the task's provider batch ids
+    :param base_url: the connection's API host (a shipped console page is only for its own host)
     """
     from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 
     if context.get("ti") is None or context.get("dag") is None or not batch_ids:
         return None
     try:
-        url = BatchConsoleLink.persist(context, provider=provider, batch_ids=list(batch_ids))
+        url = BatchConsoleLink.persist(
+            context, provider=provider, batch_ids=list(batch_ids), base_url=base_url
+        )
         LedgerRunLink.persist(context)
     except Exception as exc:
         log.warning("the extra links of batch %s could not be stored: %s", ", ".join(batch_ids), exc)
@@ -888,7 +893,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         finally:
             self._claim = None
         if done.batch_id:
-            persist_links(context, self.adapter.name, [done.batch_id])
+            persist_links(context, self.adapter.name, [done.batch_id], self.adapter.settings.base_url)
         return done.to_xcom(self.adapter.name, key)
 
     def resume(self, context: Context, event: Any = None) -> dict[str, Any]:

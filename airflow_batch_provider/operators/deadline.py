@@ -38,6 +38,7 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.operators.batch import BatchBaseOperator, batch_ended, emit_alert, known_job
 from airflow_batch_provider.services import harvest
+from airflow_batch_provider.settings import default_poll_policy
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -175,7 +176,7 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
     :param batch: the sensor's result for one job
     :param deadline: the group's deadline options: ``harvest_timeout_s`` is how long to wait for
         the terminal state after the cancel (``None``: :data:`HARVEST_TIMEOUT_S`, 600 seconds)
-    :param poll: the run's poll policy (default :class:`PollPolicy`)
+    :param poll: the run's poll policy (default: the ``[batch_provider]`` poll options)
     """
 
     template_fields: Sequence[str] = (*BatchBaseOperator.template_fields, "batch")
@@ -193,7 +194,7 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
         self.batch = batch
         self.deadline = deadline
         self.harvest_timeout = deadline.harvest_timeout_s if deadline is not None else HARVEST_TIMEOUT_S
-        self.poll = poll or PollPolicy()
+        self.poll = poll or default_poll_policy()
 
     def execute(self, context: Context) -> dict[str, Any]:
         batch = dict(self.batch)

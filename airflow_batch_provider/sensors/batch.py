@@ -22,6 +22,7 @@ from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.services.runs import check_run_connection
+from airflow_batch_provider.settings import default_poll_policy
 from airflow_batch_provider.triggers.batch import TRIGGER_STATUSES, BatchStatusTrigger, count_poll_error
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class BatchStatusSensor(BaseSensorOperator):
         alerts: BatchAlerts | None = None,
         **kwargs: Any,
     ) -> None:
-        policy = poll or PollPolicy()
+        policy = poll or default_poll_policy()
         kwargs.setdefault("timeout", 60 * 60 * 27)
         kwargs.setdefault("poke_interval", policy.initial_interval)
         if policy.factor > 1:
@@ -218,7 +219,7 @@ class BatchStatusSensor(BaseSensorOperator):
             self._log_progress(status)
         if decision.action != "wait":
             return self._finish(context, decision.action, status, decision.reason)
-        persist_links(context, self.adapter.name, [batch["batch_id"]])
+        persist_links(context, self.adapter.name, [batch["batch_id"]], self.adapter.settings.base_url)
         self.defer(
             trigger=BatchStatusTrigger(
                 batch_conn_id=self.batch_conn_id,
@@ -263,7 +264,7 @@ class BatchStatusSensor(BaseSensorOperator):
             batch = resolved
             self.batch = batch
             state = start(policy, float(batch["submitted_at"]))
-        persist_links(context, self.adapter.name, [batch["batch_id"]])
+        persist_links(context, self.adapter.name, [batch["batch_id"]], self.adapter.settings.base_url)
         ref = BatchRef(self.adapter.name, batch["batch_id"], batch["idempotency_key"])
         status, error = self._read(ref)
         decision = decide(policy, state, time.time(), status=status, error=error)

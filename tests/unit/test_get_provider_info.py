@@ -54,6 +54,10 @@ def test_airflow_lists_the_provider_and_its_connection_types(airflow_home: dict[
     hooks = run_airflow(airflow_home, "providers", "hooks", "--output", "json")
     assert hooks.returncode == 0, tail(hooks)
     assert "openai_batch" in hooks.stdout
+    links = run_airflow(airflow_home, "providers", "links", "--output", "json")
+    assert links.returncode == 0, tail(links)
+    assert "airflow_batch_provider.links.batch.BatchConsoleLink" in links.stdout
+    assert "airflow_batch_provider.links.batch.LedgerRunLink" in links.stdout
 
 
 def test_every_setting_the_package_reads_is_declared_in_the_config_section() -> None:

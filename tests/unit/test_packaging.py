@@ -25,8 +25,9 @@ RUNTIME_EXTRAS = {
     "google",
     "postgres",
     "emulator",
-    "stack",
 }
+# development requirements: PEP 735 dependency groups, never published as extras
+DEV_GROUPS = {"stack", "test", "test-google"}
 
 
 def pins(name: str = "constraints.txt") -> dict[str, Version]:
@@ -48,6 +49,8 @@ def runtime_requirements() -> list[Requirement]:
     for extra, reqs in project["optional-dependencies"].items():
         if extra in RUNTIME_EXTRAS:
             declared += [Requirement(r) for r in reqs]
+    # the stack's runtime pieces (asyncpg, the Celery provider) are floors the tests run with too
+    declared += [Requirement(r) for r in PYPROJECT["dependency-groups"]["stack"]]
     return declared
 
 
@@ -88,7 +91,8 @@ def test_the_google_environment_differs_from_the_main_pins_only_where_the_google
 def test_the_google_extra_stays_out_of_all_because_it_cannot_sit_beside_the_openai_extra() -> None:
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert "google" not in extras["all"][0] and "openai" in extras["all"][0]
-    assert "airflow-batch-provider[google,gemini,emulator,postgres]" in extras["test-google"]
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "-e '.[google,gemini,emulator,postgres]' --group test-google" in makefile
     openai_floor = [
         Version(s.version) for s in Requirement(extras["openai"][0]).specifier if s.operator == ">="
     ]
@@ -228,3 +232,21 @@ def test_project_urls_are_absolute_https_addresses_or_absent() -> None:
     urls = PYPROJECT["project"].get("urls", {})
     bad = {k: v for k, v in urls.items() if not re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", v)}
     assert not bad, f"project URLs must be absolute https addresses: {bad}"
+
+
+def test_development_requirements_are_dependency_groups_not_published_extras() -> None:
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    assert not extras & DEV_GROUPS, f"published development extras: {sorted(extras & DEV_GROUPS)}"
+    assert set(PYPROJECT["dependency-groups"]) == DEV_GROUPS
+    assert extras == RUNTIME_EXTRAS | {"all"}
+
+
+def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified() -> None:
+    project = PYPROJECT["project"]
+    assert project["license"] == "Apache-2.0"
+    classifiers = set(project["classifiers"])
+    assert (
+        f"Programming Language :: Python :: {sys.version_info.major}.{sys.version_info.minor}" in classifiers
+    )
+    floor = project["requires-python"].removeprefix(">=")
+    assert f"Programming Language :: Python :: {floor}" in classifiers

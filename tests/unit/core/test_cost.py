@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
@@ -364,3 +366,19 @@ def test_an_estimate_over_budget_raises_with_estimate_budget_and_fix(table: Pric
     assert "1,000 batch requests to anthropic" in message
     assert "budget_usd" in message
     assert "max_tokens" in message
+
+
+def test_a_report_priced_from_a_table_older_than_ninety_days_says_so(table: PriceTable) -> None:
+    report = compute_run_cost([item("succeeded", "batch", AttemptRecord(Usage(1, 1), "batch"))], table)
+    read = date.fromisoformat(table.as_of)
+    assert "warning" not in report.render_table(today=read + timedelta(days=90))
+    stale = report.render_table(today=read + timedelta(days=91))
+    assert f"warning: prices as of {table.as_of} are 91 days old" in stale
+    assert "pricing_override" in stale
+
+
+def test_a_small_run_s_report_shows_its_cost_under_a_cent(table: PriceTable) -> None:
+    row = item("succeeded", "batch", AttemptRecord(Usage(1_000, 100), "batch"))
+    text = compute_run_cost([row] * 3, table).render_table()
+    paid = next(line for line in text.splitlines() if line.startswith("paid"))
+    assert re.fullmatch(r"\$0\.00\d\d+", paid.split()[-1]), paid

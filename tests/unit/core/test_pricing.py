@@ -301,3 +301,11 @@ def test_moderations_are_priced_and_free(table: PriceTable) -> None:
     price = table.price("openai", "omni-moderation-latest")
     assert price.matched == "omni-moderation"
     assert cost(Usage(input_tokens=10_000), price, "sync") == Decimal(0)
+
+
+def test_an_amount_under_a_cent_shows_its_first_two_significant_digits() -> None:
+    assert format_usd(Decimal("0.0042")) == "$0.0042"
+    assert format_usd(Decimal("0.00004631")) == "$0.000046"
+    assert format_usd(Decimal("-0.005")) == "-$0.0050"
+    assert format_usd(Decimal("0")) == "$0.00"
+    assert format_usd(Decimal("0.01")) == "$0.01"

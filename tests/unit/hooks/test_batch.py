@@ -235,3 +235,23 @@ async def test_a_failed_client_build_is_not_kept_and_the_next_trigger_builds_aga
         with pytest.raises(ConfigurationError, match="'smtp'"):
             await BatchHook.aget_status_client("hook_smtp")
     assert len(threads) == 2
+
+
+@pytest.mark.parametrize("path", ["", "/", "/v1", "/v1/"])
+def test_an_openai_host_works_with_or_without_its_v1_path(
+    emulator: str, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    ok, message = _test(monkeypatch, "t_v1", conn_type="openai_batch", host=f"{emulator}{path}", password=KEY)
+    assert ok, message
+    assert f"{emulator}/v1/" in message
+
+
+def test_a_connection_of_the_openai_provider_s_type_passes_the_batch_test(
+    emulator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_T_OPENAI", json.dumps({"conn_type": "openai", "host": emulator, "password": KEY})
+    )
+    ok, message = BatchHook("t_openai").test_connection()
+    assert ok, message
+    assert "openai connection 't_openai' works" in message

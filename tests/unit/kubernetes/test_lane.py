@@ -9,6 +9,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_batch_provider.core.options import BuiltLane, DeadlineOptions
+from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.kubernetes.lane import built_lane, check_conn_lane, runs_in_pod
 from airflow_batch_provider.pipeline import batch_inference_group
@@ -29,7 +30,12 @@ def test_only_a_connection_whose_adapter_runs_in_a_pod_selects_the_pod_lane() ->
 def build(conn_id: str, **kwargs: object) -> set[str]:
     with DAG("d", start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), schedule=None) as dag:
         batch_inference_group(
-            workload="w", records="x.jsonl", prompt="p.yaml", batch_conn_id=conn_id, max_attempts=2, **kwargs
+            workload="w",
+            records="x.jsonl",
+            prompt=PromptTemplate(version="v1", model="m", user="{{ text }}"),
+            batch_conn_id=conn_id,
+            max_attempts=2,
+            **kwargs,
         )  # type: ignore[arg-type]
     return {t.task_id.split(".", 1)[1] for t in dag.tasks}
 
@@ -55,7 +61,7 @@ def test_a_deadline_on_the_pod_lane_reaches_every_round_s_pod_task_with_its_marg
         batch_inference_group(
             workload="w",
             records="x.jsonl",
-            prompt="p.yaml",
+            prompt=PromptTemplate(version="v1", model="m", user="{{ text }}"),
             batch_conn_id="gpu",
             max_attempts=2,
             deadline=DeadlineOptions("PT4H", "skip", margin_s=30),
@@ -92,7 +98,7 @@ def test_the_pod_lane_is_built_from_a_templated_connection_without_reading_any_c
         batch_inference_group(
             workload="w",
             records="x.jsonl",
-            prompt="p.yaml",
+            prompt=PromptTemplate(version="v1", model="m", user="{{ text }}"),
             batch_conn_id=TEMPLATED,
             lane="pod",
             max_attempts=2,

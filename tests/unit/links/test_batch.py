@@ -111,3 +111,28 @@ def test_the_run_link_needs_nothing_stored() -> None:
     ti = RecordingTi()
     assert LedgerRunLink.persist(context(ti)) == url
     assert link.name == "LLM batch run" and BatchConsoleLink().name == "Provider batch"
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    ["http://127.0.0.1:8089/v1", "https://my-resource.openai.azure.com", "http://litellm:4000/v1"],
+)
+def test_a_batch_of_another_openai_compatible_host_never_links_to_platform_openai(base_url: str) -> None:
+    assert console_url("openai", "batch_abc", base_url=base_url) is None
+    ti = RecordingTi()
+    url = BatchConsoleLink.persist(context(ti), provider="openai", batch_ids=["batch_abc"], base_url=base_url)
+    assert "platform.openai.com" not in url and "/llm-batch/dag-run?" in url
+
+
+def test_openai_s_own_host_and_a_configured_template_for_another_host_get_console_links(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert console_url("openai", "b1", base_url="https://api.openai.com/v1") == (
+        "https://platform.openai.com/batches/b1"
+    )
+    monkeypatch.setenv(
+        "AIRFLOW__BATCH_PROVIDER__CONSOLE_URLS", '{"openai": "http://127.0.0.1:8089/v1/batches/{batch_id}"}'
+    )
+    assert console_url("openai", "b1", base_url="http://127.0.0.1:8089/v1") == (
+        "http://127.0.0.1:8089/v1/batches/b1"
+    )

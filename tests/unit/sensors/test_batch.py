@@ -6,6 +6,7 @@ import io
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -239,9 +240,14 @@ def test_deferral_follows_the_operators_default_deferrable_setting_like_the_offi
 
 
 def test_a_deferred_wait_keeps_the_sensor_timeout_and_has_stored_its_console_link_naming_the_batch(
-    emulator: str,
+    emulator: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+
+    # the emulator's host is not api.openai.com: its console page is the configured one
+    monkeypatch.setenv(
+        "AIRFLOW__BATCH_PROVIDER__CONSOLE_URLS", json.dumps({"openai": emulator + "/b/{batch_id}"})
+    )
 
     httpx.put(f"{emulator}/_emulator/config", json={"time_scale": 100.0}).raise_for_status()
     batch = submitted(emulator, "k7")
@@ -250,7 +256,7 @@ def test_a_deferred_wait_keeps_the_sensor_timeout_and_has_stored_its_console_lin
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(link_context(xcom))
     assert deferred.value.timeout is not None and deferred.value.timeout.total_seconds() == 3600
-    assert xcom[BatchConsoleLink().xcom_key] == f"https://platform.openai.com/batches/{batch['batch_id']}"
+    assert xcom[BatchConsoleLink().xcom_key] == f"{emulator}/b/{batch['batch_id']}"
     assert "run_id=" in xcom[LedgerRunLink().xcom_key] and "dag_id=nightly" in xcom[LedgerRunLink().xcom_key]
     assert [type(link) for link in op.operator_extra_links] == [BatchConsoleLink, LedgerRunLink]
 
@@ -308,3 +314,18 @@ def test_reschedule_mode_pokes_without_deferral_and_frees_the_slot_until_the_bat
     fresh = sensor(batch, deferrable=False, mode="reschedule")  # a rescheduled try is a new task object
     result = fresh.execute(context)
     assert result["state"] == "completed" and result["batch_id"] == batch["batch_id"]
+
+
+def test_a_sensor_on_its_own_polls_with_the_configured_intervals_like_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL", "2")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL", "20")
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__POLL_MAX_CONSECUTIVE_ERRORS", "9")
+    sensor = BatchStatusSensor(task_id="wait", batch={"batch_id": "b"})
+    assert (sensor.poke_interval, sensor.max_wait) == (2.0, timedelta(seconds=20))
+    assert sensor.poll.max_consecutive_errors == 9
+
+
+def test_a_sensor_waits_on_the_connection_the_docs_name_by_default() -> None:
+    assert BatchStatusSensor(task_id="wait", batch={"batch_id": "b"}).batch_conn_id == "openai_batch_default"
