@@ -1424,6 +1424,43 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
         return None
 
 
+def holder_is_live(dag_id: str, run_id: str) -> bool:
+    """Whether a run Airflow marks running still has a live task instance (unknown counts as live).
+
+    :param dag_id: the DAG of the run that holds the workload
+    :param run_id: that run
+    """
+    from airflow_batch_provider.operators.liveness import (
+        heartbeat_timeout_s,
+        holder_task_instances,
+        live_task_instances,
+    )
+
+    signs = holder_task_instances(dag_id, run_id)
+    if not signs:  # unreadable, or none recorded yet: never take a lease on a guess
+        return True
+    timeout_s = heartbeat_timeout_s()
+    live = live_task_instances(signs, utcnow(), timeout_s)
+    if live:
+        log.info(
+            "run %s of DAG %s is alive (heartbeat timeout %.0f s): %s",
+            run_id,
+            dag_id,
+            timeout_s,
+            "; ".join(sign.describe() for sign in live[:5]),
+        )
+        return True
+    log.warning(
+        "run %s of DAG %s is marked running but none of its %d task instances is alive "
+        "(none with a sign of life in the last %.0f s, [scheduler] task_instance_heartbeat_timeout)",
+        run_id,
+        dag_id,
+        len(signs),
+        timeout_s,
+    )
+    return False
+
+
 def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None:
     """Take the workload for this run, or fail fast naming the run that holds it.
 
@@ -1432,7 +1469,11 @@ def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None
     lease is the ledger's (:meth:`Ledger.acquire_workload_lease`); taking it again in the same
     run is a no-op. When another run holds it, Airflow is asked for that run's state: a run that is
     no longer queued or running (failed, succeeded without publishing, marked by hand) loses the
-    lease to this one; a live run keeps it and this task fails with the ledger's message.
+    lease to this one. So does a run still marked running that has no live task instance, judged
+    as the scheduler judges one (:mod:`~airflow_batch_provider.operators.liveness`: no heartbeat,
+    start, end or update younger than ``[scheduler] task_instance_heartbeat_timeout``; a run killed
+    where no scheduler would mark it failed, such as ``airflow dags test``). A live run keeps it and
+    this task fails with the ledger's message.
 
     :param ledger: the ledger
     :param workload: workload name
@@ -1450,8 +1491,13 @@ def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None
     except WorkloadLeasedError as exc:
         holder_dag, holder_run = exc.dag_id, exc.run_id
         state = dagrun_state(holder_dag, holder_run) if holder_dag else None
-        if state is None or state in LIVE_RUN_STATES:
+        if state is None:
             raise
+        if state in LIVE_RUN_STATES:
+            assert holder_dag is not None
+            if holder_is_live(holder_dag, holder_run):
+                raise
+            state = f"{state} with no live task instance"
         log.warning(
             "workload %r was held by run %s of DAG %s, which is %s: taking it over for run %s",
             workload,
