@@ -96,18 +96,9 @@ def limits_settings(
     :param extras: the provider connection's extras (``rpm_limit``, ``tpm_limit``, ``rate_headroom``, ...)
     :param quota_key: the key the ledger's shared rate window is kept under (the connection id)
     """
-    from airflow_batch_provider.services.fallback import fallback_settings
+    from airflow_batch_provider.services.realtime import realtime_limits
 
-    return fallback_settings(
-        limits.rpm,
-        limits.tpm,
-        limits.concurrency,
-        window_s,
-        limits.headroom,
-        retry,
-        extras=extras,
-        quota_key=quota_key,
-    )
+    return realtime_limits(limits, extras=extras, quota_key=quota_key, window_s=window_s, retry=retry)
 
 
 def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: BatchEvent) -> None:
@@ -875,9 +866,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         :param context: the task context
         :param job: the ledger job row
         """
-        import asyncio
-
-        from airflow_batch_provider.services.fallback import run_fallback
+        from airflow_batch_provider.services.realtime import send_realtime
 
         if self.prompt is None:
             raise ConfigurationError(
@@ -904,20 +893,18 @@ class BatchSubmitOperator(BatchBaseOperator):
                 job_id=job.job_id,
             )
         )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=context["run_id"],
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=limits_settings(
-                    self.fallback, extras=self.adapter.settings.extra, quota_key=self.batch_conn_id
-                ),
-                prices=load_prices(self.budget.pricing_override),
-            )
+        summary = send_realtime(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            quota_key=self.batch_conn_id,
+            workload=self.workload,
+            run_id=context["run_id"],
+            rows=rows,
+            template=template,
+            limits=self.fallback,
+            budget=self.budget,
+            prices=load_prices(self.budget.pricing_override),
+            refused_state="review",
         )
         self.log.info("synchronous path for job %s: %s", job.job_id, summary)
         return {"batch_id": None, "route": "sync", "submitted_at": time.time()}
@@ -1289,11 +1276,9 @@ class BatchPublishOperator(BatchBaseOperator):
         :param context: the task context
         :param template: the workload's prompt
         """
-        import asyncio
-
         from airflow_batch_provider import notifications
-        from airflow_batch_provider.core.cost import estimate_cost
-        from airflow_batch_provider.services.fallback import FALLBACK_FROM, run_fallback
+        from airflow_batch_provider.services.fallback import FALLBACK_FROM
+        from airflow_batch_provider.services.realtime import send_realtime
 
         run_id = context["run_id"]
         rows = [
@@ -1309,51 +1294,37 @@ class BatchPublishOperator(BatchBaseOperator):
         if not rows:
             return {"items": 0}
         prices = load_prices(self.budget.pricing_override)
-        budget = self.budget.budget
-        if budget is not None:
-            requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
-            estimate = estimate_cost(requests, prices, "sync", provider=self.adapter.name)
-            spent = self.ledger.run_cost(self.workload, run_id)
-            if spent + estimate.cost > budget:
-                self.log.error(
-                    "%d items exhausted their batch attempts; sending them through the real-time API "
-                    "(about $%s) would take the run past its budget of $%s ($%s paid): they go to review",
-                    len(rows),
-                    estimate.cost,
-                    budget,
-                    spent,
-                )
-                event = notifications.budget_refused(
-                    self.workload,
-                    run_id,
-                    budget=budget,
-                    spent=spent,
-                    needed=estimate.cost,
-                    items=len(rows),
-                    dag_id=_dag_id(context),
-                )
-                self.emit(context, event)
-                return {"items": 0, "refused": len(rows)}
         self.log.warning(
             "%d items exhausted their %d batch attempts: sending them through the real-time API of %s "
-            "at full price (exhausted='sync')",
+            "at full price (exhausted='sync'), within the budget",
             len(rows),
             self.max_attempts,
             self.adapter.name,
         )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=run_id,
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=limits_settings(self.fallback),
-                prices=prices,
-            )
+        summary = send_realtime(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            quota_key=self.batch_conn_id,
+            workload=self.workload,
+            run_id=run_id,
+            rows=rows,
+            template=template,
+            limits=self.fallback,
+            budget=self.budget,
+            prices=prices,
+            refused_state="review",
         )
+        if summary.get("refused"):
+            event = notifications.budget_refused(
+                self.workload,
+                run_id,
+                budget=Decimal(summary["budget"]),
+                spent=Decimal(summary["spent"]),
+                needed=Decimal(summary["needed"]),
+                items=summary["refused"],
+                dag_id=_dag_id(context),
+            )
+            self.emit(context, event)
         self.log.info("exhausted items sent synchronously: %s", summary)
         return summary
 

@@ -662,6 +662,33 @@ def test_items_that_exhaust_their_batch_attempts_go_to_the_real_time_api_when_th
     assert "exhausted_sync" in report["table"]
 
 
+def test_exhausted_items_sent_in_real_time_share_the_connections_rate_window_like_the_deadline_fallback(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import func, select
+
+    from airflow_batch_provider.ledger import schema as s
+
+    (manifest,) = flow.prepare(4)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    conn = {
+        "conn_type": "openai_batch",
+        "host": f"{flow.url}/v1",
+        "password": "k",
+        "extra": {"rpm_limit": 600},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+    out = flow.publish(max_attempts=1, exhausted="sync")
+    assert out["items_by_state"] == {"succeeded": 4}
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    with ledger.engine.connect() as c:
+        shared = c.execute(
+            select(func.count()).select_from(s.rate_log).where(s.rate_log.c.quota_key == "flow_emu")
+        )
+        assert shared.scalar() == 4  # each send took its slot in the connection's window in the ledger
+
+
 def test_by_default_exhausted_items_go_to_review_and_sync_over_the_budget_is_refused(flow: Flow) -> None:
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail, on={"budget_refused"})
