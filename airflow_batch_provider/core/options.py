@@ -261,6 +261,7 @@ class DeadlineOptions:
             "policy": self.policy,
             "margin_s": self.margin_s,
             "harvest_timeout_s": self.harvest_timeout_s,
+            "over_budget": self.over_budget,
         }
 
     @classmethod
@@ -281,6 +282,7 @@ class DeadlineOptions:
             data["policy"],
             margin_s=float(data.get("margin_s") or 0.0),
             harvest_timeout_s=float(data.get("harvest_timeout_s") or HARVEST_TIMEOUT_S),
+            over_budget=str(data.get("over_budget") or "refuse"),
         )
 
 
