@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,7 +205,7 @@ def seeded_ledger(
     return ledger
 
 
-def fallback_task(**kw: object) -> BatchSyncFallbackOperator:
+def fallback_task(**kw: Any) -> BatchSyncFallbackOperator:
     return BatchSyncFallbackOperator(
         task_id="sync_fallback", workload=WORKLOAD, batch_conn_id="emu", prompt=PROMPT, **kw
     )
