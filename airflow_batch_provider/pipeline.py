@@ -296,6 +296,7 @@ def batch_inference_group(
                 prompt=prompt,
                 limits=fallback,
                 budget=budget,
+                over_budget=run_deadline.over_budget,
                 **common,
             )
         else:

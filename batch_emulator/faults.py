@@ -60,6 +60,7 @@ _RATE_FIELDS: Final = (
     "rate_error_before_success",
     "expire_rate",
     "expire_after_fraction",
+    "stuck_after_fraction",
     "retrieve_5xx_rate",
     "sync_429_rate",
     "sync_500_rate",
@@ -128,6 +129,8 @@ class FaultConfig:
         down as they are created
     :param stuck_batches: 0-based creation indices of batches that never leave ``in_progress`` (and
         finish no item) until cancelled
+    :param stuck_after_fraction: share of a stuck batch's items that finish first, at the usual
+        pace, before it stalls (0: none)
     :param unknown_result_lines: result lines with custom ids the caller never sent, added to each
         batch's results (a copy of a real line under a foreign id); sticky at creation
     :param html_downloads: the next this-many downloads of a result file answer an HTML page with
@@ -187,6 +190,7 @@ class FaultConfig:
     fail_validation: int = 0
     fail_token_limit: int = 0
     stuck_batches: tuple[int, ...] = ()
+    stuck_after_fraction: float = 0.0
     unknown_result_lines: int = 0
     html_downloads: int = 0
     create_script: tuple[str, ...] = ()

@@ -10,8 +10,9 @@ order is a seeded shuffle. Asking for the job's state at a time ``now`` only doe
 - an expiring job stops at ``t1 + expire_after_fraction * (t2 - t1)`` and is ``expired`` there;
 - a cancel at ``tc`` (before the natural end) stops the work at ``tc``; the job is ``cancelling``
   until ``tc + cancelling delay`` and ``cancelled`` after;
-- a stuck job (fault ``stuck_batches``) stays ``in_progress`` with no item finished until it is
-  cancelled.
+- a stuck job (fault ``stuck_batches``) stays ``in_progress`` until it is cancelled, with no item
+  finished, or with the first ``stuck_after_fraction`` of them finished (at the usual pace) and
+  none after.
 
 A job's items live on disk, not in memory (:class:`ItemLog`: one JSON record per item in a spool
 file of the data directory, with only its offset and its failing flag kept in RAM), and its
@@ -339,8 +340,13 @@ class Job:
         self.t_in_progress = created + t.validating_s * scale
         self.t_finalizing = self.t_in_progress + t.in_progress_s * scale
         self.t_completed = self.t_finalizing + t.finalizing_s * scale
+        #: the seconds over which all items would finish (kept when a stuck job never finalizes)
+        self.work_span = self.t_finalizing - self.t_in_progress
         self.stuck = not issues and self.faults.batch_stuck(creation_index)
+        #: the most items a stuck job finishes before it stalls (all, for other jobs)
+        self.stall_count = len(log)
         if self.stuck:
+            self.stall_count = math.floor(self.faults.stuck_after_fraction * len(log) + 1e-9)
             self.t_finalizing = self.t_completed = math.inf
         #: billed tokens per item, one JSON line each, spooled beside the items
         self._billed_path = log.path.with_suffix(".billed")
@@ -477,10 +483,10 @@ class Job:
         cut = min(now, self.work_end)
         if self.issues or n == 0 or cut < self.t_in_progress:
             return 0
-        span = self.t_finalizing - self.t_in_progress
+        span = self.work_span
         if span <= 0:
             return n
-        return max(0, min(n, math.floor((cut - self.t_in_progress) / span * n + 1e-9)))
+        return max(0, min(n, self.stall_count, math.floor((cut - self.t_in_progress) / span * n + 1e-9)))
 
     def view(self, now: float) -> JobView:
         """Return the state at ``now``.

@@ -171,18 +171,28 @@ class DeadlineOptions:
     :param margin_s: seconds before the deadline at which waiting stops
     :param harvest_timeout_s: seconds to wait for a batch cancelled at the deadline to reach its
         terminal state (default 600: OpenAI documents up to 10 minutes for a cancel)
+    :param over_budget: what ``sync_fallback`` does when its real-time sends would pass
+        ``BudgetOptions(budget_usd=...)``: ``refuse`` (default: a budget is a budget; the items go
+        to ``skipped`` with error ``over_budget``) or ``send`` (the deadline wins; the overrun is
+        in the task's summary and log)
     """
 
     when: datetime | str | timedelta | DeadlineSpec
     policy: DeadlinePolicy
     margin_s: float = 0.0
     harvest_timeout_s: float = HARVEST_TIMEOUT_S
+    over_budget: str = "refuse"
     _spec: DeadlineSpec | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_policy(self.policy, True)
         _seconds("DeadlineOptions", "margin_s", self.margin_s, zero_ok=True)
         _seconds("DeadlineOptions", "harvest_timeout_s", self.harvest_timeout_s, zero_ok=False)
+        if self.over_budget not in ("refuse", "send"):
+            raise ConfigurationError(
+                f"DeadlineOptions(over_budget={self.over_budget!r}): give 'refuse' (a budget is a budget) "
+                "or 'send' (the deadline wins over the budget)."
+            )
         if isinstance(self.when, str) and not self.when.strip():
             raise ConfigurationError(
                 "DeadlineOptions(when=''): give '06:30 Europe/Berlin', 'PT4H' or a datetime."
@@ -251,6 +261,7 @@ class DeadlineOptions:
             "policy": self.policy,
             "margin_s": self.margin_s,
             "harvest_timeout_s": self.harvest_timeout_s,
+            "over_budget": self.over_budget,
         }
 
     @classmethod
@@ -271,6 +282,7 @@ class DeadlineOptions:
             data["policy"],
             margin_s=float(data.get("margin_s") or 0.0),
             harvest_timeout_s=float(data.get("harvest_timeout_s") or HARVEST_TIMEOUT_S),
+            over_budget=str(data.get("over_budget") or "refuse"),
         )
 
 

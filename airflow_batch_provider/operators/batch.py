@@ -97,18 +97,9 @@ def limits_settings(
     :param extras: the provider connection's extras (``rpm_limit``, ``tpm_limit``, ``rate_headroom``, ...)
     :param quota_key: the key the ledger's shared rate window is kept under (the connection id)
     """
-    from airflow_batch_provider.services.fallback import fallback_settings
+    from airflow_batch_provider.services.realtime import realtime_limits
 
-    return fallback_settings(
-        limits.rpm,
-        limits.tpm,
-        limits.concurrency,
-        window_s,
-        limits.headroom,
-        retry,
-        extras=extras,
-        quota_key=quota_key,
-    )
+    return realtime_limits(limits, extras=extras, quota_key=quota_key, window_s=window_s, retry=retry)
 
 
 def emit_alert(alerts: BatchAlerts | None, context: Mapping[str, Any], event: BatchEvent) -> None:
@@ -918,9 +909,7 @@ class BatchSubmitOperator(BatchBaseOperator):
         :param context: the task context
         :param job: the ledger job row
         """
-        import asyncio
-
-        from airflow_batch_provider.services.fallback import run_fallback
+        from airflow_batch_provider.services.realtime import send_realtime
 
         if self.prompt is None:
             raise ConfigurationError(
@@ -947,20 +936,18 @@ class BatchSubmitOperator(BatchBaseOperator):
                 job_id=job.job_id,
             )
         )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=context["run_id"],
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=limits_settings(
-                    self.fallback, extras=self.adapter.settings.extra, quota_key=self.batch_conn_id
-                ),
-                prices=load_prices(self.budget.pricing_override),
-            )
+        summary = send_realtime(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            quota_key=self.batch_conn_id,
+            workload=self.workload,
+            run_id=context["run_id"],
+            rows=rows,
+            template=template,
+            limits=self.fallback,
+            budget=self.budget,
+            prices=load_prices(self.budget.pricing_override),
+            refused_state="review",
         )
         self.log.info("synchronous path for job %s: %s", job.job_id, summary)
         return {"batch_id": None, "route": "sync", "submitted_at": time.time()}
@@ -1363,11 +1350,9 @@ class BatchPublishOperator(BatchBaseOperator):
         :param context: the task context
         :param template: the workload's prompt
         """
-        import asyncio
-
         from airflow_batch_provider import notifications
-        from airflow_batch_provider.core.cost import estimate_cost
-        from airflow_batch_provider.services.fallback import FALLBACK_FROM, run_fallback
+        from airflow_batch_provider.services.fallback import FALLBACK_FROM
+        from airflow_batch_provider.services.realtime import send_realtime
 
         run_id = context["run_id"]
         rows = [
@@ -1383,51 +1368,37 @@ class BatchPublishOperator(BatchBaseOperator):
         if not rows:
             return {"items": 0}
         prices = load_prices(self.budget.pricing_override)
-        budget = self.budget.budget
-        if budget is not None:
-            requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
-            estimate = estimate_cost(requests, prices, "sync", provider=self.adapter.name)
-            spent = self.ledger.run_cost(self.workload, run_id)
-            if spent + estimate.cost > budget:
-                self.log.error(
-                    "%d items exhausted their batch attempts; sending them through the real-time API "
-                    "(about $%s) would take the run past its budget of $%s ($%s paid): they go to review",
-                    len(rows),
-                    estimate.cost,
-                    budget,
-                    spent,
-                )
-                event = notifications.budget_refused(
-                    self.workload,
-                    run_id,
-                    budget=budget,
-                    spent=spent,
-                    needed=estimate.cost,
-                    items=len(rows),
-                    dag_id=_dag_id(context),
-                )
-                self.emit(context, event)
-                return {"items": 0, "refused": len(rows)}
         self.log.warning(
             "%d items exhausted their %d batch attempts: sending them through the real-time API of %s "
-            "at full price (exhausted='sync')",
+            "at full price (exhausted='sync'), within the budget",
             len(rows),
             self.max_attempts,
             self.adapter.name,
         )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=run_id,
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=limits_settings(self.fallback),
-                prices=prices,
-            )
+        summary = send_realtime(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            quota_key=self.batch_conn_id,
+            workload=self.workload,
+            run_id=run_id,
+            rows=rows,
+            template=template,
+            limits=self.fallback,
+            budget=self.budget,
+            prices=prices,
+            refused_state="review",
         )
+        if summary.get("refused"):
+            event = notifications.budget_refused(
+                self.workload,
+                run_id,
+                budget=Decimal(summary["budget"]),
+                spent=Decimal(summary["spent"]),
+                needed=Decimal(summary["needed"]),
+                items=summary["refused"],
+                dag_id=_dag_id(context),
+            )
+            self.emit(context, event)
         self.log.info("exhausted items sent synchronously: %s", summary)
         return summary
 
@@ -1498,6 +1469,43 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
         return None
 
 
+def holder_is_live(dag_id: str, run_id: str) -> bool:
+    """Whether a run Airflow marks running still has a live task instance (unknown counts as live).
+
+    :param dag_id: the DAG of the run that holds the workload
+    :param run_id: that run
+    """
+    from airflow_batch_provider.operators.liveness import (
+        heartbeat_timeout_s,
+        holder_task_instances,
+        live_task_instances,
+    )
+
+    signs = holder_task_instances(dag_id, run_id)
+    if not signs:  # unreadable, or none recorded yet: never take a lease on a guess
+        return True
+    timeout_s = heartbeat_timeout_s()
+    live = live_task_instances(signs, utcnow(), timeout_s)
+    if live:
+        log.info(
+            "run %s of DAG %s is alive (heartbeat timeout %.0f s): %s",
+            run_id,
+            dag_id,
+            timeout_s,
+            "; ".join(sign.describe() for sign in live[:5]),
+        )
+        return True
+    log.warning(
+        "run %s of DAG %s is marked running but none of its %d task instances is alive "
+        "(none with a sign of life in the last %.0f s, [scheduler] task_instance_heartbeat_timeout)",
+        run_id,
+        dag_id,
+        len(signs),
+        timeout_s,
+    )
+    return False
+
+
 def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None:
     """Take the workload for this run, or fail fast naming the run that holds it.
 
@@ -1506,7 +1514,11 @@ def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None
     lease is the ledger's (:meth:`Ledger.acquire_workload_lease`); taking it again in the same
     run is a no-op. When another run holds it, Airflow is asked for that run's state: a run that is
     no longer queued or running (failed, succeeded without publishing, marked by hand) loses the
-    lease to this one; a live run keeps it and this task fails with the ledger's message.
+    lease to this one. So does a run still marked running that has no live task instance, judged
+    as the scheduler judges one (:mod:`~airflow_batch_provider.operators.liveness`: no heartbeat,
+    start, end or update younger than ``[scheduler] task_instance_heartbeat_timeout``; a run killed
+    where no scheduler would mark it failed, such as ``airflow dags test``). A live run keeps it and
+    this task fails with the ledger's message.
 
     :param ledger: the ledger
     :param workload: workload name
@@ -1524,8 +1536,13 @@ def take_workload_lease(ledger: Ledger, workload: str, context: Context) -> None
     except WorkloadLeasedError as exc:
         holder_dag, holder_run = exc.dag_id, exc.run_id
         state = dagrun_state(holder_dag, holder_run) if holder_dag else None
-        if state is None or state in LIVE_RUN_STATES:
+        if state is None:
             raise
+        if state in LIVE_RUN_STATES:
+            assert holder_dag is not None
+            if holder_is_live(holder_dag, holder_run):
+                raise
+            state = f"{state} with no live task instance"
         log.warning(
             "workload %r was held by run %s of DAG %s, which is %s: taking it over for run %s",
             workload,

@@ -11,19 +11,15 @@ provider's error.
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from airflow_batch_provider.core.options import BudgetOptions, FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.ledger.records import OpenItem
-from airflow_batch_provider.operators.batch import (
-    BatchBaseOperator,
-    PromptSource,
-    limits_settings,
-)
-from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings, run_fallback
+from airflow_batch_provider.operators.batch import BatchBaseOperator, PromptSource
+from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings
+from airflow_batch_provider.services.realtime import realtime_limits, send_realtime
 from airflow_batch_provider.settings import load_prices
 
 if TYPE_CHECKING:
@@ -47,7 +43,10 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         ``fallback_concurrency`` 16, ``fallback_headroom`` 1.0)
     :param window_s: the rate window in seconds (60 for per-minute limits)
     :param retry: retry policy per item (default :class:`RetryPolicy`)
-    :param budget: its ``pricing_override`` prices the answers
+    :param budget: the run's budget (sends that would pass it are refused: their items go to
+        ``skipped`` with error ``over_budget``) and its ``pricing_override`` prices the answers
+    :param over_budget: ``refuse`` (default) or ``send``: the deadline wins over the budget, and
+        the overrun is in the summary and the log (``DeadlineOptions(over_budget=...)``)
     """
 
     ui_color = "#f6d5c1"
@@ -60,9 +59,11 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         window_s: float = 60.0,
         retry: RetryPolicy | None = None,
         budget: BudgetOptions | None = None,
+        over_budget: str = "refuse",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.over_budget = over_budget
         self.prompt = prompt
         self.limits = limits or FallbackLimits()
         self.window_s = window_s
@@ -71,12 +72,12 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
 
     def settings(self) -> FallbackSettings:
         """The limits, from :attr:`limits`, the connection's extras or the ``[batch_provider]`` config."""
-        return limits_settings(
+        return realtime_limits(
             self.limits,
-            self.window_s,
-            self.retry,
             extras=self.adapter.settings.extra,
             quota_key=self.batch_conn_id,
+            window_s=self.window_s,
+            retry=self.retry,
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -86,30 +87,21 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         if not rows:
             self.log.info("no open items: nothing to send synchronously")
             return {"items": 0}
-        settings = self.settings()
-        self.log.info(
-            "sending %d items through the real-time API of %s (full price): %s rpm, %s tpm x %.2f headroom, "
-            "shared under %r, %d in flight",
-            len(rows),
-            self.adapter.name,
-            settings.rpm,
-            settings.tpm,
-            settings.headroom,
-            settings.quota_key,
-            settings.concurrency,
-        )
-        summary = asyncio.run(
-            run_fallback(
-                ledger=self.ledger,
-                workload=self.workload,
-                run_id=run_id,
-                provider=self.adapter.name,
-                client=self.adapter.realtime_client(),
-                rows=rows,
-                template=template,
-                settings=settings,
-                prices=load_prices(self.budget.pricing_override),
-            )
+        summary = send_realtime(
+            ledger=self.ledger,
+            adapter=self.adapter,
+            quota_key=self.batch_conn_id,
+            workload=self.workload,
+            run_id=run_id,
+            rows=rows,
+            template=template,
+            limits=self.limits,
+            budget=self.budget,
+            prices=load_prices(self.budget.pricing_override),
+            refused_state="skipped",
+            over_budget=self.over_budget,
+            window_s=self.window_s,
+            retry=self.retry,
         )
         if summary.get("possibly_paid_twice"):
             self.log.warning(

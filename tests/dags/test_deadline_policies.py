@@ -1,10 +1,11 @@
 """Each deadline policy under ``airflow dags test``, against the emulator, with the deadline mid-batch.
 
-The emulator runs at time scale 1.0 with a 60-second ``in_progress`` phase, so one batch of 30
-items finishes an item every two seconds; the DAG's deadline is 40 seconds after the run starts,
-so it falls while the batch is running (also on a loaded machine where starting Airflow, the lease,
-prepare and submit take half a minute before the batch exists). Then the batch is cancelled and harvested, and the
-policy decides the rest. For every policy: each item ends in exactly one final state and route,
+The emulator, not the clock, keeps the deadline mid-batch: the one batch of 30 items is stuck
+(fault ``stuck_batches`` with ``stuck_after_fraction``): it finishes half its items within a few
+seconds and then stays ``in_progress`` until it is cancelled, however slowly the machine starts
+Airflow, the lease, prepare and submit. The DAG's deadline, 40 seconds after the run starts, so
+always falls while the batch is running with some items done. Then the batch is cancelled and
+harvested, and the policy decides the rest. For every policy: each item ends in exactly one final state and route,
 every attempt that was paid for is in the report (nothing paid twice without being counted), and
 the policy's own outcome shows: fallback items at full price, pending items reported as pending,
 skipped items as skipped.
@@ -28,6 +29,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
 
 pytestmark = pytest.mark.airflow_e2e
@@ -79,7 +81,8 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
     )
     config = EmulatorConfig(
         time_scale=1.0,
-        timings=Timings(validating_s=1.0, in_progress_s=60.0, finalizing_s=1.0, cancelling_s=2.0),
+        timings=Timings(validating_s=1.0, in_progress_s=6.0, finalizing_s=1.0, cancelling_s=2.0),
+        faults=FaultConfig(stuck_batches=(0,), stuck_after_fraction=0.5),
     )
     ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with run_emulator(config) as url:
@@ -96,16 +99,24 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
             "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
         }
         airflow = Path(sys.executable).parent / "airflow"
-        result = subprocess.run(
-            [str(airflow), "dags", "test", f"deadline_{policy}"],
-            env=env,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        try:
+            result = subprocess.run(
+                [str(airflow), "dags", "test", f"deadline_{policy}"],
+                env=env,
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            # the partial output of a timed-out run is bytes whatever ``text`` says
+            partial = b"".join(o for o in (exc.stdout, exc.stderr) if isinstance(o, bytes)).decode(
+                errors="replace"
+            )
+            (tmp_path / "dags_test.log").write_text(partial, encoding="utf-8")
+            raise AssertionError(f"airflow dags test ran past {exc.timeout} s:\n{partial[-6000:]}") from exc
     log = result.stdout + result.stderr
     (tmp_path / "dags_test.log").write_text(log, encoding="utf-8")
     assert result.returncode == 0, log[-6000:]

@@ -296,6 +296,24 @@ def test_a_stuck_batch_stays_in_progress_until_cancelled(client: TestClient) -> 
     assert client.get(f"/v1/batches/{batch_id}").json()["status"] == "cancelled"
 
 
+def test_a_stuck_batch_with_a_fraction_finishes_that_share_of_its_items_and_then_stalls(
+    client: TestClient,
+) -> None:
+    client.put(
+        "/_emulator/config",
+        json={"faults": {"stuck_batches": [0], "stuck_after_fraction": 0.5, "rate_500": 0}},
+    )
+    batch_id = _upload_and_create(client)
+    client.post("/_emulator/clock", json={"advance_s": 86_000})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "in_progress" and batch["request_counts"]["completed"] == 2
+    client.post(f"/v1/batches/{batch_id}/cancel")
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "cancelled"
+    assert len(client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()) == 2
+
+
 def test_a_cancel_takes_the_configured_time_and_keeps_the_finished_lines(client: TestClient) -> None:
     client.put("/_emulator/config", json={"faults": {"rate_500": 0}, "timings": {"cancelling_s": 600}})
     batch_id = _upload_and_create(client)

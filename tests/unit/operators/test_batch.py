@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from types import SimpleNamespace
@@ -523,6 +524,27 @@ def test_a_run_takes_over_the_workload_from_a_run_that_is_no_longer_running(
     assert lease is not None and lease.run_id == "manual__2"
 
 
+def test_a_run_marked_running_with_no_live_task_instance_loses_the_workload_and_a_live_one_keeps_it(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batch_provider.operators import liveness
+
+    now = datetime.now(timezone.utc)
+    killed = [liveness.TaskInstanceSign("w.submit", 0, "running", now - timedelta(seconds=400))]
+    alive = [liveness.TaskInstanceSign("w.submit", 0, "running", now - timedelta(seconds=5))]
+    signs = {"scheduled__1": alive, "manual__2": killed}
+    monkeypatch.setattr(batch_module, "dagrun_state", lambda d, r: "running")
+    monkeypatch.setattr(liveness, "holder_task_instances", lambda d, r: signs[r])
+    monkeypatch.setenv("AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT", "300")
+    take_workload_lease(ledger, "w", lease_context("scheduled__1"))
+    with pytest.raises(WorkloadLeasedError, match="run 'scheduled__1'"):
+        take_workload_lease(ledger, "w", lease_context("manual__2"))  # its holder heartbeats
+    signs["scheduled__1"] = killed
+    take_workload_lease(ledger, "w", lease_context("manual__2"))  # its holder was killed
+    lease = ledger.workload_lease("w")
+    assert lease is not None and lease.run_id == "manual__2" and lease.taken_over_from == "scheduled__1"
+
+
 def test_publish_gives_the_workload_back(flow: Flow) -> None:
     ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
     take_workload_lease(ledger, "flow", flow.context("lease"))
@@ -715,6 +737,33 @@ def test_items_that_exhaust_their_batch_attempts_go_to_the_real_time_api_when_th
     assert "exhausted_sync" in report["table"]
 
 
+def test_exhausted_items_sent_in_real_time_share_the_connections_rate_window_like_the_deadline_fallback(
+    flow: Flow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import func, select
+
+    from airflow_batch_provider.ledger import schema as s
+
+    (manifest,) = flow.prepare(4)
+    flow.fault(fail_token_limit=1)
+    flow.round([manifest])
+    conn = {
+        "conn_type": "openai_batch",
+        "host": f"{flow.url}/v1",
+        "password": "k",
+        "extra": {"rpm_limit": 600},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
+    out = flow.publish(max_attempts=1, exhausted="sync")
+    assert out["items_by_state"] == {"succeeded": 4}
+    ledger = Ledger.from_url(f"sqlite:///{flow.tmp_path / 'flow.sqlite'}")
+    with ledger.engine.connect() as c:
+        shared = c.execute(
+            select(func.count()).select_from(s.rate_log).where(s.rate_log.c.quota_key == "flow_emu")
+        )
+        assert shared.scalar() == 4  # each send took its slot in the connection's window in the ledger
+
+
 def test_by_default_exhausted_items_go_to_review_and_sync_over_the_budget_is_refused(flow: Flow) -> None:
     mail = flow.tmp_path / "alerts.txt"
     flow.common["alerts"] = alerts_to(mail, on={"budget_refused"})
@@ -829,15 +878,21 @@ def test_a_submit_over_the_connections_enqueued_tokens_defers_on_a_timer_and_cre
         "extra": {"enqueued_token_limit": 50, "admission_retry_s": 5},  # one chunk at a time
     }
     monkeypatch.setenv("AIRFLOW_CONN_FLOW_EMU", json.dumps(conn))
-    assert BatchSubmitOperator(
+    # the emulator, not the clock, keeps the first batch in flight until the test ends it
+    flow.fault(stuck_batches=[0])
+    batch_id = BatchSubmitOperator(
         task_id="submit", job=flow.upload(first, 0), prompt=PROMPT, **flow.common
     ).execute(flow.context("submit", 0))["batch_id"]
+    assert batch_id
     waiting = BatchSubmitOperator(task_id="submit", job=flow.upload(second, 1), prompt=PROMPT, **flow.common)
     with pytest.raises(TaskDeferred) as deferred:
         waiting.execute(flow.context("submit", 1))
     assert isinstance(deferred.value.trigger, TimeDeltaTrigger)
     assert deferred.value.method_name == "resume"
     assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 1
+    httpx.post(
+        f"{flow.url}/v1/batches/{batch_id}/cancel", headers={"Authorization": "Bearer k"}
+    ).raise_for_status()
     flow.round([first])  # the first batch ends (the wait, download and reconcile tasks)
     assert waiting.resume(flow.context("submit", 1))["batch_id"]
     assert httpx.get(f"{flow.url}/_emulator/stats").json()["counters"]["openai.batches_created"] == 2

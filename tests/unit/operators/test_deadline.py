@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pendulum
 import pytest
 
@@ -29,6 +30,7 @@ from airflow_batch_provider.operators.deadline import (
     BatchDeadlineSettleOperator,
 )
 from batch_emulator.config import EmulatorConfig, Timings
+from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
 
 WORKLOAD = "wl"
@@ -138,9 +140,21 @@ def test_no_resubmission_round_starts_after_the_deadline(ledger: Ledger) -> None
 
 @pytest.fixture
 def slow_emulator() -> Iterator[str]:
-    timings = Timings(validating_s=0.2, in_progress_s=30.0, finalizing_s=0.2, cancelling_s=1.0)
-    with run_emulator(EmulatorConfig(time_scale=1.0, timings=timings)) as url:
+    """An emulator whose first batch finishes a tenth of its items and then stalls until cancelled."""
+    timings = Timings(validating_s=0.2, in_progress_s=3.0, finalizing_s=0.2, cancelling_s=1.0)
+    faults = FaultConfig(stuck_batches=(0,), stuck_after_fraction=0.1)
+    with run_emulator(EmulatorConfig(time_scale=1.0, timings=timings, faults=faults)) as url:
         yield url
+
+
+def _wait_until_items_finished(url: str, batch_id: str, n: int) -> None:
+    """Poll the emulator until ``n`` items of the batch are done (the emulator decides, not a sleep)."""
+    while True:
+        counts = httpx.get(f"{url}/v1/batches/{batch_id}", headers={"Authorization": "Bearer k"}).json()
+        done = counts["request_counts"]["completed"] + counts["request_counts"]["failed"]
+        if done >= n:
+            return
+        time.sleep(0.1)
 
 
 def _submit(adapter: OpenAIBatchAdapter, n: int) -> BatchRef:
@@ -169,7 +183,7 @@ def test_the_harvest_cancels_a_batch_cut_short_and_waits_for_its_partial_results
 ) -> None:
     adapter = OpenAIBatchAdapter(AdapterSettings(api_key="k", base_url=f"{slow_emulator}/v1"))
     ref = _submit(adapter, 30)
-    time.sleep(3.5)  # about 3 of 30 items done
+    _wait_until_items_finished(slow_emulator, ref.batch_id, 3)  # 3 of 30 done, then the batch stalls
     batch = {
         "job_id": "j",
         "batch_id": ref.batch_id,
@@ -190,7 +204,7 @@ def test_the_harvest_cancels_a_batch_cut_short_and_waits_for_its_partial_results
     assert out["state"] == "cancelled" and out["harvested"] is True
     outcomes = [r.outcome for r in adapter.iter_results(ref)]  # type: ignore[union-attr]
     assert len(outcomes) == 30
-    assert 0 < outcomes.count("succeeded") < 30
+    assert 0 < outcomes.count("succeeded") <= 3
     assert outcomes.count("cancelled") == 30 - outcomes.count("succeeded")
 
 

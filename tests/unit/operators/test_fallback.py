@@ -16,7 +16,9 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +181,61 @@ def test_every_operator_of_the_package_is_named_batch_verb_operator() -> None:
         and obj.__module__.startswith(package.__name__)
     }
     assert names and [n for n in sorted(names) if not re.fullmatch(r"Batch[A-Z]\w*Operator", n)] == []
+
+
+def seeded_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulator: str, extra: dict[str, object]
+) -> Ledger:
+    """A ledger with ``ITEMS`` open items and the environment of an in-process fallback task."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__LEDGER_URL", url)
+    monkeypatch.setenv("AIRFLOW__BATCH_PROVIDER__STAGING_ROOT", f"file://{tmp_path / 'staging'}")
+    conn = {"conn_type": "openai_batch", "host": f"{emulator}/v1", "password": "k", "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_EMU", json.dumps(conn))
+    ledger = Ledger.from_url(url)
+    ledger.start_run(WORKLOAD, RUN, "openai", PROMPT.model)
+    ledger.upsert_items(
+        WORKLOAD,
+        RUN,
+        [
+            PreparedItem(item_key(f"c{i}"), PROMPT.render({"id": f"c{i}", "text": f"comment {i}"}))
+            for i in range(ITEMS)
+        ],
+    )
+    return ledger
+
+
+def fallback_task(**kw: Any) -> BatchSyncFallbackOperator:
+    return BatchSyncFallbackOperator(
+        task_id="sync_fallback", workload=WORKLOAD, batch_conn_id="emu", prompt=PROMPT, **kw
+    )
+
+
+def test_the_deadline_fallback_over_the_budget_sends_nothing_and_skips_its_items_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulator: str
+) -> None:
+    from airflow_batch_provider.core.options import BudgetOptions
+
+    ledger = seeded_ledger(tmp_path, monkeypatch, emulator, {})
+    out = fallback_task(budget=BudgetOptions(budget_usd="0.0000001")).execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert sync_requests(emulator) == 0
+    assert out["refused"] == ITEMS and Decimal(out["needed"]) > Decimal("0.0000001")
+    assert ledger.count_states(WORKLOAD, RUN) == {"skipped": ITEMS}
+    rows = list(ledger.iter_items(WORKLOAD, RUN, columns=["error_code", "error_message"]))
+    assert {r["error_code"] for r in rows} == {"over_budget"}
+    assert all(
+        "budget of $1E-7" in r["error_message"] or "budget of $0.0000001" in r["error_message"] for r in rows
+    )
+
+
+def test_the_deadline_fallback_told_to_win_over_the_budget_sends_and_shows_the_overrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulator: str
+) -> None:
+    from airflow_batch_provider.core.options import BudgetOptions
+
+    ledger = seeded_ledger(tmp_path, monkeypatch, emulator, {})
+    task = fallback_task(budget=BudgetOptions(budget_usd="0.0000001"), over_budget="send")
+    out = task.execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert sync_requests(emulator) == ITEMS
+    assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": ITEMS}
+    assert Decimal(out["over_budget_by"]) > 0
