@@ -3,8 +3,9 @@
 A run keeps what it started with: prepare records its connection (``abp_runs.batch_conn_id``)
 and its prompt (``abp_runs.prompt_version`` and ``prompt_sha256``, the content's digest); a later
 task of the run that renders another one refuses. A finished run (publish recorded its report,
-``abp_runs.finished_at``) is history, and an item a newer run owns is never taken back by an
-older run's rerun. SQLite and PostgreSQL alike.
+``abp_runs.finished_at``) that a later run followed is history, and an item a newer run owns is
+never taken back by an older run's rerun; the workload's newest run, its prepare cleared, is
+reopened (:func:`reopen_newest_run`). SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations
@@ -102,6 +103,35 @@ def finished_run(ledger: Ledger, workload: str, run_id: str) -> FinishedRun | No
     if found is None or found.finished_at is None:
         return None
     return FinishedRun(found.finished_at, json.loads(found.report_json))
+
+
+def reopen_newest_run(ledger: Ledger, workload: str, run_id: str) -> bool:
+    """Take a finished run back to unfinished when no run of the workload started after it.
+
+    Airflow's clear of a run's prepare starts the run again: when it is the workload's newest
+    run, its cleared prepare re-reads the input (a record fixed after its review is prepared
+    again) and its publish writes the report again (the one it recorded stays until then). A
+    finished run that a later run followed is history and stays finished. One statement, so two
+    prepares of runs of the workload agree on which is newest.
+
+    ``True``: the run was finished and is now unfinished.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the Airflow run id
+    """
+    c = s.runs.c
+    later = s.runs.alias("later")
+    followed = (
+        select(later.c.run_id).where(later.c.workload == workload, later.c.started_at > c.started_at).exists()
+    )
+    with ledger.engine.begin() as conn:
+        moved = conn.execute(
+            s.runs.update()
+            .where(*_key(workload, run_id), c.finished_at.is_not(None), ~followed)
+            .values(finished_at=None)
+        )
+    return bool(moved.rowcount == 1)
 
 
 def newer_runs(conn: Connection, workload: str, run_id: str, others: Collection[str]) -> set[str]:

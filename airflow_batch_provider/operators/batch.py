@@ -35,7 +35,7 @@ from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
-from airflow_batch_provider.ledger.runs import FinishedRun, finished_run
+from airflow_batch_provider.ledger.runs import FinishedRun, finished_run, reopen_newest_run
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.services import harvest, report
@@ -655,11 +655,19 @@ class BatchPrepareOperator(BatchBaseOperator):
 
         run_id = context["run_id"]
         finished = self.finished_run(context)
-        if finished is not None:
+        if finished is not None and reopen_newest_run(self.ledger, self.workload, run_id):
             self.log.warning(
-                "run %s of workload %s finished at %s (its report is published): it is history, so this "
-                "cleared prepare reads nothing, stages nothing and takes no item; start a new run to "
-                "process the input again.",
+                "run %s of workload %s finished at %s and no run of the workload started after it: "
+                "this cleared prepare re-reads the input, and the run's publish writes its report again.",
+                run_id,
+                self.workload,
+                finished.finished_at.isoformat(),
+            )
+        elif finished is not None:
+            self.log.warning(
+                "run %s of workload %s finished at %s (its report is published) and a later run "
+                "followed it: it is history, so this cleared prepare reads nothing, stages nothing and "
+                "takes no item; start a new run to process the input again.",
                 run_id,
                 self.workload,
                 finished.finished_at.isoformat(),

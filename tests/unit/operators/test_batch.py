@@ -489,6 +489,29 @@ def test_a_cleared_prepare_and_publish_of_a_finished_run_change_neither_its_item
     assert list(ledger.iter_items("flow", older, columns=["state"])) == []
 
 
+def test_a_cleared_prepare_of_the_newest_finished_run_prepares_a_record_fixed_after_its_review_again(
+    flow: Flow, capfd: pytest.CaptureFixture[str]
+) -> None:
+    records: list[dict[str, str]] = [{"id": f"r{k}", "text": f"text {k}"} for k in range(3)] + [{"id": "r3"}]
+
+    def prepare() -> list[dict[str, Any]]:
+        op = BatchPrepareOperator(
+            task_id="prepare",
+            records=lambda ctx: [dict(r) for r in records],
+            prompt=flow.prompt,
+            chunking=ChunkOptions(max_reject_ratio=0.5),
+            **flow.common,
+        )
+        return op.execute(flow.context("prepare"))  # type: ignore[no-any-return]
+
+    flow.round(prepare())
+    assert flow.publish()["items_by_state"] == {"succeeded": 3, "review": 1}
+    records[3]["text"] = "fixed"  # the record is fixed, then a person clears the run
+    flow.round(prepare())
+    assert flow.publish()["items_by_state"] == {"succeeded": 4}
+    assert "this cleared prepare re-reads the input" in "".join(capfd.readouterr())
+
+
 # ---------------------------------------------------------------------------- the workload lease
 
 
