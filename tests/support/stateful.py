@@ -172,6 +172,8 @@ class Run:
     :param abandoned: marked failed by the user (Airflow says it is no longer running)
     :param report: the report its last publish wrote (the comparable part)
     :param published_after_change: an input or prompt change happened since that publish
+    :param publish_followed_change: its last publish came after an input or prompt change (the
+        flag above as that publish found it; the invariants read it after the publish ran)
     :param prompt_version: the prompt version its prepare rendered
     :param records: the input its prepare read
     :param prompt: the prompt its prepare rendered
@@ -185,6 +187,7 @@ class Run:
     abandoned: bool = False
     report: dict[str, Any] | None = None
     published_after_change: bool = False
+    publish_followed_change: bool = False
     prompt_version: str = "v1"
     records: list[dict[str, str]] = field(default_factory=list)
     prompt: PromptTemplate | None = None
@@ -514,6 +517,7 @@ class StatefulWorkload:
             run.prompt = self.prompt
         if key[0] == "publish":
             run.finished = True
+            run.publish_followed_change = run.published_after_change
             run.published_after_change = False
         return key
 

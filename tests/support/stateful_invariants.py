@@ -177,7 +177,7 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
             if (
                 before is not None
                 and run.report is not None
-                and not run.published_after_change
+                and not run.publish_followed_change
                 and before != now
             ):
                 out.append(
