@@ -106,8 +106,19 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
     for _, batch in batches:
         for custom_id in batch["custom_ids"]:
             seen[custom_id].append(batch["id"])
+    # A recorded attempt is a (job, custom id) row: an item whose input changed is prepared afresh
+    # and its attempts count from 1 again, so a later job may send the same custom id. That is
+    # two recorded attempts, not one sent twice, when each batch is a different job the ledger
+    # knows and each job recorded the custom id; a batch the ledger does not know (a job in
+    # doubt) or two batches of one job are a custom id sent twice.
+    job_of = {str(j["batch_id"]): str(j["job_id"]) for j in snap["jobs"] if j.get("batch_id")}
+    recorded = {(a["job_id"], a["custom_id"]) for a in attempts}
     for custom_id, ids in sorted(seen.items()):
-        if len(ids) > 1:
+        jobs = [job_of.get(i) for i in ids]
+        distinct_attempts = len(set(jobs)) == len(jobs) and all(
+            job is not None and (job, custom_id) in recorded for job in jobs
+        )
+        if len(ids) > 1 and not distinct_attempts:
             out.append(f"custom id {custom_id} sent in {len(ids)} batches: {ids}")
         if custom_id not in by_custom_id:
             out.append(f"custom id {custom_id} sent in batch {ids[0]} with no attempt in the ledger")
