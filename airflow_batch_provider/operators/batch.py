@@ -431,8 +431,9 @@ class BatchBaseOperator(BaseOperator):
     def finished_run(self, context: Mapping[str, Any]) -> FinishedRun | None:
         """Return the task's run as publish finished it (``None``: it is not finished).
 
-        A finished run is history: a cleared task of it must change neither its items nor its
-        report, nor take items a newer run owns.
+        A finished run that a later run of the workload followed is history: a cleared task of it
+        must change neither its items nor its report, nor take items a newer run owns. The newest
+        run, its prepare cleared, is reopened (:func:`reopen_newest_run`).
 
         :param context: the task context
         """
