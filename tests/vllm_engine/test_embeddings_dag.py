@@ -22,7 +22,8 @@ from tests.vllm_engine.conftest import ROOT, Engine
 from tests.vllm_engine.pods import run_engine_dag
 from tests.vllm_engine.shapes import shape
 
-pytestmark = pytest.mark.airflow_e2e
+# one engine start takes minutes on a busy 2-core machine: the e2e timeout is not a speed check here
+pytestmark = [pytest.mark.airflow_e2e, pytest.mark.timeout(2400)]
 
 DAG_ID = "embeddings_backfill_vllm"
 ITEMS = 12

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from airflow_batch_provider.adapters.vllm_input import engine_refusal
 from tests.unit.adapters.test_vllm_input import CASES
 from tests.vllm_engine.conftest import Engine
+
+pytestmark = pytest.mark.timeout(1200)  # importing the engine takes minutes on a busy machine
 
 VALIDATE = """
 import json, sys

@@ -13,8 +13,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from airflow_batch_provider.adapters.vllm_input import engine_refusal, unserved_reason
 from batch_emulator.openai_api import chat_completion, embedding_list
 
@@ -26,6 +24,8 @@ def _is_url(value: str) -> bool:
 
 
 async def _get(url: str) -> str:
+    import aiohttp  # only an http(s) input or output needs it
+
     async with aiohttp.ClientSession() as session, session.get(url) as resp:
         resp.raise_for_status()  # a 4xx/5xx fails the run: exit 1
         return await resp.text()
@@ -43,6 +43,8 @@ def _read_input(source: str) -> str:
 
 
 async def _put(url: str, path: Path) -> str | None:
+    import aiohttp
+
     timeout = aiohttp.ClientTimeout(total=1000)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -108,7 +110,7 @@ def main(argv: list[str]) -> int:
     requests: list[dict[str, Any]] = []
     try:
         text = _read_input(args.input_file)
-    except (OSError, aiohttp.ClientError) as exc:
+    except Exception as exc:  # OSError, aiohttp.ClientError: the engine exits 1 either way
         print(f"ERROR cannot read the input file: {exc}", flush=True)
         return 1
     for number, raw in enumerate(text.splitlines(), start=1):
