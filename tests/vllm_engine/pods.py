@@ -22,12 +22,14 @@ def run_engine_dag(
     dag_id: str,
     variables: dict[str, str],
     extra_args: list[str],
+    max_model_len: int,
 ) -> dict[str, Any]:
     """Run ``dag_id`` to the end with the engine in the pods; return what it left behind.
 
     :param engine: the real engine
     :param variables: Airflow Variables for the run
     :param extra_args: the connection's ``extra_args`` (``--model`` of a local folder, the served name)
+    :param max_model_len: ``--max-model-len``; the engine refuses more than the model's own
     """
     exchange = tmp / "exchange"
     exchange.mkdir()
@@ -50,7 +52,7 @@ def run_engine_dag(
                 "usd_per_gpu_hour": RATE,
                 "exchange_path": str(exchange),
                 "kube_config_path": str(kubeconfig),
-                "max_model_len": 512,
+                "max_model_len": max_model_len,
                 "extra_args": extra_args,
             },
         }

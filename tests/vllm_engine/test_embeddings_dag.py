@@ -36,8 +36,9 @@ def finished(
 ) -> dict[str, Any]:
     variables = {"embeddings_backfill_vllm_limit": str(ITEMS), "embeddings_backfill_vllm_chunk": "100"}
     extra_args = ["--model", str(engine.embedding_model), "--served-model-name", MODEL]
+    # MiniLM's max_position_embeddings is 256: the engine refuses a longer --max-model-len at start
     return run_engine_dag(
-        airflow_home, tmp_path_factory.mktemp("emb-engine"), engine, DAG_ID, variables, extra_args
+        airflow_home, tmp_path_factory.mktemp("emb-engine"), engine, DAG_ID, variables, extra_args, 256
     )
 
 
