@@ -85,7 +85,7 @@ $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 	fi
 
 # the tests run in ./.venv (Airflow, the stand-ins); the pods run the engine with $(VENV_VLLM)'s python
-test-vllm: venv-vllm ## the real vLLM engine (CPU): whole DAG runs for chat and embeddings through the pod lane
+test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings DAG through the pod lane, the input rules against its models
 	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
 		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_TESTS)
 
