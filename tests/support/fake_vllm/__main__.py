@@ -207,6 +207,7 @@ def _embeddings(body: dict[str, Any], names: set[str]) -> dict[str, Any]:
             "total_tokens": tokens,
             "completion_tokens": 0,
             "prompt_tokens_details": None,
+            "completion_tokens_details": None,
         },
     }
 
