@@ -34,7 +34,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, ClassVar, Final, Literal
+from typing import IO, Any, ClassVar, Literal
 
 from airflow_batch_provider.adapters.base import (
     AdapterSettings,
@@ -47,12 +47,12 @@ from airflow_batch_provider.adapters.base import (
     Limits,
     parse_jsonl_results,
 )
+from airflow_batch_provider.adapters.vllm_input import CHAT_URL, EMBEDDINGS_URL, engine_refusal
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
-from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 
-CHAT_URL: Final = "/v1/chat/completions"
-EMBEDDINGS_URL: Final = "/v1/embeddings"
+__all__ = ["CHAT_URL", "EMBEDDINGS_URL", "VllmKubernetesAdapter", "parse_vllm_line"]
 
 
 def exchange_folder(extra: Mapping[str, Any]) -> Path:
@@ -164,6 +164,10 @@ class VllmKubernetesAdapter(BatchAdapter):
     limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024)
     #: The lane runs each chunk as a pod task instead of submit + wait (read by the pipeline).
     runs_in_pod: ClassVar[bool] = True
+    #: What ``vllm run-batch`` serves that the lane formats: ``/v1/chat/completions`` and
+    #: ``/v1/embeddings`` (score, rerank and audio have no request kind here; ``/v1/responses``,
+    #: ``/v1/completions`` and ``/v1/moderations`` the engine does not serve).
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
 
     def format_line(self, request: CanonicalRequest, custom_id: str) -> bytes:
         if request.kind == "embedding":
@@ -175,6 +179,14 @@ class VllmKubernetesAdapter(BatchAdapter):
             messages.extend(request.messages)
             url, body = CHAT_URL, {"model": request.model, "messages": messages, **request.params}
         line = {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+        refusal = engine_refusal(line)
+        if refusal is not None:  # one such line would fail the engine's whole file, every round
+            raise ItemError(
+                request.app_id,
+                "engine_invalid_request",
+                f"vllm run-batch would refuse its line ({custom_id}) and with it every line of the chunk: "
+                f"{refusal}. Fix the prompt's params or the record; the other items go on.",
+            )
         return json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
     def stage(self, chunk: IO[bytes], name: str, size: int) -> InputRef:

@@ -52,7 +52,7 @@ from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
 from airflow_batch_provider.kubernetes.lane import check_conn_lane
-from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
+from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
 from airflow_batch_provider.ledger.store import utcnow
@@ -317,6 +317,9 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         if not self.url_staging:
             volumes.append(self.exchange_volume())
             mounts.append(k8s.V1VolumeMount(name="exchange", mount_path=mount))
+        else:  # the engine stages the output here (--output-tmp-dir) before its one PUT
+            volumes.append(k8s.V1Volume(name="output-staging", empty_dir=k8s.V1EmptyDirVolumeSource()))
+            mounts.append(k8s.V1VolumeMount(name="output-staging", mount_path=OUTPUT_TMP_DIR))
         if s.model_cache_pvc:
             volumes.append(
                 k8s.V1Volume(

