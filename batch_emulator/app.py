@@ -41,8 +41,8 @@ Admin endpoints (JSON):
                                               # the batch has ended
          "truncated": ["<custom_id>", ...]    # billed items whose output line was written cut in
                                               # half (fault rate_malformed): their usage cannot be
-                                              # read from the file; one entry per line (twice
-                                              # when also written twice); null until it ended
+                                              # read from the file (once each, even when the
+                                              # line was written twice); null until it ended
         }, ...]},
      "realtime": {"<provider>": [           # every billed real-time answer, in order
         {"custom_id": "..." | null,           # from the x-abp-custom-id request header, if sent

@@ -439,16 +439,10 @@ class Job:
     def truncated(self) -> list[str]:
         """The billed items whose output line was written truncated (fault ``rate_malformed``), input order.
 
-        One entry per truncated line: an item whose line was also written twice (``rate_duplicate``)
-        is named twice.
+        Once each: a truncated line also written twice (``rate_duplicate``) is one billed answer.
         """
         billed = self.billed
-        return [
-            item.custom_id
-            for item in self.items
-            if item.decision.malformed and item.custom_id in billed
-            for _ in range(2 if item.decision.duplicate else 1)
-        ]
+        return [item.custom_id for item in self.items if item.decision.malformed and item.custom_id in billed]
 
     # -- schedule ------------------------------------------------------------------------
 
