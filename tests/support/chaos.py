@@ -621,7 +621,7 @@ class Bill:
     :param answers: item key -> answers billed for it
     :param unreadable_usage: the part of ``usage`` billed for lines that reached the reader damaged
     :param unreadable_paid: its cost
-    :param unreadable_lines: how many such billed lines
+    :param unreadable_ids: the custom ids of those lines
     """
 
     usage: Usage
@@ -629,7 +629,7 @@ class Bill:
     answers: Counter[str]
     unreadable_usage: Usage = field(default_factory=Usage)
     unreadable_paid: Decimal = Decimal(0)
-    unreadable_lines: int = 0
+    unreadable_ids: frozenset[str] = frozenset()
 
     @property
     def readable_usage(self) -> Usage:
@@ -677,7 +677,7 @@ def expected_bill(
     prices = PriceTable.load()
     expected_paid = Decimal(0)
     expected_usage = Usage()
-    unreadable_usage, unreadable_paid, unreadable_lines = Usage(), Decimal(0), 0
+    unreadable_usage, unreadable_paid, unreadable_ids = Usage(), Decimal(0), set()
     for source, batch in batches:
         price = prices.price(source, model)
         cut = set(batch.get("truncated") or ()) | set(damaged)
@@ -689,7 +689,7 @@ def expected_bill(
             if custom_id in cut:
                 unreadable_usage += usage
                 unreadable_paid += cost(usage, price, "batch")
-                unreadable_lines += 1
+                unreadable_ids.add(custom_id)
         for _, tokens in batch.get("billed_again") or []:  # a second answer, priced as a duplicate
             usage = Usage(**tokens)
             expected_usage += usage
@@ -724,7 +724,12 @@ def expected_bill(
                 expected_usage += usage
                 expected_paid += cost(usage, sync_price, "sync")
     return Bill(
-        expected_usage, expected_paid, billed_answers, unreadable_usage, unreadable_paid, unreadable_lines
+        expected_usage,
+        expected_paid,
+        billed_answers,
+        unreadable_usage,
+        unreadable_paid,
+        frozenset(unreadable_ids),
     )
 
 

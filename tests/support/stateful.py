@@ -407,7 +407,7 @@ class StatefulWorkload:
                 path.write_bytes(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n")
             elif how == "truncate":
                 data = path.read_bytes().rstrip(b"\n")
-                self._note_cut(data.rsplit(b"\n", 1)[-1])
+                self._note_cut(data.rsplit(b"\n", 1)[-1], data.splitlines()[:-1])
                 path.write_bytes(data[: max(1, len(data) - 20)])
             elif how == "lose":
                 path.unlink()
@@ -426,17 +426,18 @@ class StatefulWorkload:
             return str(path)
         return None
 
-    def _note_cut(self, last: bytes) -> None:
+    def _note_cut(self, last: bytes, before: list[bytes]) -> None:
         """Remember a line about to be cut short, unless it was unreadable already.
 
         :param last: the line
+        :param before: the lines before it (an intact copy there keeps its answer readable)
         """
         try:
             line = json.loads(last)
         except ValueError:
             return  # damaged already: cutting it again damages no other line
         self.damaged_lines += 1
-        if _is_answer(line):
+        if _is_answer(line) and last not in before:
             self.damaged.append(str(line["custom_id"]))
 
     # ------------------------------------------------------------------ runs

@@ -29,8 +29,9 @@ and, once every run is finished (publish ran):
   job still in doubt is left out until it is resolved: the report lists the job instead), less
   on both sides what no one can read: the reports' ``unreadable.estimated_usage`` and the billed
   usage of the lines that reached reconcile damaged (the emulator's ``truncated``, the lines
-  :meth:`~tests.support.stateful.StatefulWorkload.damage_result_file` cut); every damaged line is
-  priced at an estimate above zero, never free, and counted in ``unreadable.lines``.
+  :meth:`~tests.support.stateful.StatefulWorkload.damage_result_file` cut); each such answer has
+  an unreadable line naming it, priced at an estimate above zero (never free), and no more lines
+  are unreadable than were damaged (an identical damaged copy is one answer, priced once).
 """
 
 from __future__ import annotations
@@ -294,15 +295,25 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
             f"the reports say ${paid} (${estimated_paid} estimated for unreadable lines), the emulator's "
             f"bill is ${bill.paid} (${bill.unreadable_paid} for lines that reached reconcile damaged)"
         )
+    # every damaged line is priced, never free: each billed answer that reached reconcile damaged
+    # has an unreadable line naming it, and no line is unreadable that nobody damaged (an identical
+    # damaged copy is one answer, priced once)
+    unreadable = [e for e in snap["extra_lines"] if e["kind"] == "unreadable"]
+    unpriced = sorted(bill.unreadable_ids - {e["custom_id"] for e in unreadable})
+    if unpriced:
+        out.append(f"billed answers that reached reconcile damaged, not priced as unreadable: {unpriced[:5]}")
     damaged = (
         sum(len(b.get("truncated") or ()) for bs in settled.values() for b in bs) + workload.damaged_lines
     )
-    if lines != damaged:
-        out.append(f"the reports price {lines} unreadable lines, {damaged} lines reached reconcile damaged")
+    if lines != len(unreadable) or lines > damaged:
+        out.append(
+            f"the reports price {lines} unreadable lines ({len(unreadable)} in the ledger), "
+            f"at most {damaged} lines reached reconcile damaged"
+        )
     free = [
         (e["job_id"], e["ordinal"])
-        for e in snap["extra_lines"]
-        if e["kind"] == "unreadable" and not (e["estimated"] and e["input_tokens"] + e["output_tokens"] > 0)
+        for e in unreadable
+        if not (e["estimated"] and e["input_tokens"] + e["output_tokens"] > 0)
     ]
     if free:
         out.append(f"unreadable lines priced as free, not at an estimate: {free[:5]}")
