@@ -39,6 +39,10 @@ Admin endpoints (JSON):
                                               # second answers billed for an item that already
                                               # had one (fault rate_duplicate_other); null until
                                               # the batch has ended
+         "truncated": ["<custom_id>", ...]    # billed items whose output line was written cut in
+                                              # half (fault rate_malformed): their usage cannot be
+                                              # read from the file (once each, even when the
+                                              # line was written twice); null until it ended
         }, ...]},
      "realtime": {"<provider>": [           # every billed real-time answer, in order
         {"custom_id": "..." | null,           # from the x-abp-custom-id request header, if sent

@@ -432,7 +432,17 @@ class Job:
             "status": view.status,
             "billed": self.billed if self.results is not None else None,
             "billed_again": list(self.billed_again) if self.results is not None else None,
+            "truncated": self.truncated if self.results is not None else None,
         }
+
+    @property
+    def truncated(self) -> list[str]:
+        """The billed items whose output line was written truncated (fault ``rate_malformed``), input order.
+
+        Once each: a truncated line also written twice (``rate_duplicate``) is one billed answer.
+        """
+        billed = self.billed
+        return [item.custom_id for item in self.items if item.decision.malformed and item.custom_id in billed]
 
     # -- schedule ------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ The rules that make a rerun converge:
   discarded cost by the ledger, never applied twice;
 - a downloaded file that is not a result file (an HTML page served with HTTP 200) is fetched
   again, and if it stays invalid the download is incomplete, never "every item missing"
-  (:mod:`~airflow_batch_provider.services.result_files`);
+  (:mod:`~airflow_batch_provider.services.result_files`); so is a staged file replaced after its
+  download by something that is not a result file, before reconcile reads it;
 - an item keeps its success over an error line of the same id, whatever their order, and every
   other billed line (a second answer, an unreadable line at an estimate) is priced
   (:mod:`~airflow_batch_provider.services.result_lines`).
@@ -40,7 +41,12 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.extra_lines import record_extra_lines
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.ledger.store import utcnow
-from airflow_batch_provider.services.result_files import INVALID_FILE, fetch_result_file, invalid_file_note
+from airflow_batch_provider.services.result_files import (
+    INVALID_FILE,
+    fetch_result_file,
+    invalid_file_note,
+    staged_file_problem,
+)
 from airflow_batch_provider.services.result_lines import LineSorter, price_unreadable, succeeded_ids
 from airflow_batch_provider.staging import Staging
 
@@ -223,7 +229,8 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
     """Stream a job's output and error files into staging, once they are complete.
 
     Skips only when an earlier download was complete (job ``downloaded``/``reconciled``) and its
-    files are still in staging. Otherwise reads the batch's status: not terminal yet means its
+    files are still in staging (and, until reconcile read them, still result files: a page copied
+    over one is fetched again). Otherwise reads the batch's status: not terminal yet means its
     files are incomplete, nothing is written and the job stays as it is (a later download or
     reconcile fetches them); terminal means the files are fetched, overwriting any partial file,
     and the job is marked ``downloaded``.
@@ -235,11 +242,16 @@ def download_job(ledger: Ledger, adapter: BatchAdapter, staging: Staging, job_id
     """
     job = ledger.get_job(job_id)
     recorded = {"output_path": job.output_path, "error_path": job.error_path}
-    if job.state in COMPLETE_STATES and all(
-        staging.at(p).exists() for p in recorded.values() if p is not None
-    ):
-        log.info("files of batch %s already downloaded complete: %s", job.batch_id, recorded)
-        return Download(True, False, recorded)
+    if job.state in COMPLETE_STATES:
+        # Before reconcile reads them, the staged files must still be result files; after, that
+        # they exist (their lines are in the ledger already).
+        problem = staged_file_problem(adapter, staging, recorded.values(), check=job.reconciled_at is None)
+        if problem is None:
+            log.info("files of batch %s already downloaded complete: %s", job.batch_id, recorded)
+            return Download(True, False, recorded)
+        log.warning(
+            "files of batch %s were downloaded complete, but %s: fetching them again", job.batch_id, problem
+        )
     if job.batch_id is None:
         log.warning("job %s has no batch (in doubt or never created); nothing to download", job_id)
         return Download(False, False, recorded)

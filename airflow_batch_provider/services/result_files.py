@@ -7,12 +7,17 @@ answers sit in the real file). So each downloaded file is checked against its pr
 (:meth:`~airflow_batch_provider.adapters.base.BatchAdapter.result_file_problem`) and fetched again
 when it is not a result file; if it still is not after :data:`FETCH_TRIES` fetches, the download
 is incomplete: the job is not marked downloaded, its items stay open, and the report lists it.
+
+A file checked at download can be replaced in staging before reconcile reads it (a sync tool or
+a person copying a page over it, a disk that kept half a write): a complete download is kept only
+while its staged files are still result files (:func:`staged_file_problem`); otherwise reconcile
+fetches them again rather than read the page as "every item missing".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Final, Literal
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef
@@ -66,6 +71,31 @@ def fetch_result_file(
             "fetching it again" if attempt < tries else "the download stays incomplete",
         )
     return problem
+
+
+def staged_file_problem(
+    adapter: BatchAdapter, staging: Staging, paths: Iterable[str | None], check: bool = True
+) -> str | None:
+    """Say why one of a job's staged result files is gone or no longer a result file, or ``None``.
+
+    :param adapter: the provider adapter (it defines the valid file)
+    :param staging: the staging area
+    :param paths: the staged URLs (``None`` where a file was not fetched)
+    :param check: also check each file's format (``False``: only that it exists)
+    """
+    for path in paths:
+        if path is None:
+            continue
+        staged = staging.at(path)
+        if not staged.exists():
+            return f"{path} is gone"
+        if not check:
+            continue
+        with staged.open("rb") as fh:
+            problem = adapter.result_file_problem(fh)
+        if problem is not None:
+            return f"{path}: {problem}"
+    return None
 
 
 def invalid_file_note(kind: str, ref: BatchRef, problem: str, tries: int = FETCH_TRIES) -> str:

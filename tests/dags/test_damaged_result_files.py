@@ -23,6 +23,7 @@ from airflow_batch_provider.ledger import Ledger
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
+from tests.support.chaos import expected_bill
 
 pytestmark = pytest.mark.airflow_e2e
 
@@ -116,21 +117,19 @@ def test_with_damaged_result_files_the_reports_billed_tokens_equal_the_emulators
     assert sum(states.values()) == ITEMS and set(states) <= {"succeeded", "review"}, states
     assert states.get("succeeded", 0) >= ITEMS - 2, states
 
-    readable: dict[str, int] = dict.fromkeys(TOKENS, 0)
-    damaged = again = 0
-    for batch in record["batches"]["openai"]:
-        for cid, usage in (batch["billed"] or {}).items():
-            if FAULTS.decide_item(config.seed, cid).malformed:
-                damaged += 1  # its line was truncated: priced at the estimate, reported apart
-                continue
-            for key in TOKENS:
-                readable[key] += usage[key]
-        for cid, usage in batch["billed_again"] or []:
-            # a second answer is a discarded duplicate, unless the first was truncated: then it is
-            # the first readable success, and the item keeps it
-            again += not FAULTS.decide_item(config.seed, cid).malformed
-            for key in TOKENS:
-                readable[key] += usage[key]
+    # the bill of every readable line: the record's bill less the lines it says it truncated
+    # (priced by the report at an estimate, reported apart), as the stateful invariant reads it
+    bill = expected_bill(record, {}, "openai", "gpt-4o-mini")
+    readable = {key: getattr(bill.readable_usage, key) for key in TOKENS}
+    damaged = sum(len(batch["truncated"] or ()) for batch in record["batches"]["openai"])
+    truncated = {cid for batch in record["batches"]["openai"] for cid in batch["truncated"] or ()}
+    # a second answer is a discarded duplicate, unless the first was truncated: then it is the
+    # first readable success, and the item keeps it
+    again = sum(
+        cid not in truncated
+        for batch in record["batches"]["openai"]
+        for cid, _ in batch["billed_again"] or []
+    )
     assert damaged and again, (damaged, again)
 
     (path,) = list((tmp_path / "staging").rglob("report.json"))

@@ -29,9 +29,9 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
@@ -611,42 +611,85 @@ def check_invariants(base_url: str, runs: Sequence[ChaosRun]) -> Verdict:
 class Bill:
     """What the emulator billed, as the published reports must count it.
 
+    A billed line that reached the reader damaged (the emulator's ``truncated``, or a line a test
+    cut in the downloaded file) has usage nobody can read: the report prices it at an estimate
+    from its request and reports it apart (``unreadable``). So the report's usage less its
+    ``unreadable.estimated_usage`` must equal :attr:`readable_usage`, exactly (``docs/cost.md``).
+
     :param usage: the tokens billed (batch and real-time answers)
     :param paid: their cost at the shipped prices
     :param answers: item key -> answers billed for it
+    :param unreadable_usage: the part of ``usage`` billed for lines that reached the reader damaged
+    :param unreadable_paid: its cost
+    :param unreadable_ids: the custom ids of those lines
     """
 
     usage: Usage
     paid: Decimal
     answers: Counter[str]
+    unreadable_usage: Usage = field(default_factory=Usage)
+    unreadable_paid: Decimal = Decimal(0)
+    unreadable_ids: frozenset[str] = frozenset()
+
+    @property
+    def readable_usage(self) -> Usage:
+        """The tokens billed for lines the reader could read: what a report knows exactly."""
+        return usage_minus(self.usage, self.unreadable_usage)
+
+    @property
+    def readable_paid(self) -> Decimal:
+        """The cost of :attr:`readable_usage`."""
+        return self.paid - self.unreadable_paid
+
+
+def usage_minus(usage: Usage, part: Usage) -> Usage:
+    """``usage`` less ``part``, field by field.
+
+    :param usage: the whole
+    :param part: the part taken away
+    """
+    return Usage(**{f.name: getattr(usage, f.name) - getattr(part, f.name) for f in fields(Usage)})
 
 
 def expected_bill(
-    record: Mapping[str, Any], sync_attempts: Mapping[str, Sequence[Any]], provider: str, model: str
+    record: Mapping[str, Any],
+    sync_attempts: Mapping[str, Sequence[Any]],
+    provider: str,
+    model: str,
+    damaged: Collection[str] = (),
 ) -> Bill:
     """The emulator's bill (its record), plus the documented upper bound for interrupted real-time sends.
 
     Batches are priced at the batch price, real-time answers at full price; for each real-time send
     a kill interrupted before the emulator completed it (``possibly_paid_twice``), exactly its
     resend's price is added (the report cannot know and prices every interrupted send as paid).
+    The first answer of each custom id the emulator wrote truncated (its record's ``truncated``) or
+    named in ``damaged`` is billed usage the reader could not read (:attr:`Bill.unreadable_usage`).
 
     :param record: the emulator's record (``GET /_emulator/record``)
     :param sync_attempts: item key -> its real-time attempt rows, in the order they were made
     :param provider: the provider of the real-time sends
     :param model: the model
+    :param damaged: custom ids whose billed batch line a test damaged in the downloaded file
     """
     batches = [(source, b) for source, bs in record.get("batches", {}).items() for b in bs]
     billed_answers: Counter[str] = Counter()
     prices = PriceTable.load()
     expected_paid = Decimal(0)
     expected_usage = Usage()
+    unreadable_usage, unreadable_paid, unreadable_ids = Usage(), Decimal(0), set()
     for source, batch in batches:
         price = prices.price(source, model)
+        cut = set(batch.get("truncated") or ()) | set(damaged)
         for custom_id, tokens in (batch.get("billed") or {}).items():
             usage = Usage(**tokens)
             expected_usage += usage
             expected_paid += cost(usage, price, "batch")
             billed_answers[item_key_of(custom_id)] += 1
+            if custom_id in cut:
+                unreadable_usage += usage
+                unreadable_paid += cost(usage, price, "batch")
+                unreadable_ids.add(custom_id)
         for _, tokens in batch.get("billed_again") or []:  # a second answer, priced as a duplicate
             usage = Usage(**tokens)
             expected_usage += usage
@@ -680,7 +723,14 @@ def expected_bill(
             for _ in range(never_completed):
                 expected_usage += usage
                 expected_paid += cost(usage, sync_price, "sync")
-    return Bill(expected_usage, expected_paid, billed_answers)
+    return Bill(
+        expected_usage,
+        expected_paid,
+        billed_answers,
+        unreadable_usage,
+        unreadable_paid,
+        frozenset(unreadable_ids),
+    )
 
 
 def check_input_files(base_url: str, jobs: Sequence[Mapping[str, Any]]) -> list[str]:

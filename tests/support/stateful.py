@@ -248,6 +248,10 @@ class StatefulWorkload:
         self.runs: list[Run] = []
         #: app id -> times its input was changed (a resend of a succeeded item needs one, or a re-drive)
         self.edits: dict[str, int] = {}
+        #: custom ids whose billed answer line :meth:`damage_result_file` cut short (unreadable usage)
+        self.damaged: list[str] = []
+        #: lines :meth:`damage_result_file` made unreadable (cut short, or a broken copy added)
+        self.damaged_lines = 0
         #: item keys a person re-drove, with how often
         self.redriven: dict[str, int] = {}
         extra: dict[str, Any] = {}
@@ -406,6 +410,7 @@ class StatefulWorkload:
                 path.write_bytes(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n")
             elif how == "truncate":
                 data = path.read_bytes().rstrip(b"\n")
+                self._note_cut(data.rsplit(b"\n", 1)[-1], data.splitlines()[:-1])
                 path.write_bytes(data[: max(1, len(data) - 20)])
             elif how == "lose":
                 path.unlink()
@@ -415,6 +420,7 @@ class StatefulWorkload:
                     continue
                 if how == "malformed_after":
                     extra = lines[0][: len(lines[0]) // 2]
+                    self.damaged_lines += 1
                 else:
                     extra = json.dumps(_twin_line(json.loads(lines[0]))).encode()
                 path.write_bytes(
@@ -422,6 +428,20 @@ class StatefulWorkload:
                 )
             return str(path)
         return None
+
+    def _note_cut(self, last: bytes, before: list[bytes]) -> None:
+        """Remember a line about to be cut short, unless it was unreadable already.
+
+        :param last: the line
+        :param before: the lines before it (an intact copy there keeps its answer readable)
+        """
+        try:
+            line = json.loads(last)
+        except ValueError:
+            return  # damaged already: cutting it again damages no other line
+        self.damaged_lines += 1
+        if _is_answer(line) and last not in before:
+            self.damaged.append(str(line["custom_id"]))
 
     # ------------------------------------------------------------------ runs
 
@@ -637,6 +657,16 @@ class StatefulWorkload:
         if task != "lease":
             operator.pre_execute(context)
         return operator.execute(context)
+
+
+def _is_answer(line: dict[str, Any]) -> bool:
+    """Tell a success line (a billed answer) from an error line.
+
+    :param line: an OpenAI (``response``) or Anthropic (``result``) result line
+    """
+    if "response" in line:  # OpenAI
+        return bool(line["response"]) and line["response"].get("status_code") == 200
+    return bool(line.get("result")) and line["result"].get("type") == "succeeded"
 
 
 def _twin_line(line: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,12 @@ and, once every run is finished (publish ran):
 - *no batch the ledger does not know*;
 - *the reported billed usage equals the emulator's bill* (the documented upper bound for
   interrupted real-time sends allowed, as in the chaos suite; a batch the ledger knows only as a
-  job still in doubt is left out until it is resolved: the report lists the job instead).
+  job still in doubt is left out until it is resolved: the report lists the job instead), less
+  on both sides what no one can read: the reports' ``unreadable.estimated_usage`` and the billed
+  usage of the lines that reached reconcile damaged (the emulator's ``truncated``, the lines
+  :meth:`~tests.support.stateful.StatefulWorkload.damage_result_file` cut); each such answer has
+  an unreadable line naming it, priced at an estimate above zero (never free), and no more lines
+  are unreadable than were damaged (an identical damaged copy is one answer, priced once).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.core.states import FINAL_STATES
 from airflow_batch_provider.ledger import schema as s
-from tests.support.chaos import expected_bill
+from tests.support.chaos import expected_bill, usage_minus
 from tests.support.stateful import WORKLOAD, StatefulWorkload, comparable_report
 
 
@@ -72,11 +77,17 @@ def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
                 select(s.attempts).where(s.attempts.c.workload == WORKLOAD).order_by(s.attempts.c.created_at)
             ).mappings()
         ]
+        extra = [
+            dict(r)
+            for r in conn.execute(
+                select(s.extra_lines).where(s.extra_lines.c.workload == WORKLOAD)
+            ).mappings()
+        ]
         runs = {
             r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
             for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
         }
-    return {"items": items, "jobs": jobs, "attempts": attempts, "reports": runs}
+    return {"items": items, "jobs": jobs, "attempts": attempts, "reports": runs, "extra_lines": extra}
 
 
 def _attempt_rows(attempts: list[dict[str, Any]], run_id: str) -> list[tuple[Any, ...]]:
@@ -268,8 +279,13 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
         ]
         for provider, batches in record.get("batches", {}).items()
     }
-    bill = expected_bill({**record, "batches": settled}, sync_attempts, workload.provider, workload.model)
-    usage, paid = Usage(), Decimal(0)
+    bill = expected_bill(
+        {**record, "batches": settled}, sync_attempts, workload.provider, workload.model, workload.damaged
+    )
+    # A line that reached reconcile damaged (truncated by the emulator or in the downloaded file)
+    # has unreadable usage: each is priced at an estimate from its request, never free, and
+    # reported apart; what is left is the bill of every readable line, exactly (docs/cost.md).
+    usage, paid, estimated, estimated_paid, lines = Usage(), Decimal(0), Usage(), Decimal(0), 0
     for run in workload.runs:
         report = snap["reports"].get(run.run_id)
         if report is None:
@@ -277,10 +293,41 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
             continue
         usage += Usage(**report["usage"])
         paid += Decimal(report["paid"])
-    if usage != bill.usage:
-        out.append(f"the reports count {usage}, the emulator billed {bill.usage}")
-    if paid != bill.paid:
-        out.append(f"the reports say ${paid}, the emulator's bill is ${bill.paid}")
+        estimated += Usage(**report["unreadable"]["estimated_usage"])
+        estimated_paid += Decimal(report["unreadable"]["paid"])
+        lines += report["unreadable"]["lines"]
+    if usage_minus(usage, estimated) != bill.readable_usage:
+        out.append(
+            f"the reports count {usage} ({estimated} of it estimated for unreadable lines), the emulator "
+            f"billed {bill.usage} ({bill.unreadable_usage} of it for lines that reached reconcile damaged)"
+        )
+    if paid - estimated_paid != bill.readable_paid:
+        out.append(
+            f"the reports say ${paid} (${estimated_paid} estimated for unreadable lines), the emulator's "
+            f"bill is ${bill.paid} (${bill.unreadable_paid} for lines that reached reconcile damaged)"
+        )
+    # every damaged line is priced, never free: each billed answer that reached reconcile damaged
+    # has an unreadable line naming it, and no line is unreadable that nobody damaged (an identical
+    # damaged copy is one answer, priced once)
+    unreadable = [e for e in snap["extra_lines"] if e["kind"] == "unreadable"]
+    unpriced = sorted(bill.unreadable_ids - {e["custom_id"] for e in unreadable})
+    if unpriced:
+        out.append(f"billed answers that reached reconcile damaged, not priced as unreadable: {unpriced[:5]}")
+    damaged = (
+        sum(len(b.get("truncated") or ()) for bs in settled.values() for b in bs) + workload.damaged_lines
+    )
+    if lines != len(unreadable) or lines > damaged:
+        out.append(
+            f"the reports price {lines} unreadable lines ({len(unreadable)} in the ledger), "
+            f"at most {damaged} lines reached reconcile damaged"
+        )
+    free = [
+        (e["job_id"], e["ordinal"])
+        for e in unreadable
+        if not (e["estimated"] and e["input_tokens"] + e["output_tokens"] > 0)
+    ]
+    if free:
+        out.append(f"unreadable lines priced as free, not at an estimate: {free[:5]}")
     return out
 
 

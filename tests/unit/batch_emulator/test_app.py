@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from collections.abc import Iterator
@@ -259,6 +260,33 @@ def test_the_record_lists_every_batch_with_its_keys_ids_and_billed_tokens(client
     assert all(usage["input_tokens"] > 0 and usage["output_tokens"] > 0 for usage in billed.values())
     (answer,) = record["realtime"]["openai"]
     assert answer["custom_id"] == "rt-1" and answer["usage"]["output_tokens"] > 0
+
+
+def test_the_record_names_each_billed_item_whose_output_line_was_truncated_once(client: TestClient) -> None:
+    faults = {"rate_500": 0, "rate_malformed": 0.3, "rate_duplicate": 0.3}
+    client.put("/_emulator/config", json={"faults": faults})
+    text = "\n".join(json.dumps(line) for line in chat_lines(40))
+    file_id = client.post("/v1/files", files={"file": ("in.jsonl", text)}, data={"purpose": "batch"}).json()[
+        "id"
+    ]
+    batch_id = client.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+    ).json()["id"]
+    assert _batches(client)[0]["truncated"] is None, "nothing is written before the batch ends"
+    client.post("/_emulator/clock", json={"advance_s": 60})
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    raw = client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()
+    broken = []
+    for line in raw:
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            broken.append(re.search(r'"custom_id": ?"([^"]+)"', line).group(1))  # type: ignore[union-attr]
+    (entry,) = _batches(client)
+    assert broken and len(set(broken)) < len(broken), "some truncated line was also written twice"
+    assert sorted(entry["truncated"]) == sorted(set(broken))  # type: ignore[arg-type]
+    assert set(broken) <= set(entry["billed"])  # type: ignore[arg-type]
 
 
 def test_unknown_result_lines_carry_ids_nobody_sent(client: TestClient) -> None:

@@ -58,3 +58,36 @@ def test_a_file_that_stays_an_html_page_leaves_the_download_incomplete_and_the_i
         assert reconcile_job(w.ledger, w.adapter, w.staging, job_id, w.prompt, price)["missing"] == 0
         assert w.ledger.count_states(WORKLOAD, RUN) == {"succeeded": 5}
         assert w.ledger.get_job(job_id).error is None
+
+
+def test_a_staged_output_file_replaced_by_an_html_page_after_its_download_is_fetched_again_at_reconcile(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    with world(tmp_path, ledger_url=ledger_url) as w:
+        (job_id,) = submitted(w, 4)
+        w.wait_terminal(job_id)
+        got = download_job(w.ledger, w.adapter, w.staging, job_id)
+        assert (got.complete, got.fetched) == (True, True)
+        staged = w.staging.at(str(got.paths["output_path"]))
+        good = staged.read_bytes()
+        staged.write_bytes(b"<html><body><h1>502 Bad Gateway</h1></body></html>\n")
+
+        summary = reconcile_job(w.ledger, w.adapter, w.staging, job_id, w.prompt, price)
+        assert summary["complete"] is True
+        assert (summary["missing"], summary["malformed"], summary["unreadable"]) == (0, 0, 0)
+        assert w.ledger.count_states(WORKLOAD, RUN) == {"succeeded": 4}
+        assert staged.read_bytes() == good  # fetched again, not read as a page of missing items
+
+
+def test_a_staged_file_of_a_reconciled_job_is_only_checked_to_exist_not_fetched_again(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    with world(tmp_path, ledger_url=ledger_url) as w:
+        (job_id,) = submitted(w, 2)
+        w.wait_terminal(job_id)
+        reconcile_job(w.ledger, w.adapter, w.staging, job_id, w.prompt, price)
+        staged = w.staging.at(str(w.ledger.get_job(job_id).output_path))
+        staged.write_bytes(b"<html></html>\n")
+        got = download_job(w.ledger, w.adapter, w.staging, job_id)
+        assert (got.complete, got.fetched) == (True, False)
+        assert w.ledger.get_job(job_id).state == "reconciled"
