@@ -16,7 +16,8 @@ pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.
 - *the budget holds*: no run's report says it paid more than its budget;
 - *a finished run is history*: its report and its attempts stay as its publish left them, until
   that run itself is cleared and published again (and then, when neither input nor prompt
-  changed, to the same report);
+  changed, to the same report); only the attempts it never harvested (a batch resolved after its
+  publish) move with their job to the run that harvests them late (``late_harvest``);
 
 and, once every run is finished (publish ran):
 
@@ -26,7 +27,9 @@ and, once every run is finished (publish ran):
 - *no batch the ledger does not know*;
 - *the reported billed usage equals the emulator's bill* (the documented upper bound for
   interrupted real-time sends allowed, as in the chaos suite; a batch the ledger knows only as a
-  job still in doubt is left out until it is resolved: the report lists the job instead).
+  job still in doubt is left out until it is resolved: the report lists the job instead; a job
+  resolved after its run published that no later run could harvest yet keeps its items
+  ``submitted`` and its batch out of the bill likewise).
 """
 
 from __future__ import annotations
