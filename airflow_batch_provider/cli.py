@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.runs import finished_run
 
 
 def resolve_ledger_url(ledger_url: str | None, conn_id: str | None) -> str:
@@ -120,10 +121,16 @@ def _jobs(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
         + (f" (batch {job.batch_id})" if job.batch_id else "")
         + "\n"
     )
-    if job.batch_id:
+    if job.batch_id and finished_run(ledger, job.workload, job.run_id) is not None:
         out.write(
-            f"its items wait for that batch's answers: once the batch has ended, clear the publish task of "
-            f"run {job.run_id!r} (it harvests the batch and reports what it billed); do not re-drive them\n"
+            f"its items wait for that batch's answers; run {job.run_id!r} is finished (its report stays as "
+            "published), so the next run of the workload harvests the batch once it has ended (its prepare "
+            "or publish) and prices it in its own report under late_harvest: start one; do not re-drive them\n"
+        )
+    elif job.batch_id:
+        out.write(
+            f"its items wait for that batch's answers: run {job.run_id!r} harvests the batch once it has "
+            "ended (its publish at the latest), or the next run of the workload does; do not re-drive them\n"
         )
     else:
         out.write(

@@ -146,13 +146,14 @@ class BatchNotHarvestedError(LedgerError):
                 parts.append(
                     f"{count} item(s) of job {job_id!r}, whose create is {state} (a batch may exist and bill "
                     f"them): resolve it first with `airflow-batch jobs resolve {job_id} --batch-id ID "
-                    "--note WHAT_YOU_CHECKED` (then clear its run's publish task once the batch ended: it "
-                    "harvests the batch) or `--absent`"
+                    "--note WHAT_YOU_CHECKED` (then the next run of the workload harvests the batch once it "
+                    "has ended, or its own run's publish if that run is not finished) or `--absent`"
                 )
             else:
                 parts.append(
                     f"{count} item(s) of job {job_id!r}, whose batch {batch_id!r} is not harvested yet (job "
-                    f"{state}): harvest it first (clear its run's publish task once the batch ended)"
+                    f"{state}): its answers are harvested first, once the batch has ended (by its run's publish, or by "
+                    "the next run of the workload when its run is finished)"
                 )
         more = f"; and {len(jobs) - 5} more job(s)" if len(jobs) > 5 else ""
         super().__init__(

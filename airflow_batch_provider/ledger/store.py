@@ -1622,7 +1622,8 @@ class Ledger:
         :param batch_id: the batch found for it: the job becomes ``submitted`` and its ``staged``
             items ``submitted``, and so do those sent to review while it was in doubt (code
             ``in_doubt``, no person's decision): the batch answered and billed them, so they are
-            harvested from it (the run's publish harvests it late; clear it once the batch ended),
+            harvested from it (by the run's publish, or by the next run of the workload once the
+            run is finished: :mod:`~airflow_batch_provider.services.late_harvest`),
             never sent again; ``None``: proven absent, the job goes back to ``staged`` and may be
             claimed again (its items stay staged under it; those in review may be re-driven)
         :param actor: who decided (a person, or ``provider-list`` when matched automatically)

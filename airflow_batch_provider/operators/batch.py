@@ -708,6 +708,8 @@ class BatchPrepareOperator(BatchBaseOperator):
             check_run_connection(ledger, self.workload, run_id, self.batch_conn_id, self.task_id)
         # the run keeps the prompt it started with: a cleared prepare with an edited one refuses
         keep_run_prompt(ledger, self.workload, run_id, template, self.task_id)
+        # before the items: what finished runs left unharvested (a batch resolved late) is this run's
+        harvest_earlier_runs(self, run_id, template, context)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -1250,6 +1252,8 @@ class BatchPublishOperator(BatchBaseOperator):
         if finished is not None:
             return self.published_before(context, finished)
         template = self.run_template(self.prompt, context) if self.prompt is not None else None
+        if template is not None:
+            harvest_earlier_runs(self, run_id, template, context)
         self.harvest_late(run_id, template, context)
         if self.exhausted == "sync" and template is not None:
             self.send_exhausted(context, template)
@@ -1440,6 +1444,30 @@ class BatchPublishOperator(BatchBaseOperator):
             if context is not None and state in TERMINAL_BATCH_STATES and state != job.batch_state:
                 code = str(after.error or "").partition(":")[0] or None
                 batch_ended(self.alerts, context, job, state, self.adapter.name, code)
+
+
+def harvest_earlier_runs(
+    task: Any, run_id: str, template: PromptTemplate, context: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Harvest into this run the ended batches that finished runs left unharvested (a late resolve).
+
+    :param task: the prepare or publish task (its ledger, adapter, staging, workload, pricing)
+    :param run_id: the Airflow run id
+    :param template: the run's prompt
+    :param context: the task context
+    """
+    from airflow_batch_provider.services import late_harvest
+
+    return late_harvest.harvest_earlier_runs(
+        task.ledger,
+        task.adapter,
+        task.staging,
+        task.workload,
+        run_id,
+        template,
+        lambda model: report.batch_pricer(task.adapter.name, model, task.budget.pricing_override),
+        attempt_owner(context),  # type: ignore[arg-type]
+    )
 
 
 def attempt_owner(context: Context) -> str:

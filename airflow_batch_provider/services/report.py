@@ -1,4 +1,8 @@
-"""The run's report: cost by route from the ledger, the failed and in-doubt batches, what was discarded."""
+"""The run's report: cost by route from the ledger, the failed and in-doubt batches, what was discarded.
+
+A batch of a finished run harvested by this run (``late_harvest``) is priced here, once: its job,
+items and attempts moved to this run before it was applied; the finished run's report is history.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from airflow_batch_provider.core.cost import AttemptRecord
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
+from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
 
@@ -185,6 +190,14 @@ def build_report(
         if jobs[key]:
             lines = [f"  {j['job_id']} batch {j['batch_id']}: {j['error'] or '-'}" for j in jobs[key]]
             table += f"\n{title}: {len(jobs[key])}\n" + "\n".join(lines)
+    late = late_harvests(ledger, workload, run_id)
+    if late:
+        # an earlier, finished run's batch (resolved after its publish): priced here, once
+        lines = [
+            f"  {j['job_id']} batch {j['batch_id']} of run {j['from_run']}: {j['items']} items" for j in late
+        ]
+        table += f"\nlate_harvest (batches of finished runs harvested and priced by this run): {len(late)}\n"
+        table += "\n".join(lines)
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
@@ -203,6 +216,7 @@ def build_report(
     else:
         out["exhausted_sync"] = {"items": 0, "paid": "0"}
     out.update(jobs)
+    out["late_harvest"] = late
     out["possibly_paid_twice"] = paid_twice
     out["table"] = table
     out["states"] = ledger.count_states(workload, run_id)

@@ -603,9 +603,10 @@ def settle_in_doubt(ledger: Ledger, job_id: str, why: str) -> int:
     message = (
         f"job {job_id} is in doubt ({job.error}): the provider may or may not have its batch, and "
         f"nothing was created again; {why}. Resolve it: `airflow-batch jobs resolve {job_id} --batch-id ID "
-        "--note WHAT_YOU_CHECKED` when the batch exists (its items are harvested from it when this run's "
-        "publish task is cleared after the batch ended; never re-drive them), or `--absent` when it does "
-        "not (then re-drive them). A re-drive before that is refused."
+        "--note WHAT_YOU_CHECKED` when the batch exists (then the next run of the workload harvests its "
+        "items from it once the batch has ended, and prices it in its report under late_harvest; never "
+        "re-drive them), or `--absent` when it does not (then re-drive them). A re-drive before that is "
+        "refused."
     )
     moved = ledger.transition(
         job.workload,

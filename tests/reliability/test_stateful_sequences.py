@@ -46,6 +46,18 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("start_another_run", {}),
         FINISH_1,
     ],
+    # the batch ends before the next run: that run harvests it, prices it once (late_harvest) and
+    # the first run stays history, also when it is cleared and finished again afterwards
+    "bug1_resolve_then_the_next_run_harvests": [
+        *IN_DOUBT_PAST_DEADLINE,
+        ("resolve_jobs_in_doubt", {"absent": False}),
+        ("act_on_review", {"action": "redrive", "code": "in_doubt"}),
+        ("time_passes_at_the_provider", {}),
+        ("start_another_run", {}),
+        FINISH_1,
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+    ],
     "bug2_html_page_as_output_file": [*UP_TO_RECONCILE, ("damage_a_result_file", {"how": "html"}), FINISH_0],
     "bug2_truncated_line": [*UP_TO_RECONCILE, ("damage_a_result_file", {"how": "truncate"}), FINISH_0],
     "bug2_error_line_before_success": [

@@ -16,7 +16,8 @@ pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.
 - *the budget holds*: no run's report says it paid more than its budget;
 - *a finished run is history*: its report and its attempts stay as its publish left them, until
   that run itself is cleared and published again (and then, when neither input nor prompt
-  changed, to the same report);
+  changed, to the same report); only the attempts it never harvested (a batch resolved after its
+  publish) move with their job to the run that harvests them late (``late_harvest``);
 
 and, once every run is finished (publish ran):
 
@@ -26,7 +27,9 @@ and, once every run is finished (publish ran):
 - *no batch the ledger does not know*;
 - *the reported billed usage equals the emulator's bill* (the documented upper bound for
   interrupted real-time sends allowed, as in the chaos suite; a batch the ledger knows only as a
-  job still in doubt is left out until it is resolved: the report lists the job instead), less
+  job still in doubt is left out until it is resolved: the report lists the job instead; a job
+  resolved after its run published that no later run could harvest yet keeps its items
+  ``submitted`` and its batch out of the bill likewise), less
   on both sides what no one can read: the reports' ``unreadable.estimated_usage`` and the billed
   usage of the lines that reached reconcile damaged (the emulator's ``truncated``, the lines
   :meth:`~tests.support.stateful.StatefulWorkload.damage_result_file` cut); each such answer has
@@ -216,9 +219,12 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
                     f"finished run {run.run_id}'s report changed: {_diff(history.reports[run.run_id], now or {})}"
                 )
                 history.reports[run.run_id] = now or {}
-            if rows != history.attempts[run.run_id]:
-                gone = sorted(set(history.attempts[run.run_id]) - set(rows))[:3]
-                new = sorted(set(rows) - set(history.attempts[run.run_id]))[:3]
+            # a batch resolved after the run published is harvested by a later run: the attempts
+            # the run never harvested (no outcome) move with their job to that run, nothing else
+            kept = _left_by_late_harvest(history.attempts[run.run_id], attempts, run.run_id)
+            if rows != kept:
+                gone = sorted(set(kept) - set(rows))[:3]
+                new = sorted(set(rows) - set(kept))[:3]
                 out.append(f"finished run {run.run_id}'s attempts changed: was {gone}, now {new}")
                 history.attempts[run.run_id] = rows
 
@@ -227,9 +233,50 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
     return out
 
 
+#: Where the attempt rows of :func:`_attempt_rows` hold the job id, the custom id and the outcome.
+_JOB, _CUSTOM_ID, _OUTCOME = 0, 1, 6
+#: The emulator's neutral statuses of a batch that has ended.
+_ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+def _left_by_late_harvest(
+    before: list[tuple[Any, ...]], attempts: list[dict[str, Any]], run_id: str
+) -> list[Any]:
+    """A finished run's attempt rows as they must be now: those it published, less the unharvested ones moved on.
+
+    An attempt with no outcome when the run published (its job resolved to a batch after that)
+    leaves the run with its job when a later run harvests the batch (``late_harvest``).
+    """
+    moved = {(a["job_id"], a["custom_id"]) for a in attempts if a["run_id"] != run_id}
+    return [r for r in before if not (r[_OUTCOME] is None and (r[_JOB], r[_CUSTOM_ID]) in moved)]
+
+
+def _awaiting_late_harvest(
+    workload: StatefulWorkload, record: dict[str, Any], snap: dict[str, Any]
+) -> set[str]:
+    """Jobs of finished runs resolved to a batch that no later run could harvest yet.
+
+    A job resolved after its run published is harvested by the next run of the workload, once its
+    batch has ended (``late_harvest``); until then its items are ``submitted`` (guarded) and its
+    batch is left out of the bill (the run's report lists the job under ``in_doubt_jobs``). Such a
+    job counts as waiting while its batch still runs at the emulator, or while its run is the last.
+    """
+    status = {b["id"]: b["status"] for bs in record.get("batches", {}).values() for b in bs}
+    last = workload.runs[-1].run_id
+    return {
+        str(j["job_id"])
+        for j in snap["jobs"]
+        if j.get("batch_id")
+        and j["state"] not in ("downloaded", "reconciled", "sync", "in_doubt", "submitting")
+        and snap["reports"].get(j["run_id"]) is not None
+        and (j["run_id"] == last or status.get(j["batch_id"]) not in _ENDED)
+    }
+
+
 def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str, Any]) -> list[str]:
     out: list[str] = []
     last = workload.runs[-1]
+    waiting = _awaiting_late_harvest(workload, record, snap)
     version = last.prompt_version
     rejected = set(workload.rejects(last.run_id))
     rows = {(i["item_key"], i["prompt_version"]): i for i in snap["items"]}
@@ -251,7 +298,9 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
         if row is None:
             if rec["id"] not in rejected:
                 out.append(f"input row {rec['id']} ({version}): no item and not rejected")
-        elif row["state"] not in FINAL_STATES:
+        elif row["state"] not in FINAL_STATES and not (
+            row["state"] == "submitted" and row["job_id"] in waiting
+        ):
             out.append(f"input row {rec['id']} ({version}): {row['state']} after every run finished")
 
     known = {str(j["batch_id"]) for j in snap["jobs"] if j.get("batch_id")}
@@ -271,11 +320,14 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
             sync_attempts[a["item_key"]].append(a)
     # a batch the ledger knows only as a job in doubt is not priced until a person (or a wait
     # task) resolves it: the report lists the job under in_doubt_jobs instead
+    # and so is one resolved after its run published that no later run could harvest yet
+    pending = {str(j["batch_id"]) for j in snap["jobs"] if j["job_id"] in waiting}
     settled = {
         provider: [
             b
             for b in batches
-            if b["id"] in known or not (b["custom_ids"] and set(b["custom_ids"]) <= doubted)
+            if (b["id"] in known or not (b["custom_ids"] and set(b["custom_ids"]) <= doubted))
+            and b["id"] not in pending
         ]
         for provider, batches in record.get("batches", {}).items()
     }

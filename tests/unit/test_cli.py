@@ -133,10 +133,26 @@ def test_redriving_in_doubt_items_before_their_job_is_resolved_is_refused_naming
     resolved = cli(
         "--ledger-url", ledger_url, "jobs", "resolve", job_id, "--batch-id", "b1", "--note", "console"
     )
-    assert "clear the publish task of run 'r1'" in resolved.stdout, resolved.stderr
+    assert "run 'r1' harvests the batch once it has ended" in resolved.stdout, resolved.stderr
     # its items now wait for the batch: nothing left in review to send again
     again = cli("--ledger-url", ledger_url, *redrive)
     assert again.returncode == 0 and "re-drove 0 item(s)" in again.stdout, again.stderr
+
+
+def test_resolving_a_job_of_a_finished_run_to_its_batch_says_the_next_run_harvests_it(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    ledger.upsert_items(WL, "r1", [prep("a")])
+    job_id, _ = stage(ledger, "r1", ["a"])
+    ledger.mark_job_in_doubt(job_id, "lost create reply")
+    ledger.start_run(WL, "r1", "openai", "gpt-4o-mini")
+    ledger.finish_run(WL, "r1", {"paid": "0"})
+    resolved = cli(
+        "--ledger-url", ledger_url, "jobs", "resolve", job_id, "--batch-id", "b1", "--note", "console"
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    assert "the next run of the workload harvests the batch" in resolved.stdout
+    assert "late_harvest" in resolved.stdout and "clear" not in resolved.stdout
 
 
 def test_lease_release_frees_only_the_named_run(ledger: Ledger, ledger_url: str) -> None:

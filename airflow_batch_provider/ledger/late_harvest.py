@@ -1,0 +1,119 @@
+"""A batch resolved after its run finished: found, and moved to the run that harvests it.
+
+A job resolved to its batch (``airflow-batch jobs resolve JOB --batch-id ID``) after its run
+published is ``submitted`` with its items, and the send guard keeps them from every other send
+(:mod:`~airflow_batch_provider.ledger.unharvested`). Its own run is history: its publish is not
+run again (a cleared one returns the report it recorded). So the next run of the workload
+harvests it (:mod:`~airflow_batch_provider.services.late_harvest`): once the batch has ended and
+its files are complete, the job, its items, its attempts and its billed extra lines move to that
+run in one transaction (audited as ``late_harvest``, naming both runs), and that run applies the
+answers and prices them in its own report. The finished run's report never changes, and its
+harvested attempts stay with it: only the attempts it never harvested (no outcome) leave it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from sqlalchemy import and_, exists, select
+
+from airflow_batch_provider.core.states import UNKNOWN_CREATE_JOB_STATES
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.records import JobRow
+from airflow_batch_provider.ledger.store import _audit, utcnow
+
+#: The audit action of a job moved to the run that harvests it.
+LATE_HARVEST: Final = "late_harvest"
+
+
+def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -> list[JobRow]:
+    """The workload's jobs of other, finished runs that hold a batch nobody harvested yet.
+
+    These are jobs resolved to their batch after their run published (or whose batch outlived
+    the run): a batch id, not reconciled, not in doubt, not sent through the real-time API, and
+    items still ``submitted`` under it in its run. A ``downloaded`` one is among them: its files
+    are complete and were never applied (fetched by a call that stopped before the move).
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run that asks (its own jobs are its own tasks' concern)
+    """
+    j, r, i = s.jobs.c, s.runs.c, s.items.c
+    query = (
+        select(j.job_id)
+        .select_from(s.jobs.join(s.runs, and_(r.workload == j.workload, r.run_id == j.run_id)))
+        .where(
+            j.workload == workload,
+            j.run_id != run_id,
+            j.batch_id.is_not(None),
+            j.state.not_in(sorted({"reconciled", *UNKNOWN_CREATE_JOB_STATES, "sync"})),
+            exists().where(i.job_id == j.job_id, i.run_id == j.run_id, i.state == "submitted"),
+            r.finished_at.is_not(None),
+            r.report_json.is_not(None),
+        )
+        .order_by(j.job_id)
+    )
+    with ledger.engine.connect() as conn:
+        ids = [str(row[0]) for row in conn.execute(query)]
+    return [ledger.get_job(job_id) for job_id in ids]
+
+
+def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int:
+    """Move a finished run's unharvested job, its items, attempts and extra lines to ``run_id``.
+
+    In one transaction, and only while the job still is another finished run's and unharvested
+    (a second harvester finds it moved and does nothing). The items moved are those still in
+    the job and its old run; the attempts are the job's own. Audited as :data:`LATE_HARVEST`.
+
+    :param ledger: the ledger
+    :param job_id: the job (see :func:`resolved_jobs_of_finished_runs`)
+    :param run_id: the run that harvests it
+    :param actor: who moves it (the task)
+    :return: the items moved (``-1``: the job was no longer there to move)
+    """
+    j, i, a, x = s.jobs.c, s.items.c, s.attempts.c, s.extra_lines.c
+    with ledger.engine.begin() as conn:
+        job = conn.execute(select(s.jobs).where(j.job_id == job_id).with_for_update()).mappings().first()
+        if job is None or job["run_id"] == run_id or job["state"] == "reconciled":
+            return -1
+        old = str(job["run_id"])
+        conn.execute(s.jobs.update().where(j.job_id == job_id).values(run_id=run_id))
+        moved = conn.execute(
+            s.items.update().where(i.job_id == job_id, i.run_id == old).values(run_id=run_id)
+        ).rowcount
+        conn.execute(s.attempts.update().where(a.job_id == job_id).values(run_id=run_id))
+        conn.execute(s.extra_lines.update().where(x.job_id == job_id).values(run_id=run_id))
+        target = {"job_id": job_id, "batch_id": job["batch_id"], "from_run": old, "to_run": run_id}
+        _audit(
+            conn,
+            utcnow(),
+            actor,
+            LATE_HARVEST,
+            str(job["workload"]),
+            int(moved),
+            target,
+            f"run {old} finished before batch {job['batch_id']} was harvested; run {run_id} harvests it",
+        )
+    return int(moved)
+
+
+def late_harvests(ledger: Ledger, workload: str, run_id: str) -> list[dict[str, Any]]:
+    """The jobs moved to ``run_id`` to be harvested there: job, batch, the run it came from, items.
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run that harvested them
+    """
+    c = s.audit.c
+    query = (
+        select(c.target, c.item_count).where(c.workload == workload, c.action == LATE_HARVEST).order_by(c.id)
+    )
+    out: list[dict[str, Any]] = []
+    with ledger.engine.connect() as conn:
+        for target, count in conn.execute(query):
+            data = json.loads(target)
+            if data.get("to_run") == run_id:
+                out.append({**data, "items": int(count)})
+    return out
