@@ -138,6 +138,7 @@ def test_the_pods_output_file_is_a_valid_result_file_and_an_html_page_or_a_log_i
     log = b"INFO 12-01 run_batch.py:123] Reading batch from /exchange/in.jsonl\n"
     assert lane.result_file_problem(io.BytesIO(log)) is not None
 
+
 def test_the_lane_declares_what_the_engine_serves_so_an_embeddings_workload_is_accepted() -> None:
     assert VllmKubernetesAdapter.kind_refusal("embedding", "backfill") is None
     assert VllmKubernetesAdapter.kind_refusal("chat") is None
