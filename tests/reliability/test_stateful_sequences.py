@@ -2,13 +2,12 @@
 
 Written by hand from the issue and replayed through the machine's own rules (the same steps
 hypothesis would draw), so each known bug stays a fixed, fast regression case beside the random
-search of ``test_stateful.py``. Run by ``make chaos-long`` (``ABP_STATEFUL_LONG=1``); each case is
-``xfail`` until its bug is fixed. See docs/reliability.md ("What it found on unfixed main").
+search of ``test_stateful.py``. ``make test`` runs them (about half a minute together), as does
+``make chaos-long``. See docs/reliability.md ("What it found on unfixed main").
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -19,10 +18,7 @@ from batch_emulator.testing import run_emulator
 from tests.reliability.test_stateful import Ledgers, machine
 from tests.support.stateful import shared_ssl_contexts
 
-pytestmark = [
-    pytest.mark.reliability,
-    pytest.mark.skipif(os.environ.get("ABP_STATEFUL_LONG") != "1", reason="make chaos-long runs these"),
-]
+pytestmark = [pytest.mark.reliability]
 
 OPENAI: Final[dict[str, Any]] = {"provider": "openai", "items": 6, "chunk": 3, "budget": None}
 ANTHROPIC: Final[dict[str, Any]] = {**OPENAI, "provider": "anthropic"}
@@ -111,7 +107,6 @@ def emulator() -> Iterator[str]:
         yield url
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18: the bug the sequence is named after is open on main")
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_a_known_sequence_keeps_every_item_answered_once_and_every_billed_answer_priced(
     emulator: str, name: str
