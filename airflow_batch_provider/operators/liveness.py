@@ -91,7 +91,7 @@ def live_task_instances(
 
 def heartbeat_timeout_s() -> float:
     """Airflow's ``[scheduler] task_instance_heartbeat_timeout`` (seconds), as the scheduler reads it."""
-    from airflow.configuration import conf
+    from airflow.providers.common.compat.sdk import conf
 
     return conf.getfloat("scheduler", "task_instance_heartbeat_timeout", fallback=DEFAULT_HEARTBEAT_TIMEOUT_S)
 
