@@ -4,7 +4,7 @@ Hypothesis draws sequences of the operations a user and the world perform on one
 a run, run its next task, kill a task at a fail point, clear a run or one of its tasks, edit the
 input, bump or edit the prompt, re-drive / resolve / skip review items, settle a job in doubt,
 inject emulator faults, damage a downloaded result file, let a deadline pass, mark a run failed,
-a second run of the workload) over :class:`~tests.support.stateful.StatefulWorkload` (the real
+kill a run's process where no scheduler marks it failed, a second run of the workload) over :class:`~tests.support.stateful.StatefulWorkload` (the real
 operators in-process, the real ledger on SQLite and PostgreSQL, the real adapters over HTTP to a
 real emulator), and checks :func:`tests.support.stateful_invariants.check` after every step.
 
@@ -39,6 +39,7 @@ from hypothesis.stateful import (
 
 from airflow_batch_provider.core.failpoints import FAILPOINTS
 from airflow_batch_provider.operators import batch as batch_ops
+from airflow_batch_provider.operators import liveness
 from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.testing import run_emulator
 from tests.support.stateful import (
@@ -48,6 +49,7 @@ from tests.support.stateful import (
     Run,
     StatefulWorkload,
     airflow_says,
+    airflow_task_instances,
     shared_ssl_contexts,
 )
 from tests.support.stateful_invariants import History, check
@@ -135,6 +137,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
                 budget_usd=budget,
             )
             batch_ops.dagrun_state = airflow_says(self.w)  # type: ignore[assignment]
+            liveness.holder_task_instances = airflow_task_instances(self.w)  # type: ignore[assignment]
             self.w.start_run()
 
         # ------------------------------------------------------------ helpers
@@ -228,6 +231,11 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             chosen = self.pick(run)
             if not chosen.finished:
                 chosen.abandoned = True
+
+        @rule(run=st.integers(0, 3))
+        def kill_a_runs_process(self, run: int) -> None:
+            """SIGKILL the run's process where no scheduler marks it failed (``airflow dags test``)."""
+            self.wl.kill_process(self.pick(run))
 
         @rule(run=st.integers(0, 3))
         def clear_run(self, run: int) -> None:
@@ -363,9 +371,15 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
         @precondition(lambda self: self.w is not None)
         @rule()
         def every_run_to_its_end(self) -> None:
-            """Finish every run (the last one after a person settled its jobs in doubt)."""
+            """Finish every run (the last one after a person settled its jobs in doubt).
+
+            A killed run is left as it is (no scheduler ends it, nobody clears it): when the last
+            run is one, the next day's run comes and must take its workload over.
+            """
+            if self.wl.runs[-1].killed:
+                self.wl.start_run()
             for run in self.wl.runs:
-                if not run.finished:
+                if not run.finished and not run.killed:
                     run.abandoned = run is not self.wl.runs[-1]
             for run in self.wl.runs:
                 for _ in range(FINISH_TASKS):
@@ -411,9 +425,10 @@ def emulator() -> Iterator[str]:
 
 @pytest.fixture
 def restore_dagrun_state() -> Iterator[None]:
-    saved = batch_ops.dagrun_state
+    saved, signs = batch_ops.dagrun_state, liveness.holder_task_instances
     yield
     batch_ops.dagrun_state = saved  # type: ignore[assignment]
+    liveness.holder_task_instances = signs  # type: ignore[assignment]
 
 
 def _run(url: str, ledgers: Ledgers) -> None:

@@ -67,6 +67,18 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("bump_or_edit_the_prompt", {"version": "v2", "wording": ""}),
         FINISH_0,
     ],
+    "bug4_a_bad_copy_of_a_good_record": [
+        ("setup", OPENAI),
+        ("add_a_record_with_the_same_id", {"index": 1, "bad": True}),
+        FINISH_0,
+    ],
+    "bug8_a_killed_run_keeps_its_workload": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        ("kill_a_runs_process", {"run": 0}),
+        ("start_another_run", {}),
+        FINISH_1,
+    ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),
         ("edit_the_input", {"index": 1, "text": None}),
@@ -112,8 +124,9 @@ def test_a_known_sequence_keeps_every_item_answered_once_and_every_billed_answer
     emulator: str, name: str
 ) -> None:
     from airflow_batch_provider.operators import batch as batch_ops
+    from airflow_batch_provider.operators import liveness
 
-    saved = batch_ops.dagrun_state
+    saved, signs = batch_ops.dagrun_state, liveness.holder_task_instances
     state = machine(emulator, Ledgers("sqlite"), [])()
     try:
         state.exactly_once()
@@ -123,3 +136,4 @@ def test_a_known_sequence_keeps_every_item_answered_once_and_every_billed_answer
     finally:
         state.teardown()
         batch_ops.dagrun_state = saved  # type: ignore[assignment]
+        liveness.holder_task_instances = signs  # type: ignore[assignment]

@@ -170,6 +170,9 @@ class Run:
     :param deadline: the run's deadline (ISO moment)
     :param finished: its publish task ran
     :param abandoned: marked failed by the user (Airflow says it is no longer running)
+    :param killed: its process was killed where no scheduler marks it failed: Airflow still says
+        ``running``, its task instances have no sign of life, and none of its tasks runs again
+        until the run is cleared
     :param report: the report its last publish wrote (the comparable part)
     :param published_after_change: an input or prompt change happened since that publish
     :param publish_followed_change: its last publish came after an input or prompt change (the
@@ -185,6 +188,7 @@ class Run:
     deadline: str = FAR
     finished: bool = False
     abandoned: bool = False
+    killed: bool = False
     report: dict[str, Any] | None = None
     published_after_change: bool = False
     publish_followed_change: bool = False
@@ -254,6 +258,8 @@ class StatefulWorkload:
         self.damaged_lines = 0
         #: item keys a person re-drove, with how often
         self.redriven: dict[str, int] = {}
+        #: a run's lease task refused the workload while only a dead run held it (one line each)
+        self.lease_refusals: list[str] = []
         extra: dict[str, Any] = {}
         if provider == "anthropic":
             extra = {
@@ -355,6 +361,14 @@ class StatefulWorkload:
     def _changed(self) -> None:
         for run in self.runs:
             run.published_after_change = True
+
+    def kill_process(self, run: Run) -> None:
+        """Kill the run's process where no scheduler watches it (its DagRun stays ``running``).
+
+        :param run: the run
+        """
+        if not run.finished:
+            run.killed = True
 
     def pass_deadline(self, run: Run) -> None:
         """The run's deadline passes: its later tasks see a deadline in the past."""
@@ -485,7 +499,7 @@ class StatefulWorkload:
 
     def next_task(self, run: Run) -> TaskKey | None:
         """The run's next task, or ``None`` when it is finished."""
-        if run.finished:
+        if run.finished or run.killed:
             return None
         keys = list(self.plan(run))
         return keys[-1] if keys[-1] not in run.done else None
@@ -502,6 +516,7 @@ class StatefulWorkload:
             run.done.pop(k, None)
         run.finished = False
         run.abandoned = False
+        run.killed = False
 
     def step(self, run: Run, kill_at: str | None = None) -> TaskKey | None:
         """Run the run's next task (a kill armed at ``kill_at``); return its key.
@@ -524,6 +539,10 @@ class StatefulWorkload:
                     result = self._execute(run, key)
             else:
                 result = self._execute(run, key)
+        except Exception:
+            if key[0] == "lease":
+                self._check_lease_refusal(run)
+            raise
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -540,6 +559,21 @@ class StatefulWorkload:
             run.publish_followed_change = run.published_after_change
             run.published_after_change = False
         return key
+
+    def _check_lease_refusal(self, run: Run) -> None:
+        """Record a refusal of the workload when the run holding it is dead (killed, failed, finished).
+
+        :param run: the run whose lease task failed
+        """
+        lease = self.ledger().workload_lease(WORKLOAD)
+        holder = next((r for r in self.runs if lease is not None and r.run_id == lease.run_id), None)
+        if holder is None or holder is run:
+            return
+        if holder.killed or holder.abandoned or holder.finished:
+            why = "killed" if holder.killed else "failed" if holder.abandoned else "finished"
+            self.lease_refusals.append(
+                f"run {run.run_id} refused the workload, held by run {holder.run_id}, which is {why}"
+            )
 
     def _context(self, run: Run, key: TaskKey) -> dict[str, Any]:
         task, round_, index = key
@@ -700,3 +734,27 @@ def airflow_says(workload: StatefulWorkload) -> Callable[[str | None, str | None
         return None
 
     return state
+
+
+def airflow_task_instances(workload: StatefulWorkload) -> Callable[[str, str], list[Any] | None]:
+    """What Airflow knows of a run's task instances (``holder_task_instances``), from the machine's runs.
+
+    A killed run's task instance is still ``running`` with its last heartbeat long ago (dead by
+    the scheduler's heartbeat rule); any other unfinished run has one running that beat just now.
+
+    :param workload: the workload
+    """
+    from datetime import UTC, datetime
+
+    from airflow_batch_provider.operators.liveness import TaskInstanceSign
+
+    def signs(dag_id: str, run_id: str) -> list[Any] | None:
+        for run in workload.runs:
+            if run.run_id == run_id:
+                if run.finished:
+                    return [TaskInstanceSign("publish", -1, "success", datetime.now(UTC))]
+                seen = datetime(2001, 1, 1, tzinfo=UTC) if run.killed else datetime.now(UTC)
+                return [TaskInstanceSign(f"{WORKLOAD}.prepare", -1, "running", seen)]
+        return None
+
+    return signs

@@ -50,10 +50,11 @@ from sqlalchemy import select
 
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.results import Usage
-from airflow_batch_provider.core.states import FINAL_STATES
+from airflow_batch_provider.core.states import FINAL_STATES, IN_FLIGHT_STATES
+from airflow_batch_provider.exceptions import ItemError
 from airflow_batch_provider.ledger import schema as s
 from tests.support.chaos import expected_bill, usage_minus
-from tests.support.stateful import WORKLOAD, StatefulWorkload, comparable_report
+from tests.support.stateful import WORKLOAD, Run, StatefulWorkload, comparable_report
 
 
 @dataclass
@@ -228,7 +229,11 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
                 out.append(f"finished run {run.run_id}'s attempts changed: was {gone}, now {new}")
                 history.attempts[run.run_id] = rows
 
-    if workload.runs and all(r.finished for r in workload.runs):
+    # a run whose workload only a dead run holds takes it over (a killed run keeps nothing)
+    out += workload.lease_refusals
+    workload.lease_refusals.clear()
+
+    if workload.runs and all(r.finished or r.killed for r in workload.runs) and workload.runs[-1].finished:
         out += _at_rest(workload, record, snap)
     return out
 
@@ -279,6 +284,7 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
     waiting = _awaiting_late_harvest(workload, record, snap)
     version = last.prompt_version
     rejected = set(workload.rejects(last.run_id))
+    killed = {r.run_id for r in workload.runs if r.killed}
     rows = {(i["item_key"], i["prompt_version"]): i for i in snap["items"]}
     # the input the last run read is the input its items hold (a good record of an id wins over a
     # bad one; a fixed record replaces the one that went to review)
@@ -293,14 +299,34 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
                 f"input row {app_id} ({version}): the item holds another input than the last run read "
                 f"(state {row['state']}, {row['error_code']})"
             )
+    # a good record of an id is the item whatever a bad copy of that id says: the item never sits
+    # in review with a bad copy's reason (the good one unsent)
+    for app_id, reasons in sorted(_bad_copy_reasons(last).items()):
+        row = rows.get((item_key(app_id), version))
+        if (
+            app_id in renderable
+            and row is not None
+            and row["state"] == "review"
+            and row["error_code"] in reasons
+        ):
+            out.append(
+                f"input row {app_id} ({version}): has a good record but is in review with a bad copy's "
+                f"reason ({row['error_code']})"
+            )
     for rec in last.records:
         row = rows.get((item_key(rec["id"]), version))
         if row is None:
             if rec["id"] not in rejected:
                 out.append(f"input row {rec['id']} ({version}): no item and not rejected")
+<<<<<<< HEAD
         elif row["state"] not in FINAL_STATES and not (
             row["state"] == "submitted" and row["job_id"] in waiting
         ):
+=======
+        elif row["state"] in IN_FLIGHT_STATES and row["run_id"] in killed:
+            continue  # items in flight belong to their run (docs/operating.md): the killed run's
+        elif row["state"] not in FINAL_STATES:
+>>>>>>> 822c400 (Stateful machine reaches bug 4: an id with a good record is never in review with a bad copy's reason)
             out.append(f"input row {rec['id']} ({version}): {row['state']} after every run finished")
 
     known = {str(j["batch_id"]) for j in snap["jobs"] if j.get("batch_id")}
@@ -340,6 +366,8 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
     usage, paid, estimated, estimated_paid, lines = Usage(), Decimal(0), Usage(), Decimal(0), 0
     for run in workload.runs:
         report = snap["reports"].get(run.run_id)
+        if report is None and run.killed:
+            continue  # killed before its publish: what it paid is the next run's to report
         if report is None:
             out.append(f"run {run.run_id} published no report")
             continue
@@ -381,6 +409,22 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
     if free:
         out.append(f"unreadable lines priced as free, not at an estimate: {free[:5]}")
     return out
+
+
+def _bad_copy_reasons(run: Run) -> dict[str, set[str]]:
+    """The reject codes of the run's records that its prompt cannot render, by application id.
+
+    :param run: the run (its input and prompt as its prepare read them)
+    """
+    reasons: dict[str, set[str]] = defaultdict(set)
+    if run.prompt is None:
+        return reasons
+    for rec in run.records:
+        try:
+            run.prompt.render(rec)
+        except ItemError as exc:
+            reasons[rec["id"]].add(exc.code)
+    return reasons
 
 
 def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
