@@ -318,15 +318,11 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
         if row is None:
             if rec["id"] not in rejected:
                 out.append(f"input row {rec['id']} ({version}): no item and not rejected")
-<<<<<<< HEAD
+        elif row["state"] in IN_FLIGHT_STATES and row["run_id"] in killed:
+            continue  # items in flight belong to their run (docs/operating.md): the killed run's
         elif row["state"] not in FINAL_STATES and not (
             row["state"] == "submitted" and row["job_id"] in waiting
         ):
-=======
-        elif row["state"] in IN_FLIGHT_STATES and row["run_id"] in killed:
-            continue  # items in flight belong to their run (docs/operating.md): the killed run's
-        elif row["state"] not in FINAL_STATES:
->>>>>>> 822c400 (Stateful machine reaches bug 4: an id with a good record is never in review with a bad copy's reason)
             out.append(f"input row {rec['id']} ({version}): {row['state']} after every run finished")
 
     known = {str(j["batch_id"]) for j in snap["jobs"] if j.get("batch_id")}
