@@ -93,7 +93,9 @@ def heartbeat_timeout_s() -> float:
     """Airflow's ``[scheduler] task_instance_heartbeat_timeout`` (seconds), as the scheduler reads it."""
     from airflow.providers.common.compat.sdk import conf
 
-    return conf.getfloat("scheduler", "task_instance_heartbeat_timeout", fallback=DEFAULT_HEARTBEAT_TIMEOUT_S)
+    return float(
+        conf.getfloat("scheduler", "task_instance_heartbeat_timeout", fallback=DEFAULT_HEARTBEAT_TIMEOUT_S)
+    )
 
 
 def _newest(values: Sequence[datetime | None]) -> datetime | None:
