@@ -65,12 +65,6 @@ SHRINK: Final = os.environ.get("ABP_STATEFUL_SHRINK", "") == "1"
 FINISH_TASKS: Final = 60
 #: exceptions that are a bug in the code, not a task refusing or failing as designed
 PROGRAMMING_ERRORS: Final = (AttributeError, TypeError, NameError, KeyError, IndexError, AssertionError)
-#: what the search still finds with the issue 18 fixes merged (docs/reliability.md, "Still open")
-STILL_OPEN: Final = (
-    "open finding (issue 18): an Anthropic job whose create reply was dropped, in doubt past its run's "
-    "deadline, then resolved by its own run's tasks run again after the run had published: the finished "
-    "run's attempts change and its batch is priced by no report (docs/reliability.md, 'Still open')"
-)
 
 
 def _settings() -> settings:
@@ -441,7 +435,6 @@ def _run(url: str, ledgers: Ledgers) -> None:
     run_state_machine_as_test(cls, settings=_settings())
 
 
-@pytest.mark.xfail(strict=False, reason=STILL_OPEN)
 def test_every_sequence_of_operations_answers_each_item_once_and_prices_every_billed_answer_on_sqlite(
     emulator: str, restore_dagrun_state: None
 ) -> None:
@@ -449,7 +442,6 @@ def test_every_sequence_of_operations_answers_each_item_once_and_prices_every_bi
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=False, reason=STILL_OPEN)
 def test_every_sequence_of_operations_answers_each_item_once_and_prices_every_billed_answer_on_postgresql(
     emulator: str, restore_dagrun_state: None, postgres_server: Any
 ) -> None:
