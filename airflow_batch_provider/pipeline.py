@@ -6,6 +6,7 @@
             -> resubmit_2 -> upload_2[] -> submit_2[] -> ... -> reconcile_2[]    (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
+            -> deliver_<sink> ...                                       (one per sink: results into the user's table)
 
 ``upload`` stages each chunk at the provider and records the file id (or object URI) in the
 ledger; ``submit`` only creates the batch from it, so the grid shows the upload apart from the
@@ -67,9 +68,11 @@ from airflow_batch_provider.operators.deadline import (
     BatchDeadlineOperator,
     BatchDeadlineSettleOperator,
 )
+from airflow_batch_provider.operators.deliver import BatchDeliverOperator
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 from airflow_batch_provider.prompt_path import resolve_prompt_path
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
+from airflow_batch_provider.services.delivery import Sink
 from airflow_batch_provider.settings import default_poll_policy
 
 __all__ = ["batch_inference_group", "default_poll_policy"]
@@ -96,6 +99,7 @@ def batch_inference_group(
     deferrable: bool = True,
     alerts: BatchAlerts | None = None,
     outlets: Sequence[Any] = (),
+    sinks: Sequence[Sink] = (),
     group_id: str | None = None,
     **moved: Any,
 ) -> TaskGroup:
@@ -146,6 +150,9 @@ def batch_inference_group(
     :param alerts: where the group's alert events go (deadline missed, budget refused, a failed or
         in-doubt batch, review growth, the run's summary); see :mod:`airflow_batch_provider.notifications`
     :param outlets: assets the publish task updates
+    :param sinks: where the run's final answers go after publish (e.g.
+        :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`): one ``deliver_<name>`` task per
+        sink, each row written once and recorded per item in the ledger
     :param group_id: the TaskGroup id (default: the workload name)
     :raises ConfigurationError: a keyword of the flat form (``max_requests_per_chunk=`` ...),
         naming the option object it moved to, an option of the wrong type, or an unknown lane
@@ -161,6 +168,7 @@ def batch_inference_group(
             f"deadline={deadline!r}; give DeadlineOptions(when, policy), e.g. "
             "DeadlineOptions('06:30 Europe/Berlin', 'sync_fallback'), or None."
         )
+    _check_sinks(sinks)
     policy = poll or default_poll_policy()
     check_workload(workload)  # before Airflow's own key check, with the workload's rule and a fix
     common: dict[str, Any] = {
@@ -286,6 +294,13 @@ def batch_inference_group(
             alerts=alerts,
             **common,
         )
+        for sink in sinks:
+            publish >> BatchDeliverOperator(
+                task_id=f"deliver_{sink.sink_name}",
+                workload=workload,
+                sink=sink,
+                ledger_conn_id=ledger_conn_id,
+            )
         if run_deadline is None:
             last >> publish
             return group
@@ -320,6 +335,22 @@ def batch_inference_group(
         last >> branch >> [policy_task, publish]
         policy_task >> publish
     return group
+
+
+def _check_sinks(sinks: Sequence[Sink]) -> None:
+    """Every sink has a ``sink_name`` and the names are unique (each names a task and its records)."""
+    seen: set[str] = set()
+    for sink in sinks:
+        name = getattr(sink, "sink_name", None)
+        if not isinstance(name, str) or not hasattr(sink, "row_for"):
+            raise ConfigurationError(
+                f"sinks=[... {sink!r} ...]; give sink objects such as SqlUpsertSink(conn_id=..., table=..., ...)."
+            )
+        if name in seen:
+            raise ConfigurationError(
+                f"two sinks are named {name!r}; give one of them name='...' (it names its task and its records)."
+            )
+        seen.add(name)
 
 
 _O = TypeVar("_O", ChunkOptions, FallbackLimits, BudgetOptions)

@@ -30,6 +30,7 @@ FAILPOINTS: Final[dict[str, str]] = {
     "download.mid": "part of a result file is written to staging",
     "reconcile.mid": "part of a result file is applied to the ledger",
     "fallback.after_send": "a real-time request was answered, the answer is not recorded",
+    "deliver.after_sink_commit": "a batch of rows is committed in the sink, the ledger does not know it",
 }
 
 _hits: dict[str, int] = {}

@@ -30,8 +30,10 @@ from sqlalchemy import (
 #: started on). 4: the ``abp_extra_lines`` table (billed result lines beyond an item's one
 #: answer: a second answer, an unreadable line; created when missing, like every table), and
 #: ``abp_runs.prompt_version`` and ``abp_runs.prompt_sha256`` (the prompt a run started with).
+#: 5: the ``abp_deliveries`` table (what each sink and consumer was handed, per item and prompt
+#: version; a new table, created when missing like every table).
 #: Older ledgers are upgraded in place on open.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -402,4 +404,29 @@ enqueued = Table(
     Column("admitted_at", Double, nullable=False),
     Column("released_at", Double),
     Index("ix_abp_enqueued_open", "quota_key", "model", "released_at"),
+)
+
+#: What each sink wrote and each consumer was offered or acknowledged (schema version 5), one row
+#: per workload, sink (or consumer), application id and prompt version
+#: (:mod:`airflow_batch_provider.ledger.deliveries`). ``state`` is ``delivered`` (the sink committed
+#: the row whose values hash to ``result_sha256``), ``refused`` (the sink refused it: ``error``),
+#: ``offered`` (a consumer was handed it under ``delivery_key``) or ``acknowledged`` (the consumer
+#: said it acted on it). A changed answer updates the row; nothing adds a second one.
+deliveries = Table(
+    "abp_deliveries",
+    metadata,
+    Column("workload", String(200), primary_key=True),
+    Column("sink", String(200), primary_key=True),
+    Column("app_id", String(500), primary_key=True),
+    Column("prompt_version", String(100), primary_key=True),
+    Column("item_key", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("result_sha256", String(64), nullable=False),
+    Column("delivery_key", String(64), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("error", Text),
+    Column("writes", Integer, nullable=False, default=1),
+    Column("delivered_at", UTCDateTime(), nullable=False),
+    Index("ix_abp_deliveries_run", "workload", "sink", "run_id"),
+    Index("ix_abp_deliveries_key", "workload", "sink", "delivery_key"),
 )

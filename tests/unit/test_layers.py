@@ -29,6 +29,7 @@ UPPER = (
     "plugins",
     "kubernetes",
     "pipeline",
+    "sinks",
 )
 #: Third-party packages the pure layers never import (Airflow and the provider SDKs).
 FOREIGN = (

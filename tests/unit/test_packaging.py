@@ -24,6 +24,7 @@ RUNTIME_EXTRAS = {
     "vertex",
     "google",
     "postgres",
+    "sql",
     "emulator",
 }
 # development requirements: PEP 735 dependency groups, never published as extras

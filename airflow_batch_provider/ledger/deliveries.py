@@ -1,0 +1,418 @@
+"""What each sink wrote and each consumer was handed (table ``abp_deliveries``, schema version 5).
+
+One row per workload, sink (or consumer), application id and prompt version. Every write goes
+through one guarded function, :func:`_write`: an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
+whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
+it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
+retried or killed delivery never adds a second row, and a changed answer updates the one it has.
+
+The results a delivery reads are the run's published final answers (``abp_results``, states
+``succeeded`` and ``unchanged``), each with what the sink was last given for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
+from sqlalchemy.engine import Connection
+
+from airflow_batch_provider.core.states import USABLE_STATES
+from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.store import Ledger, _dialect_insert, utcnow
+
+DeliveryState = Literal["delivered", "refused", "offered", "acknowledged"]
+#: For each state written, the states the row may hold before (``None``: no row yet). A sink's row
+#: (``delivered``/``refused``) is rewritten only when its hash or state changes; see :func:`_write`.
+MOVES: Final[dict[str, frozenset[str | None]]] = {
+    "delivered": frozenset({None, "delivered", "refused"}),
+    "refused": frozenset({None, "delivered", "refused"}),
+    "offered": frozenset({None, "offered"}),
+    "acknowledged": frozenset({"offered"}),
+}
+PAGE: Final = 1000
+
+
+def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> str:
+    """The stable idempotency key of one item and prompt version for one sink or consumer.
+
+    :param workload: workload name
+    :param sink: the sink's or consumer's name
+    :param app_id: the item's application id
+    :param prompt_version: the prompt version of the answer
+    """
+    raw = "\x1f".join((workload, sink, app_id, prompt_version)).encode("utf-8")
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def values_sha256(values: Mapping[str, Any]) -> str:
+    """The digest of the values a sink writes for one item (keys sorted, JSON).
+
+    :param values: column -> value
+    """
+    raw = json.dumps(dict(values), sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
+    return hashlib.sha256(raw).hexdigest()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A published final answer of the run, with what the sink holds of it.
+
+    :param item_key: the item's ledger key
+    :param app_id: the application id
+    :param prompt_version: the prompt version of the answer
+    :param state: ``succeeded`` or ``unchanged``
+    :param output: the parsed answer (``None`` when it has none)
+    :param recorded_state: the delivery row's state (``None``: never delivered)
+    :param recorded_sha256: the digest of the values the sink was last given
+    """
+
+    item_key: str
+    app_id: str
+    prompt_version: str
+    state: str
+    output: Any
+    recorded_state: str | None
+    recorded_sha256: str | None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One row to record: what the sink did with one item.
+
+    :param item_key: the item's ledger key
+    :param app_id: the application id
+    :param prompt_version: the prompt version of the answer
+    :param state: ``delivered``, ``refused``, ``offered`` or ``acknowledged``
+    :param result_sha256: the digest of the values given to the sink
+    :param error: the sink's message (``refused``)
+    """
+
+    item_key: str
+    app_id: str
+    prompt_version: str
+    state: DeliveryState
+    result_sha256: str
+    error: str | None = None
+
+
+def iter_candidates(
+    ledger: Ledger, workload: str, sink: str, run_id: str, page: int = PAGE
+) -> Iterator[Candidate]:
+    """Yield the run's published final answers in key order (keyset pages), with the sink's record.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param sink: the sink's name
+    :param run_id: the run whose published answers are delivered
+    :param page: rows per query
+    """
+    r, d = s.published.c, s.deliveries.c
+    after: tuple[str, str] | None = None
+    while True:
+        q = (
+            select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
+            .select_from(
+                s.published.outerjoin(
+                    s.deliveries,
+                    and_(
+                        d.workload == r.workload,
+                        d.sink == sink,
+                        d.app_id == r.app_id,
+                        d.prompt_version == r.prompt_version,
+                    ),
+                )
+            )
+            .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
+            .order_by(r.item_key, r.prompt_version)
+            .limit(page)
+        )
+        if after is not None:
+            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
+        with ledger.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        for key, version, app_id, state, output_json, rec_state, rec_sha in rows:
+            yield Candidate(
+                key,
+                app_id,
+                version,
+                state,
+                json.loads(output_json) if output_json else None,
+                rec_state,
+                rec_sha,
+            )
+        if len(rows) < page:
+            return
+        after = (rows[-1][0], rows[-1][1])
+
+
+def record_deliveries(
+    ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[Delivery]
+) -> None:
+    """Record what the sink did with ``rows`` (one transaction; repeating it changes nothing).
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param sink: the sink's or consumer's name
+    :param run_id: the run that delivered them
+    :param rows: one per item
+    """
+    if not rows:
+        return
+    with ledger.engine.begin() as conn:
+        for state in sorted({row.state for row in rows}):
+            _write(conn, workload, sink, run_id, state, [row for row in rows if row.state == state])
+
+
+def _write(
+    conn: Connection, workload: str, sink: str, run_id: str, state: str, rows: Sequence[Delivery]
+) -> None:
+    """The one write of a delivery row: an upsert guarded by :data:`MOVES`.
+
+    A row is inserted when none exists (unless ``state`` needs one first, as ``acknowledged``
+    does) and updated only when the row's current state may move to ``state`` and the move changes
+    something (another state, or another digest of the values).
+    """
+    allowed = MOVES[state]
+    now = utcnow()
+    d = s.deliveries.c
+    records = [
+        {
+            "workload": workload,
+            "sink": sink,
+            "app_id": row.app_id,
+            "prompt_version": row.prompt_version,
+            "item_key": row.item_key,
+            "state": state,
+            "result_sha256": row.result_sha256,
+            "delivery_key": delivery_key(workload, sink, row.app_id, row.prompt_version),
+            "run_id": run_id,
+            "error": row.error,
+            "writes": 1,
+            "delivered_at": now,
+        }
+        for row in rows
+    ]
+    if None not in allowed:  # an update only: the row must exist in one of the allowed states
+        for record in records:
+            conn.execute(
+                s.deliveries.update()
+                .where(
+                    d.workload == workload,
+                    d.sink == sink,
+                    d.app_id == record["app_id"],
+                    d.prompt_version == record["prompt_version"],
+                    d.state.in_(sorted(str(a) for a in allowed)),
+                )
+                .values(state=state, run_id=run_id, delivered_at=now, writes=d.writes + 1)
+            )
+        return
+    ins = _dialect_insert(conn)(s.deliveries)
+    changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
+    # the states are this module's constants, inlined: an executemany takes no expanding IN
+    before = or_(
+        *(d.state == literal_column(f"'{a}'") for a in sorted(str(a) for a in allowed if a is not None))
+    )
+    guard = and_(before, changed)
+    stmt = ins.on_conflict_do_update(
+        index_elements=["workload", "sink", "app_id", "prompt_version"],
+        set_={
+            "item_key": ins.excluded.item_key,
+            "state": ins.excluded.state,
+            "result_sha256": ins.excluded.result_sha256,
+            "run_id": ins.excluded.run_id,
+            "error": ins.excluded.error,
+            "writes": d.writes + 1,
+            "delivered_at": ins.excluded.delivered_at,
+        },
+        where=guard,
+    )
+    for start in range(0, len(records), PAGE):
+        conn.execute(stmt, records[start : start + PAGE])
+
+
+def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, Any]]:
+    """Every delivery row of one sink or consumer, in application id order (for reports and tests).
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param sink: the sink's or consumer's name
+    """
+    d = s.deliveries.c
+    q = (
+        select(s.deliveries)
+        .where(d.workload == workload, d.sink == sink)
+        .order_by(d.app_id, d.prompt_version)
+    )
+    with ledger.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
+def delivery_counts(ledger: Ledger, workload: str, run_id: str) -> dict[str, dict[str, int]]:
+    """Per sink, how many of the run's delivery rows are in each state.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run
+    """
+    d = s.deliveries.c
+    q = (
+        select(d.sink, d.state, func.count())
+        .where(d.workload == workload, d.run_id == run_id)
+        .group_by(d.sink, d.state)
+    )
+    out: dict[str, dict[str, int]] = {}
+    with ledger.engine.connect() as conn:
+        for sink, state, n in conn.execute(q):
+            out.setdefault(sink, {})[state] = int(n)
+    return out
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """A result handed to a consumer, with the idempotency key to pass on to the external system.
+
+    :param key: stable for this item and prompt version: the same until it is acknowledged
+    :param app_id: the application id
+    :param prompt_version: the prompt version of the answer
+    :param output: the parsed answer
+    """
+
+    key: str
+    app_id: str
+    prompt_version: str
+    output: Any
+
+
+def pending_for(
+    ledger: Ledger, workload: str, consumer: str, run_id: str | None = None, limit: int = PAGE
+) -> list[HandOff]:
+    """Offer a consumer the published final answers it has not acknowledged, at most ``limit``.
+
+    The offer is recorded (``offered``) before it is returned: a consumer that crashes before
+    :func:`acknowledge` is offered the same items again with the same keys; an acknowledged item
+    is never offered again.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param consumer: the consumer's name
+    :param run_id: only this run's answers (``None``: every published answer of the workload)
+    :param limit: at most this many
+    """
+    r, d = s.published.c, s.deliveries.c
+    acked = (
+        select(literal(1))
+        .where(
+            d.workload == r.workload,
+            d.sink == consumer,
+            d.app_id == r.app_id,
+            d.prompt_version == r.prompt_version,
+            d.state == "acknowledged",
+        )
+        .exists()
+    )
+    q = (
+        select(r.item_key, r.app_id, r.prompt_version, r.output_json, r.run_id)
+        .where(r.workload == workload, r.state.in_(sorted(USABLE_STATES)), ~acked)
+        .order_by(r.item_key, r.prompt_version)
+        .limit(limit)
+    )
+    if run_id is not None:
+        q = q.where(r.run_id == run_id)
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(q).all()
+    offers = [
+        Delivery(key, app_id, version, "offered", hashlib.sha256((out or "").encode("utf-8")).hexdigest())
+        for key, app_id, version, out, _ in rows
+    ]
+    by_run: dict[str, list[Delivery]] = {}
+    for offer, row in zip(offers, rows, strict=True):
+        by_run.setdefault(row[4], []).append(offer)
+    for run, group in by_run.items():
+        record_deliveries(ledger, workload, consumer, run, group)
+    return [
+        HandOff(
+            delivery_key(workload, consumer, app_id, version),
+            app_id,
+            version,
+            json.loads(out) if out else None,
+        )
+        for _, app_id, version, out, _ in rows
+    ]
+
+
+def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str]) -> int:
+    """Record that a consumer acted on the hand-offs with these keys; return how many moved.
+
+    Only an offered hand-off is acknowledged (a key never offered, or acknowledged already, is not
+    counted); repeating the call changes nothing.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param consumer: the consumer's name
+    :param keys: keys from :func:`pending_for`
+    """
+    wanted = sorted(set(keys))
+    if not wanted:
+        return 0
+    d = s.deliveries.c
+    moved = 0
+    with ledger.engine.begin() as conn:
+        for start in range(0, len(wanted), PAGE):
+            found = conn.execute(
+                select(d.item_key, d.app_id, d.prompt_version, d.result_sha256, d.run_id).where(
+                    d.workload == workload,
+                    d.sink == consumer,
+                    d.state == "offered",
+                    d.delivery_key.in_(wanted[start : start + PAGE]),
+                )
+            ).all()
+            for key, app_id, version, sha, run in found:
+                _write(
+                    conn,
+                    workload,
+                    consumer,
+                    run,
+                    "acknowledged",
+                    [Delivery(key, app_id, version, "acknowledged", sha)],
+                )
+            moved += len(found)
+    return moved
+
+
+def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts: Mapping[str, Any]) -> None:
+    """Put a delivery's counts in the run's stored report, under ``deliveries``/``sink``.
+
+    The counts are the ledger's: the run's delivery rows per state (``delivered``, ``refused``),
+    with what the latest try wrote; a rerun replaces them. A run without a report (not published)
+    is left alone.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run
+    :param sink: the sink's name
+    :param counts: what the latest try did (written, unchanged, refused)
+    """
+    totals = delivery_counts(ledger, workload, run_id).get(sink, {})
+    r = s.runs.c
+    with ledger.engine.begin() as conn:
+        found = conn.execute(
+            select(r.report_json).where(r.workload == workload, r.run_id == run_id).with_for_update()
+        ).scalar()
+        if not found:
+            return
+        report = json.loads(found)
+        report.setdefault("deliveries", {})[sink] = {
+            "delivered": totals.get("delivered", 0),
+            "refused": totals.get("refused", 0),
+            "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
+        }
+        conn.execute(
+            s.runs.update()
+            .where(r.workload == workload, r.run_id == run_id)
+            .values(report_json=json.dumps(report, default=str))
+        )

@@ -1,0 +1,170 @@
+"""Deliver a run's final answers to one sink, each written once and recorded per item.
+
+A delivery reads the run's published answers with what the sink was last given for each
+(:func:`~airflow_batch_provider.ledger.deliveries.iter_candidates`), maps each to the sink's row,
+and leaves out every row whose values the sink already holds (the same digest, ``delivered``).
+The rest go in batches: the sink commits a batch (one transaction), then the ledger records it.
+
+A crash between the two commits leaves rows in the sink that the ledger does not know were
+delivered: the next delivery writes them again, which is harmless because every sink write is
+idempotent (an upsert or an update by key writes the same values onto the same row). The other
+order (record first) could record a row the sink never got; so the sink commits first.
+
+A row the sink refuses (a type or constraint error: the writer retries a refused batch row by
+row to find it) is recorded ``refused`` with the sink's message and is tried again by the next
+delivery; the others of its batch are written. No Airflow here: the sink brings its own writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from airflow_batch_provider.core.failpoints import failpoint
+from airflow_batch_provider.ledger.deliveries import (
+    Candidate,
+    Delivery,
+    iter_candidates,
+    record_deliveries,
+    values_sha256,
+)
+from airflow_batch_provider.ledger.store import Ledger
+
+#: At most this many refusal messages are kept in a delivery's counts (all are in the ledger).
+MESSAGES_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    """One row for a sink: its key columns and the columns written.
+
+    :param keys: key column -> value (the application id, the prompt version where kept)
+    :param values: column -> value
+    """
+
+    keys: Mapping[str, Any]
+    values: Mapping[str, Any]
+
+
+class RowWriter(Protocol):
+    """Writes batches of rows into a sink, one transaction per batch."""
+
+    def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        """Write ``rows`` and commit; return the refused rows (index -> the sink's message).
+
+        :param rows: the batch
+        """
+        ...
+
+
+class Sink(Protocol):
+    """What a delivery needs of a sink."""
+
+    @property
+    def sink_name(self) -> str:
+        """The name its deliveries are recorded under (unique within the workload)."""
+        ...
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per transaction."""
+        ...
+
+    def row_for(self, result: Candidate) -> SinkRow:
+        """Map one final answer to the sink's row.
+
+        :param result: the answer
+        """
+        ...
+
+    def open(self) -> AbstractContextManager[RowWriter]:
+        """Open the sink for one delivery."""
+        ...
+
+
+@dataclass
+class DeliveryCounts:
+    """What one delivery did.
+
+    :param sink: the sink's name
+    :param written: rows the sink committed
+    :param unchanged: rows left out because the sink holds their values already
+    :param refused: rows the sink refused (recorded with its message)
+    :param messages: the first refusal messages, ``app_id: message``
+    """
+
+    sink: str
+    written: int = 0
+    unchanged: int = 0
+    refused: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts as a small dict (XCom, the report)."""
+        return {
+            "sink": self.sink,
+            "written": self.written,
+            "unchanged": self.unchanged,
+            "refused": self.refused,
+            "messages": list(self.messages),
+        }
+
+
+def _pages(results: Iterator[Candidate], size: int) -> Iterator[list[Candidate]]:
+    page: list[Candidate] = []
+    for result in results:
+        page.append(result)
+        if len(page) >= size:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryCounts:
+    """Deliver the run's final answers that the sink does not hold yet; record each row.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run whose published answers are delivered
+    :param sink: the sink
+    """
+    counts = DeliveryCounts(sink.sink_name)
+    with sink.open() as writer:
+        for page in _pages(iter_candidates(ledger, workload, sink.sink_name, run_id), sink.batch_size):
+            todo: list[tuple[Candidate, SinkRow, str]] = []
+            refused: list[Delivery] = []
+            for result in page:
+                try:
+                    row = sink.row_for(result)
+                except (KeyError, TypeError, ValueError) as exc:  # the mapping refused the answer
+                    message = f"the sink's column mapping failed on this answer: {exc!r}"
+                    refused.append(_refusal(result, values_sha256({"error": message}), message, counts))
+                    continue
+                digest = values_sha256({**row.keys, **row.values})
+                if result.recorded_state == "delivered" and result.recorded_sha256 == digest:
+                    counts.unchanged += 1
+                    continue
+                todo.append((result, row, digest))
+            rejected = writer.write([row for _, row, _ in todo]) if todo else {}
+            failpoint("deliver.after_sink_commit")
+            done: list[Delivery] = []
+            for index, (result, _, digest) in enumerate(todo):
+                if index in rejected:
+                    refused.append(_refusal(result, digest, rejected[index], counts))
+                else:
+                    done.append(
+                        Delivery(result.item_key, result.app_id, result.prompt_version, "delivered", digest)
+                    )
+            counts.written += len(done)
+            record_deliveries(ledger, workload, sink.sink_name, run_id, [*done, *refused])
+    return counts
+
+
+def _refusal(result: Candidate, digest: str, message: str, counts: DeliveryCounts) -> Delivery:
+    counts.refused += 1
+    if len(counts.messages) < MESSAGES_SHOWN:
+        counts.messages.append(f"{result.app_id}: {message}")
+    return Delivery(result.item_key, result.app_id, result.prompt_version, "refused", digest, message)

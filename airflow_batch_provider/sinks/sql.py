@@ -1,0 +1,315 @@
+"""``SqlUpsertSink``: a workload's final answers written into the user's table, once per item.
+
+Through whatever ``common.sql`` hook the connection's type names (``DbApiHook``). Two modes:
+
+- ``upsert``: insert the row, or update it when its key is there. PostgreSQL and SQLite get
+  their own ``INSERT ... ON CONFLICT (keys) DO UPDATE``; other databases go through the hook's
+  ``insert_rows(replace=True)`` (``MERGE``/``REPLACE`` where the hook's dialect writes one; where
+  it cannot, the delivery fails with a message naming the sink and ``mode="update"``).
+- ``update``: ``UPDATE table SET ... WHERE keys = ...``, to write the label back onto the source
+  row; a key with no row there writes nothing.
+
+Each batch is one transaction. Both modes are idempotent (the same values onto the same row),
+which is what makes a crash between the sink's commit and the ledger's harmless (see
+:mod:`airflow_batch_provider.services.delivery`). A batch the database refuses with a type or
+constraint error (DB-API ``DataError`` or ``IntegrityError``) is rolled back and written again row
+by row: the refused rows are reported with the database's message, the others are written. Any
+other database error (a lost connection, a missing column) fails the task.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from airflow_batch_provider.core.json_path import parse_path, read_path
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.ledger.deliveries import Candidate
+from airflow_batch_provider.services.delivery import RowWriter, SinkRow
+
+#: The connection types whose dialect writes ``INSERT ... ON CONFLICT`` here.
+ON_CONFLICT_TYPES: Final = frozenset({"postgres", "postgresql", "sqlite"})
+#: DB-API exception classes that mean "the database refused this row" (not "the database failed").
+REFUSALS: Final = frozenset({"DataError", "IntegrityError"})
+_IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+#: A column's value: a JSON path into the answer (``"$.label"``) or a callable of the result.
+ColumnSource = str | Callable[[Candidate], Any]
+
+
+def _ident(what: str, name: str) -> str:
+    if not _IDENT.match(name):
+        raise ConfigurationError(
+            f"SqlUpsertSink {what}={name!r} is not a plain SQL identifier; use letters, digits and '_' "
+            "(and one '.' for a schema), e.g. 'public.tickets'."
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class SqlUpsertSink:
+    """Write each item's final answer into a table through an Airflow SQL connection.
+
+    :param conn_id: the connection (its type names the hook: ``postgres``, ``sqlite``, ...)
+    :param table: the target table (``schema.table`` allowed)
+    :param key_columns: the key: the first column gets the application id, a second (where the
+        table keeps versions) the prompt version
+    :param columns: column -> JSON path into the answer (``"$.label"``, ``"$"`` for the whole
+        answer as JSON) or a callable of the result; or one callable returning column -> value
+    :param mode: ``upsert`` (insert or update by key) or ``update`` (update the row with that key)
+    :param name: the name deliveries are recorded under and the task is named after
+        (``deliver_<name>``); default: the table name
+    :param batch_size: rows per transaction
+    :param key_type: converts the application id for the key column (e.g. ``int``)
+    """
+
+    conn_id: str
+    table: str
+    key_columns: Sequence[str]
+    columns: Mapping[str, ColumnSource] | Callable[[Candidate], Mapping[str, Any]]
+    mode: Literal["upsert", "update"] = "upsert"
+    name: str | None = None
+    batch_size: int = 1000
+    key_type: Callable[[str], Any] = str
+    _paths: dict[str, tuple[str | int, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        _ident("table", self.table)
+        keys = tuple(self.key_columns)
+        if not 1 <= len(keys) <= 2:
+            raise ConfigurationError(
+                f"SqlUpsertSink key_columns={keys!r}; give one column (the application id) or two "
+                "(the application id, then the prompt version)."
+            )
+        for key in keys:
+            _ident("key column", key)
+        object.__setattr__(self, "key_columns", keys)
+        if self.mode not in ("upsert", "update"):
+            raise ConfigurationError(f"SqlUpsertSink mode={self.mode!r}; use 'upsert' or 'update'.")
+        if self.batch_size < 1:
+            raise ConfigurationError(f"SqlUpsertSink batch_size={self.batch_size}; use 1 or more.")
+        if isinstance(self.columns, Mapping):
+            if not self.columns:
+                raise ConfigurationError("SqlUpsertSink columns is empty; map at least one column.")
+            for column, source in self.columns.items():
+                _ident("column", column)
+                if column in keys:
+                    raise ConfigurationError(f"SqlUpsertSink column {column!r} is a key column; map it once.")
+                if isinstance(source, str):
+                    self._paths[column] = parse_path(source)
+                elif not callable(source):
+                    raise ConfigurationError(
+                        f"SqlUpsertSink column {column!r}: {source!r}; give a JSON path ('$.label') or a callable."
+                    )
+        elif not callable(self.columns):
+            raise ConfigurationError(
+                "SqlUpsertSink columns: give a mapping of column -> source, or a callable."
+            )
+        if self.name is not None and not re.match(r"^[A-Za-z0-9_]{1,64}$", self.name):
+            raise ConfigurationError(
+                f"SqlUpsertSink name={self.name!r}; use letters, digits and '_' (it names a task)."
+            )
+
+    @property
+    def sink_name(self) -> str:
+        """The name deliveries are recorded under (``name``, else the table's name)."""
+        return self.name or self.table.replace(".", "_")
+
+    def row_for(self, result: Candidate) -> SinkRow:
+        """Map one final answer to its row.
+
+        :param result: the answer
+        """
+        keys: dict[str, Any] = {self.key_columns[0]: self.key_type(result.app_id)}
+        if len(self.key_columns) == 2:
+            keys[self.key_columns[1]] = result.prompt_version
+        if isinstance(self.columns, Mapping):
+            values = {}
+            for column, source in self.columns.items():
+                if isinstance(source, str):
+                    values[column] = read_path(result.output, self._paths[column])
+                else:
+                    values[column] = source(result)
+        else:
+            values = dict(self.columns(result))
+            for column in values:
+                _ident("column", column)
+        return SinkRow(keys, {k: _bindable(v) for k, v in values.items()})
+
+    @contextmanager
+    def open(self) -> Iterator[RowWriter]:
+        """Open the connection's hook for one delivery (one DB-API connection for all batches)."""
+        from airflow.providers.common.sql.hooks.sql import DbApiHook
+        from airflow.sdk import BaseHook
+
+        connection = BaseHook.get_connection(self.conn_id)
+        hook = connection.get_hook()
+        if not isinstance(hook, DbApiHook):
+            raise ConfigurationError(
+                f"SqlUpsertSink conn_id={self.conn_id!r} has type {connection.conn_type!r}, whose hook "
+                f"{type(hook).__name__} is not a common.sql DbApiHook; use a SQL connection."
+            )
+        conn_type = (connection.conn_type or "").lower()
+        if self.mode == "upsert" and conn_type not in ON_CONFLICT_TYPES:
+            yield _ReplaceWriter(self, hook)
+            return
+        dbapi = hook.get_conn()
+        try:
+            yield _DbApiWriter(self, dbapi, self.statement(hook.placeholder))
+        finally:
+            dbapi.close()
+
+    def statement(self, placeholder: str) -> str:
+        """The SQL of one row (``INSERT ... ON CONFLICT`` or ``UPDATE``), for ``executemany``.
+
+        :param placeholder: the driver's placeholder (``%s``, ``?``)
+        """
+        keys = list(self.key_columns)
+        cols = self.column_names()
+        if self.mode == "update":
+            sets = ", ".join(f"{c} = {placeholder}" for c in cols)
+            where = " AND ".join(f"{k} = {placeholder}" for k in keys)
+            return f"UPDATE {self.table} SET {sets} WHERE {where}"
+        every = [*keys, *cols]
+        marks = ", ".join([placeholder] * len(every))
+        sets = ", ".join(f"{c} = excluded.{c}" for c in cols)
+        return (
+            f"INSERT INTO {self.table} ({', '.join(every)}) VALUES ({marks}) "
+            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+        )
+
+    def column_names(self) -> list[str]:
+        """The written columns when they are known up front (a mapping), else ``[]``."""
+        return list(self.columns) if isinstance(self.columns, Mapping) else []
+
+    def params(self, row: SinkRow) -> tuple[Any, ...]:
+        """One row's parameters in :meth:`statement`'s order.
+
+        :param row: the row
+        """
+        cols = self.column_names() or list(row.values)
+        values = tuple(row.values.get(c) for c in cols)
+        keys = tuple(row.keys[k] for k in self.key_columns)
+        return (*values, *keys) if self.mode == "update" else (*keys, *values)
+
+
+def _bindable(value: Any) -> Any:
+    """A value a DB-API driver binds: objects and lists travel as JSON text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return value
+
+
+def refused_by_database(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing a row (a type or constraint error).
+
+    :param exc: the exception a driver raised
+    """
+    return any(cls.__name__ in REFUSALS for cls in type(exc).__mro__)
+
+
+@dataclass
+class _DbApiWriter:
+    """``executemany`` of one statement, one commit per batch; a refused batch goes row by row."""
+
+    sink: SqlUpsertSink
+    conn: Any
+    sql: str
+
+    def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        if not self.sink.column_names():  # a callable mapping: every row names its own columns
+            return self._one_by_one(rows)
+        params = [self.sink.params(row) for row in rows]
+        cursor = self.conn.cursor()
+        try:
+            cursor.executemany(self.sql, params)
+            self.conn.commit()
+            return {}
+        except Exception as exc:
+            self.conn.rollback()
+            if not refused_by_database(exc):
+                raise
+        finally:
+            cursor.close()
+        return self._one_by_one(rows)
+
+    def _one_by_one(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        refused: dict[int, str] = {}
+        cursor = self.conn.cursor()
+        try:
+            for index, row in enumerate(rows):
+                sql = self.sql
+                if not self.sink.column_names():
+                    sql = _row_statement(self.sink, row, self.sql)
+                try:
+                    cursor.execute(sql, self.sink.params(row))
+                    self.conn.commit()
+                except Exception as exc:
+                    self.conn.rollback()
+                    if not refused_by_database(exc):
+                        raise
+                    refused[index] = f"{type(exc).__name__}: {str(exc).strip()}"
+        finally:
+            cursor.close()
+        return refused
+
+
+def _row_statement(sink: SqlUpsertSink, row: SinkRow, template: str) -> str:
+    """The statement of a row whose columns a callable mapping named."""
+    placeholder = "?" if "?" in template else "%s"
+    named = SqlUpsertSink(
+        conn_id=sink.conn_id,
+        table=sink.table,
+        key_columns=sink.key_columns,
+        columns={c: "$" for c in row.values},
+        mode=sink.mode,
+    )
+    return named.statement(placeholder)
+
+
+@dataclass
+class _ReplaceWriter:
+    """Other databases: the hook's ``insert_rows(replace=True)`` (its dialect's ``MERGE``/``REPLACE``)."""
+
+    sink: SqlUpsertSink
+    hook: Any
+
+    def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        try:
+            self._insert(rows)
+            return {}
+        except NotImplementedError as exc:
+            raise ConfigurationError(
+                f"sink {self.sink.sink_name!r}: the {type(self.hook).__name__} of connection "
+                f"{self.sink.conn_id!r} writes no upsert ({exc}); use mode='update' (update by key) instead."
+            ) from exc
+        except Exception as exc:
+            if not refused_by_database(exc):
+                raise
+        refused: dict[int, str] = {}
+        for index, row in enumerate(rows):
+            try:
+                self._insert([row])
+            except Exception as exc:
+                if not refused_by_database(exc):
+                    raise
+                refused[index] = f"{type(exc).__name__}: {str(exc).strip()}"
+        return refused
+
+    def _insert(self, rows: Sequence[SinkRow]) -> None:
+        fields = [*self.sink.key_columns, *(self.sink.column_names() or list(rows[0].values))]
+        values = [tuple({**row.keys, **row.values}.get(f) for f in fields) for row in rows]
+        self.hook.insert_rows(
+            self.sink.table,
+            values,
+            target_fields=fields,
+            commit_every=0,
+            replace=True,
+            replace_index=list(self.sink.key_columns),
+        )
