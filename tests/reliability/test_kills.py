@@ -31,6 +31,8 @@ BATCH_PATH_KILLS = {
         Kill(failpoint="submit.after_create"),
     ),
     "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
+    # after publish: the sink committed its second batch of 10 rows, the ledger does not know it
+    "deliver": (Kill(failpoint="deliver.after_sink_commit=2"),),
 }
 #: a kill right after each kind of task returned, before Airflow recorded it
 STEP_KILLS = (
@@ -56,12 +58,14 @@ def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once
     airflow_home: dict[str, str], tmp_path: Path, segment: str
 ) -> None:
     with chaos_emulator() as url:
-        run = ChaosRun(airflow_home, tmp_path, segment, url)
+        run = ChaosRun(airflow_home, tmp_path, segment, url, sink=segment == "deliver")
         missed = run.survive(BATCH_PATH_KILLS[segment])
         verdict = check_invariants(url, [run])
         count_faults(url)
     assert not verdict.violations, verdict.explain()
     assert not missed, f"kill points never reached (not placed, or the run no longer passes there): {missed}"
+    if run.sink_path is not None:  # every sink row exists once, with the published answer
+        assert run.sink_rows() == run.published_answers() != []
 
 
 def test_a_kill_at_each_step_boundary_on_postgresql_loses_nothing_and_pays_once(

@@ -25,12 +25,13 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from pathlib import Path
@@ -229,6 +230,7 @@ class ChaosRun:
     :param logical_date: the run's logical date and start (ISO 8601; overrides ``day``); a run with
         a deadline needs one close to now, since its deadline counts from the run's start
     :param settings: extra ``[batch_provider]`` settings
+    :param sink: deliver the answers into a SQLite table (``results`` in ``shared/<name>-sink.sqlite``)
     """
 
     def __init__(
@@ -247,6 +249,7 @@ class ChaosRun:
         day: int = 1,
         logical_date: str | None = None,
         settings: Mapping[str, str] | None = None,
+        sink: bool = False,
     ) -> None:
         conn_type, suffix, model = PROVIDERS[provider]
         self.provider = provider
@@ -269,7 +272,17 @@ class ChaosRun:
         if ledger_url is not None:
             extra["ledger_url"] = ledger_url
         connection = {"conn_type": conn_type, "host": emulator_url + suffix, "password": "sk-chaos"}
-        self.env = batch_env(base, shared, {"chaos_batch": connection}, **extra)
+        connections: dict[str, dict[str, Any]] = {"chaos_batch": connection}
+        self.sink_path: Path | None = None
+        if sink:
+            self.sink_path = shared / f"{name}-sink.sqlite"
+            with closing(sqlite3.connect(self.sink_path)) as db:
+                db.execute("CREATE TABLE results (item_id TEXT PRIMARY KEY, answer TEXT)")
+                db.commit()
+            connections["chaos_sink"] = {"conn_type": "sqlite", "host": str(self.sink_path)}
+        self.env = batch_env(base, shared, connections, **extra)
+        if sink:
+            self.env["ABP_CHAOS_SINK"] = "1"
         input_path = shared / f"{name}-records.jsonl"
         input_path.write_text("".join(json.dumps(r) + "\n" for r in records(items)), encoding="utf-8")
         self.env.update(
@@ -391,6 +404,27 @@ class ChaosRun:
     def ledger(self) -> Ledger:
         """The run's ledger."""
         return Ledger.from_url(self.ledger_url)
+
+    def sink_rows(self) -> list[tuple[str, str]]:
+        """The sink table's rows (``item_id``, ``answer``), in id order."""
+        assert self.sink_path is not None, "this run has no sink"
+        with closing(sqlite3.connect(self.sink_path)) as db:
+            return [
+                (str(a), str(b))
+                for a, b in db.execute("SELECT item_id, answer FROM results ORDER BY item_id")
+            ]
+
+    def published_answers(self) -> list[tuple[str, str]]:
+        """The run's published usable answers (application id, answer), in id order."""
+        ledger = self.ledger()
+        r = s.published.c
+        q = select(r.app_id, r.output_json).where(
+            r.workload == WORKLOAD, r.run_id == self.run_id, r.state.in_(["succeeded", "unchanged"])
+        )
+        with ledger.engine.connect() as conn:
+            rows = [(str(a), json.loads(o)) for a, o in conn.execute(q)]
+        ledger.engine.dispose()
+        return sorted((a, o if isinstance(o, str) else json.dumps(o, sort_keys=True)) for a, o in rows)
 
     def rejects(self) -> int:
         """Lines in the run's ``rejects.jsonl`` (0 when it has none)."""

@@ -12,6 +12,8 @@ case and the DAG code never names a provider:
 - ``ABP_CHAOS_KILL_AFTER``: ``<task id>[:<map index>]``; the task's process kills itself with
   ``SIGKILL`` right after that task's ``execute`` returned and before Airflow records it: a kill at
   a step boundary, the worst one (the work is done, Airflow will run the task again)
+- ``ABP_CHAOS_SINK``: when set, a ``deliver_results`` task writes each answer into the table
+  ``results`` (``item_id``, ``answer``) of the connection ``chaos_sink``, 10 rows per batch
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from airflow.sdk import DAG
 from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
+from airflow_batch_provider.sinks import SqlUpsertSink
 
 KILL_ENV = "ABP_CHAOS_KILL_AFTER"
 
@@ -52,6 +55,19 @@ def records(context: Any) -> Iterator[dict[str, Any]]:
 
 
 deadline = os.environ.get("ABP_CHAOS_DEADLINE") or None
+sinks = (
+    [
+        SqlUpsertSink(
+            conn_id="chaos_sink",
+            table="results",
+            key_columns=["item_id"],
+            columns={"answer": "$"},
+            batch_size=10,
+        )
+    ]
+    if os.environ.get("ABP_CHAOS_SINK")
+    else []
+)
 
 with DAG(
     dag_id="chaos_workload",
@@ -82,4 +98,5 @@ with DAG(
         )
         if deadline
         else None,
+        sinks=sinks,
     )
