@@ -10,12 +10,13 @@ the file its job recorded.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from airflow_batch_provider.core.failpoints import FAILPOINTS
-from tests.support.chaos import ChaosRun, Kill, chaos_emulator, check_invariants, count_faults
+from tests.support.chaos import WORKLOAD, ChaosRun, Kill, chaos_emulator, check_invariants, count_faults
 
 pytestmark = pytest.mark.reliability
 
@@ -66,6 +67,11 @@ def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once
     assert not missed, f"kill points never reached (not placed, or the run no longer passes there): {missed}"
     if run.sink_path is not None:  # every sink row exists once, with the published answer
         assert run.sink_rows() == run.published_answers() != []
+        [report] = [
+            json.loads(r["report_json"]) for r in run.ledger().runs(WORKLOAD) if r["run_id"] == run.run_id
+        ]
+        assert report["deliveries"]["results"]["delivered"] == len(run.sink_rows())
+        assert report["deliveries"]["results"]["refused"] == 0
 
 
 def test_a_kill_at_each_step_boundary_on_postgresql_loses_nothing_and_pays_once(

@@ -218,3 +218,24 @@ def test_the_upload_of_each_chunk_is_a_mapped_task_of_its_own_between_prepare_an
     assert dag.get_task("w.submit").upstream_task_ids == {"w.upload"}
     assert dag.get_task("w.upload").upstream_task_ids == {"w.prepare"}
     assert dag.get_task("w.upload_2").upstream_task_ids == {"w.resubmit_2"}
+
+
+def test_each_sink_adds_one_deliver_task_after_publish_and_two_sinks_of_one_name_are_refused() -> None:
+    from airflow_batch_provider.sinks import SqlUpsertSink
+
+    labels = SqlUpsertSink(
+        conn_id="db", table="public.tickets", key_columns=["id"], columns={"label": "$.label"}
+    )
+    scores = SqlUpsertSink(
+        conn_id="db", table="scores", key_columns=["id"], columns={"score": "$.score"}, name="s"
+    )
+    for deadline in (None, DeadlineOptions("PT2H", "publish_pending")):
+        dag = build(sinks=[labels, scores], deadline=deadline)
+        for task_id in ("w.deliver_public_tickets", "w.deliver_s"):
+            assert dag.get_task(task_id).upstream_task_ids == {"w.publish"}
+    with pytest.raises(ConfigurationError, match="two sinks are named 'scores'"):
+        build(
+            sinks=[scores.__class__(conn_id="db", table="scores", key_columns=["id"], columns={"a": "$"})] * 2
+        )
+    with pytest.raises(ConfigurationError, match="give sink objects"):
+        build(sinks=["db.tickets"])
