@@ -127,3 +127,41 @@ def test_a_sink_with_a_key_or_column_that_is_not_an_identifier_is_refused_when_b
         SqlUpsertSink(conn_id=CONN_ID, table="t", key_columns=["id"], columns={"a": "label"})
     with pytest.raises(ConfigurationError, match="mode='bulk'"):
         SqlUpsertSink(conn_id=CONN_ID, table="t", key_columns=["id"], columns={"a": "$"}, mode="bulk")  # type: ignore[arg-type]
+
+
+def test_a_key_type_converts_the_application_id_and_json_paths_read_into_the_answer() -> None:
+    from airflow_batch_provider.ledger.deliveries import Candidate
+
+    sink = SqlUpsertSink(
+        conn_id=CONN_ID,
+        table="tickets",
+        key_columns=["ticket_id", "version"],
+        columns={"label": "$.label", "first": "$.scores[0]", "missing": "$.nope", "whole": "$"},
+        key_type=int,
+    )
+    answer = {"label": "negative", "scores": [0.9, 0.1]}
+    row = sink.row_for(Candidate("k", "42", "v3", "succeeded", answer, None, None))
+    assert row.keys == {"ticket_id": 42, "version": "v3"}
+    assert row.values == {
+        "label": "negative",
+        "first": 0.9,
+        "missing": None,
+        "whole": '{"label": "negative", "scores": [0.9, 0.1]}',
+    }
+
+
+def test_a_database_without_on_conflict_here_upserts_through_the_hooks_insert_rows_replace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.sqlite.hooks.sqlite import SqliteHook
+
+    from airflow_batch_provider.services.delivery import SinkRow
+    from airflow_batch_provider.sinks.sql import _ReplaceWriter
+
+    with target_for("sqlite", tmp_path) as target:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", target.conn_json)
+        target.execute(TICKETS.format(extra=""))
+        writer = _ReplaceWriter(tickets_sink(), SqliteHook(sqlite_conn_id=CONN_ID))
+        for summary in ("first", "second"):
+            assert writer.write([SinkRow({"ticket_id": "i0"}, {"summary": summary, "version": "v1"})]) == {}
+        assert target.rows("SELECT ticket_id, summary FROM tickets") == [("i0", "second")]
