@@ -278,6 +278,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.batch",
                     "airflow_batch_provider.operators.deadline",
                     "airflow_batch_provider.operators.fallback",
+                    "airflow_batch_provider.operators.deliver",
                 ],
             }
         ],
