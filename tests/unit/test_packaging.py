@@ -24,6 +24,8 @@ RUNTIME_EXTRAS = {
     "vertex",
     "google",
     "postgres",
+    "sql",
+    "parquet",
     "emulator",
 }
 # development requirements: PEP 735 dependency groups, never published as extras
