@@ -41,7 +41,7 @@ from airflow_batch_provider.services.sources_sql import SqlSource
 SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (2_000, 2_000, 1, 200),
     "small": (20_000, 50_000, 2, 2_000),
-    "default": (100_000, 1_000_000, 2, 10_000),
+    "default": (100_000, 1_000_000, 1, 10_000),
 }
 CONN_ID = "bench_source"
 

@@ -12,8 +12,9 @@ on their own, so that every row is a record or a reject and the counts add up:
 
 - rows with a NULL id (``id > :last`` never selects them) are read after the pages, and each is
   a ``missing_id`` reject naming its row;
-- a page that ends inside a run of rows with the same id: the rest of that id's rows are read
-  before the next page, and become ``duplicate_id`` rejects, as in a file.
+- a full page that ends inside a run of rows with the same id: that id's rows are read by a
+  statement of their own before the next page (the first is the item, the others
+  ``duplicate_id`` rejects, as in a file), each once.
 
 The id column should be unique and indexed (a primary key): each page is then an index range scan.
 """
@@ -215,20 +216,22 @@ def read_sql(
                 "column with SqlSource(id_column=...) or select it in the query."
             )
         key = names.index(id_column)
-        for index, row in enumerate(rows, start=1):
+        last = rows[-1][key]
+        full = len(rows) == source.page_size
+        # A full page may end inside a run of rows sharing its last id (the next page starts after
+        # that id): the id's rows are all read by a statement of their own instead, so that each
+        # is read once, whatever order the database returns equal ids in.
+        keep = [row for row in rows if row[key] != last] if full else rows
+        for index, row in enumerate(keep, start=1):
             yield record(names, row, f"page {page}, row {index} ({id_column} {row[key]!r})")
             position += 1
-        last = rows[-1][key]
-        if len(rows) < source.page_size:
+        if not full:
             break
-        # the page may end inside a run of rows sharing its last id: read that id's other rows
-        seen = sum(1 for row in rows if row[key] == last)
         cursor, names = run(same_id, (last,))
         try:
-            for extra, row in enumerate(_batches(cursor, source.page_size), start=1):
-                if extra > seen:
-                    yield record(names, row, f"after page {page} ({id_column} {last!r} again)")
-                    position += 1
+            for index, row in enumerate(_batches(cursor, source.page_size), start=len(keep) + 1):
+                yield record(names, row, f"page {page}, row {index} ({id_column} {last!r})")
+                position += 1
         finally:
             cursor.close()
     cursor, names = run(null_ids)

@@ -131,6 +131,16 @@ def test_a_null_id_a_repeated_id_across_a_page_edge_and_bytes_not_utf8_are_rejec
     assert ledger.count_states("w", RUN) == {"pending": 10, "review": 1}
 
 
+def test_a_run_of_one_id_longer_than_a_page_is_read_once_row_by_row(sqlite_conn: sqlite3.Connection) -> None:
+    rows = [(1, "one"), *((3, f"three {k}") for k in range(12)), (2, "two"), (4, "four")]
+    sqlite_conn.executemany("INSERT INTO tickets (ticket_id, text) VALUES (?, ?)", rows)
+    sqlite_conn.commit()
+    source = SqlSource(conn_id="src", table="tickets", id_column="ticket_id", columns=["text"], page_size=5)
+    read = [((r.value or {})["ticket_id"], (r.value or {})["text"]) for r in read_sql_source(source, "id")]
+    assert sorted(read) == sorted(rows) and len(read) == len(rows)
+    assert [i for i, _ in read] == sorted(i for i, _ in rows)
+
+
 def test_the_query_is_wrapped_as_a_subquery_and_paged_on_the_id_column() -> None:
     source = SqlSource(
         conn_id="c", sql="SELECT * FROM t WHERE x = 1;", id_column="k", columns=["a", "k"], page_size=7
