@@ -83,4 +83,6 @@ def test_the_rows_of_a_table_are_all_answered_and_a_bad_row_is_in_review_with_it
     (results,) = staging.glob("table_source/*/results.jsonl")
     answered = [json.loads(line) for line in results.read_text().splitlines()]
     assert {a["id"] for a in answered if a["state"] == "succeeded"} == email - {"t017"}
-    assert all(a["output"]["sentiment"] in {"positive", "negative", "neutral"} for a in answered if a["output"])
+    assert all(
+        a["output"]["sentiment"] in {"positive", "negative", "neutral"} for a in answered if a["output"]
+    )
