@@ -110,7 +110,8 @@ def batch_inference_group(
     object to the tasks that use it.
 
     :param workload: the workload's name (ledger namespace, staging folder)
-    :param records: JSONL/CSV path or URL, or a callable(context) returning dicts
+    :param records: JSONL/CSV/Parquet path or URL, a callable(context) returning dicts, a
+        ``SqlSource`` (a table or query through an Airflow SQL connection) or a ``ParquetSource``
     :param prompt: the prompt, the path of its YAML file (a relative path is resolved against the
         DAG file's folder and must exist when the DAG is parsed), or a callable(context) returning
         the prompt when the task runs (e.g. its model from an Airflow Variable)

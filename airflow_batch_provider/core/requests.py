@@ -318,6 +318,13 @@ class PromptTemplate:
             )
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """The record fields the user template reads, sorted (a Parquet source reads only these)."""
+        import jinja2.meta
+
+        return tuple(sorted(jinja2.meta.find_undeclared_variables(_ENV.parse(self.user))))
+
+    @property
     def fingerprint(self) -> str:
         """The sha256 of the prompt's content: every field, the version and the output schema included.
 

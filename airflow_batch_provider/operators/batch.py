@@ -38,6 +38,8 @@ from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
 from airflow_batch_provider.ledger.runs import FinishedRun, finished_run, reopen_newest_run
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+from airflow_batch_provider.operators.sources import RecordSource as RecordSource
+from airflow_batch_provider.operators.sources import describe_source
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
@@ -56,7 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]]
 #: A prompt, the path of its YAML file, or a callable given the task context returning one (run time).
 PromptSource = PromptTemplate | str | Callable[..., PromptTemplate]
 
@@ -575,27 +576,25 @@ class BatchPrepareOperator(BatchBaseOperator):
         """
         return load_prompt(self.prompt, context)
 
-    def source_records(self, context: Context, stack: ExitStack) -> Iterator[SourceRecord]:
+    def source_records(
+        self, context: Context, stack: ExitStack, template: PromptTemplate | None = None
+    ) -> Iterator[SourceRecord]:
         """The records of ``records``, read lazily (files stay open in ``stack``).
 
         :param context: the task context
         :param stack: closes the opened file when prepare is done with it
+        :param template: the prompt (default: this task's, loaded now)
         """
-        from airflow_batch_provider.services.records import read_csv, read_jsonl, read_values
+        from airflow_batch_provider.operators.sources import open_records
 
-        if callable(self.records):
-            produce = self.records
-            return read_values(lambda: produce(context))
-        from airflow.sdk import ObjectStoragePath
-
-        path = ObjectStoragePath(self.render_template(self.records, context), conn_id=self.records_conn_id)
-        reader = read_csv if str(path).endswith(".csv") else read_jsonl
-
-        def opened() -> Iterator[SourceRecord]:
-            # Opened on first read, so that a failing open is reported like any source failure.
-            yield from reader(stack.enter_context(path.open("rb")))
-
-        return opened()
+        return open_records(
+            self.records,
+            context=context,
+            stack=stack,
+            render=self.render_template,
+            template=template or self.template(context),
+            records_conn_id=self.records_conn_id,
+        )
 
     def estimate_and_check_budget(self, run_id: str, context: Context | None = None) -> None:
         """Log the cost estimate of the items staged and not yet submitted; stop over the budget.
@@ -726,7 +725,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 workload=self.workload,
                 run_id=run_id,
                 template=template,
-                records=self.source_records(context, files),
+                records=self.source_records(context, files, template),
                 write_reject=write_reject,
                 log=self.log,
                 adapter=self.adapter,
@@ -745,7 +744,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         failpoint("prepare.after_upsert")
         if result.source_error:
             raise RecordSourceError(
-                f"the records source {self.records if isinstance(self.records, str) else 'callable'} stopped "
+                f"the records source {describe_source(self.records)} stopped "
                 f"early: {result.source_error}. The {result.read} records read are in the ledger "
                 f"({result.rejected} rejected) and nothing was staged; fix the source and retry the task."
             )

@@ -25,6 +25,7 @@ RUNTIME_EXTRAS = {
     "google",
     "postgres",
     "sql",
+    "parquet",
     "emulator",
 }
 # development requirements: PEP 735 dependency groups, never published as extras

@@ -382,3 +382,10 @@ def test_a_prompts_fingerprint_changes_with_any_field_and_not_with_a_fresh_load(
         replace(base, params={"temperature": 1}),
     ]
     assert len({base.fingerprint, *(p.fingerprint for p in others)}) == 1 + len(others)
+
+
+def test_a_prompt_names_the_record_fields_its_template_reads_and_not_the_ones_it_sets() -> None:
+    prompt = PromptTemplate(
+        version="v1", model="m", user="{% set who = name %}{{ who }} on {{ channel }}: {{ text | upper }}"
+    )
+    assert prompt.fields == ("channel", "name", "text")

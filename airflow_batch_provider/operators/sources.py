@@ -1,0 +1,107 @@
+"""Which reader a prepare's ``records=`` takes, and opening it: files, callables, tables, Parquet.
+
+The reading itself lives in :mod:`airflow_batch_provider.services.records` (JSONL, CSV, a
+callable), :mod:`~airflow_batch_provider.services.sources_sql` and
+:mod:`~airflow_batch_provider.services.sources_parquet`; here the source is rendered with the task
+context and opened lazily, so that a failing open is reported like any failure of the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack
+from typing import Any
+
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.services.records import SourceRecord
+from airflow_batch_provider.services.sources_parquet import ParquetSource
+from airflow_batch_provider.services.sources_sql import SqlSource
+
+#: What ``records=`` takes: a JSONL/CSV/Parquet path or URL, a callable returning dicts, a table or query, a Parquet file.
+RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]] | SqlSource | ParquetSource
+
+
+def describe_source(records: RecordSource) -> str:
+    """The source in words, for messages (never a connection's secret: only its id).
+
+    :param records: the operator's ``records``
+    """
+    if isinstance(records, (SqlSource, ParquetSource)):
+        return records.describe()
+    return records if isinstance(records, str) else "callable"
+
+
+def open_records(
+    records: RecordSource,
+    *,
+    context: Any,
+    stack: ExitStack,
+    render: Callable[[Any, Any], Any],
+    template: PromptTemplate,
+    records_conn_id: str | None,
+) -> Iterator[SourceRecord]:
+    """The records of ``records``, read lazily (files stay open in ``stack``).
+
+    :param records: the operator's ``records``
+    :param context: the task context
+    :param stack: closes what is opened when prepare is done with it
+    :param render: renders a templated string with the context (the operator's ``render_template``)
+    :param template: the prompt (its ``id_field`` and the fields a Parquet file is projected to)
+    :param records_conn_id: the object store's connection for a path
+    """
+    from airflow_batch_provider.services.records import read_csv, read_jsonl, read_values
+
+    if callable(records):
+        produce = records
+        return read_values(lambda: produce(context))
+    if isinstance(records, SqlSource):
+        from airflow_batch_provider.hooks.sources import read_sql_source
+
+        rendered = dataclasses.replace(
+            records,
+            sql=None if records.sql is None else render(records.sql, context),
+            table=None if records.table is None else render(records.table, context),
+        )
+        return read_sql_source(rendered, template.id_field)
+    if isinstance(records, str) and render(records, context).endswith(".parquet"):
+        records = ParquetSource(records)
+    if isinstance(records, ParquetSource):
+        return _parquet(records, context, stack, render, template, records_conn_id)
+    from airflow.sdk import ObjectStoragePath
+
+    path = ObjectStoragePath(render(records, context), conn_id=records_conn_id)
+    reader = read_csv if str(path).endswith(".csv") else read_jsonl
+
+    def opened() -> Iterator[SourceRecord]:
+        # Opened on first read, so that a failing open is reported like any source failure.
+        yield from reader(stack.enter_context(path.open("rb")))
+
+    return opened()
+
+
+def _parquet(
+    source: ParquetSource,
+    context: Any,
+    stack: ExitStack,
+    render: Callable[[Any, Any], Any],
+    template: PromptTemplate,
+    records_conn_id: str | None,
+) -> Iterator[SourceRecord]:
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_batch_provider.services.sources_parquet import read_parquet
+
+    path = ObjectStoragePath(render(source.path, context), conn_id=source.conn_id or records_conn_id)
+    id_column = source.id_column or template.id_field
+    columns = [
+        c for c in (template.fields if source.columns is None else source.columns) if c != template.id_field
+    ]
+    yield from read_parquet(
+        stack.enter_context(path.open("rb")),
+        name=str(path),
+        id_column=id_column,
+        id_field=template.id_field,
+        columns=columns,
+        batch_size=source.batch_size,
+    )

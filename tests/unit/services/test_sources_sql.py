@@ -1,0 +1,228 @@
+"""A SQL source read in keyset pages through a real Airflow connection and its real hook (SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.hooks.sources import read_sql_source
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.records import Reject, load_records
+from airflow_batch_provider.services.sources_sql import SqlPaging, SqlSource, page_queries
+from tests.support.postgres import PostgresServer
+
+PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}")
+RUN = "manual__2026-12-01T00:00:00+00:00"
+
+
+@pytest.fixture
+def sqlite_conn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    """A SQLite database behind the Airflow connection ``src`` (an ``AIRFLOW_CONN_SRC`` URI)."""
+    path = tmp_path / "source.db"
+    monkeypatch.setenv("AIRFLOW_CONN_SRC", f"sqlite://{quote(str(path), safe='')}")
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE tickets (ticket_id INTEGER, text TEXT, price NUMERIC, blob BLOB)")
+    yield db
+    db.close()
+
+
+def fill(db: sqlite3.Connection, n: int, start: int = 0) -> None:
+    db.executemany(
+        "INSERT INTO tickets (ticket_id, text) VALUES (?, ?)",
+        [(i, f"ticket {i}") for i in range(start, start + n)],
+    )
+    db.commit()
+
+
+def test_a_table_is_read_in_id_order_one_page_at_a_time_through_the_connections_hook(
+    sqlite_conn: sqlite3.Connection,
+) -> None:
+    fill(sqlite_conn, 25)
+    paging = SqlPaging()
+    source = SqlSource(conn_id="src", table="tickets", id_column="ticket_id", columns=["text"], page_size=10)
+    records = list(read_sql_source(source, "id", paging))
+    assert [r.value["id"] for r in records if r.value] == list(range(25))
+    assert records[3].value == {"ticket_id": 3, "text": "ticket 3", "id": 3}
+    assert all(r.problem is None for r in records)
+    assert (paging.pages, paging.largest_page) == (3, 10)
+    assert [r.position for r in records] == list(range(25))
+
+
+def test_paging_holds_at_most_one_page_of_rows_whatever_the_table_size(
+    sqlite_conn: sqlite3.Connection,
+) -> None:
+    fill(sqlite_conn, 1_050)
+    paging = SqlPaging()
+    source = SqlSource(conn_id="src", table="tickets", id_column="ticket_id", page_size=100)
+    reader = read_sql_source(source, "id", paging)
+    for read in range(1, 1_051):
+        next(reader)
+        # rows fetched never run ahead of the rows handed on by more than one page
+        assert paging.pages * 100 - read < 100
+        assert paging.largest_page <= 100
+    assert next(reader, None) is None
+    assert paging.pages == 11
+
+
+def test_a_retried_read_gets_the_same_rows_in_the_same_order(sqlite_conn: sqlite3.Connection) -> None:
+    # inserted out of order: the keyset order, not the table's, decides
+    sqlite_conn.executemany(
+        "INSERT INTO tickets (ticket_id, text) VALUES (?, ?)", [(i, f"t{i}") for i in (7, 3, 9, 1, 5, 2)]
+    )
+    sqlite_conn.commit()
+    source = SqlSource(
+        conn_id="src", sql="SELECT ticket_id, text FROM tickets", id_column="ticket_id", page_size=4
+    )
+    first = [r.raw for r in read_sql_source(source, "id")]
+    assert first == [r.raw for r in read_sql_source(source, "id")]
+    assert [json.loads(r or "")["ticket_id"] for r in first] == [1, 2, 3, 5, 7, 9]
+
+
+def test_a_null_id_a_repeated_id_across_a_page_edge_and_bytes_not_utf8_are_rejects_with_their_place(
+    sqlite_conn: sqlite3.Connection, tmp_path: Path
+) -> None:
+    fill(sqlite_conn, 10)
+    sqlite_conn.executemany(
+        "INSERT INTO tickets (ticket_id, text, blob) VALUES (?, ?, ?)",
+        [
+            (None, "no id", None),
+            (4, "a second 4", None),
+            (4, "a third 4", None),
+            (11, "bad bytes", b"caf\xe9"),
+        ],
+    )
+    sqlite_conn.commit()
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    rejects: list[Reject] = []
+    source = SqlSource(conn_id="src", table="tickets", id_column="ticket_id", page_size=5)
+    result = load_records(
+        ledger=ledger,
+        workload="w",
+        run_id=RUN,
+        template=PROMPT,
+        records=read_sql_source(source, PROMPT.id_field),
+        write_reject=rejects.append,
+    )
+    # 14 rows: 10 items and 4 rejects, none lost to the keyset (the page 0..4 ends inside the run of 4s)
+    assert (result.read, result.items, result.rejected) == (14, 10, 4)
+    by_code = {r.code: r for r in rejects}
+    assert sorted(result.rejected_by_code.items()) == [
+        ("duplicate_id", 2),
+        ("invalid_utf8", 1),
+        ("missing_id", 1),
+    ]
+    assert "row 1 with a NULL id" in by_code["missing_id"].message
+    assert "WHERE ticket_id IS NOT NULL" in by_code["missing_id"].message
+    assert (
+        "column 'blob'" in by_code["invalid_utf8"].message
+        and "ticket_id 11" in by_code["invalid_utf8"].message
+    )
+    assert by_code["invalid_utf8"].app_id == "11"
+    assert ledger.count_states("w", RUN) == {"pending": 10, "review": 1}
+
+
+def test_a_run_of_one_id_longer_than_a_page_is_read_once_row_by_row(sqlite_conn: sqlite3.Connection) -> None:
+    rows = [(1, "one"), *((3, f"three {k}") for k in range(12)), (2, "two"), (4, "four")]
+    sqlite_conn.executemany("INSERT INTO tickets (ticket_id, text) VALUES (?, ?)", rows)
+    sqlite_conn.commit()
+    source = SqlSource(conn_id="src", table="tickets", id_column="ticket_id", columns=["text"], page_size=5)
+    read = [((r.value or {})["ticket_id"], (r.value or {})["text"]) for r in read_sql_source(source, "id")]
+    assert sorted(read) == sorted(rows) and len(read) == len(rows)
+    assert [i for i, _ in read] == sorted(i for i, _ in rows)
+
+
+def test_the_query_is_wrapped_as_a_subquery_and_paged_on_the_id_column() -> None:
+    source = SqlSource(
+        conn_id="c", sql="SELECT * FROM t WHERE x = 1;", id_column="k", columns=["a", "k"], page_size=7
+    )
+    first, after, same, null = page_queries(source, "k", "%s")
+    assert (
+        first
+        == "SELECT k, a FROM (SELECT * FROM t WHERE x = 1) abp_source WHERE k IS NOT NULL ORDER BY k LIMIT 7"
+    )
+    assert (
+        after == "SELECT k, a FROM (SELECT * FROM t WHERE x = 1) abp_source WHERE k > %s ORDER BY k LIMIT 7"
+    )
+    assert same.endswith("WHERE k = %s") and null.endswith("WHERE k IS NULL")
+
+
+def test_a_percent_sign_in_the_query_is_doubled_only_where_a_format_driver_reads_parameters() -> None:
+    source = SqlSource(conn_id="c", sql="SELECT * FROM t WHERE body LIKE 'a%'", page_size=2)
+    first, after, same, null = page_queries(source, "id", "%s")
+    assert "LIKE 'a%'" in first and "LIKE 'a%'" in null
+    assert "LIKE 'a%%'" in after and "LIKE 'a%%'" in same
+    assert "LIKE 'a%'" in page_queries(source, "id", "?")[1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one of sql= or table="),
+        ({"sql": "SELECT 1", "table": "t"}, "exactly one of sql= or table="),
+        ({"sql": " ; "}, "sql= is empty"),
+        ({"table": "t", "page_size": 0}, "page_size=0 is below 1"),
+        ({"table": "t; DROP TABLE x"}, "table 't; DROP TABLE x' is not a plain SQL name"),
+        ({"table": "t", "id_column": "id desc"}, "id_column 'id desc' is not a plain SQL name"),
+    ],
+)
+def test_a_source_that_cannot_be_paged_is_refused_when_the_dag_is_parsed(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        SqlSource(conn_id="c", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.postgres
+def test_a_postgresql_query_streams_its_rows_with_json_safe_values(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = postgres_server.create_database(f"src_{uuid.uuid4().hex[:12]}")
+    try:
+        postgres_server.execute(
+            "CREATE TABLE tickets (id text PRIMARY KEY, body text, price numeric(8, 2), opened timestamptz,"
+            " due date, raw bytea, ref uuid, meta jsonb, span int4range)",
+            dbname=name,
+        )
+        postgres_server.execute(
+            "INSERT INTO tickets SELECT 't' || lpad(i::text, 3, '0'), 'body ' || i, i * 1.25,"
+            " timestamptz '2026-12-01 10:00+00' + i * interval '1 hour', date '2026-12-01', 'x'::bytea,"
+            " '6f1c3e9a-8a37-4a1e-9d3c-2f9e8c1d0b7a', jsonb_build_object('n', i), NULL FROM generate_series(1, 30) i",
+            dbname=name,
+        )
+        postgres_server.execute("UPDATE tickets SET span = int4range(1, 5) WHERE id = 't007'", dbname=name)
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_TICKETS_DB",
+            f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/{name}",
+        )
+        source = SqlSource(
+            conn_id="tickets_db",
+            sql="SELECT * FROM tickets WHERE body LIKE 'body %'",
+            page_size=8,
+        )
+        paging = SqlPaging()
+        records = list(read_sql_source(source, "id", paging))
+        assert (len(records), paging.pages, paging.largest_page) == (30, 4, 8)
+        first = records[0].value or {}
+        assert first["id"] == "t001"
+        assert first["price"] == "1.25" and isinstance(first["price"], str)
+        assert first["opened"] == dt.datetime(2026, 12, 1, 11, tzinfo=dt.timezone.utc).isoformat()
+        assert first["due"] == "2026-12-01" and first["raw"] == "x"
+        assert first["ref"] == "6f1c3e9a-8a37-4a1e-9d3c-2f9e8c1d0b7a" and first["meta"] == {"n": 1}
+        bad = [r for r in records if r.problem is not None]
+        assert [(r.value or {}).get("id") for r in bad] == ["t007"]
+        code, reason = bad[0].problem or ("", "")
+        assert code == "unsupported_value" and "column 'span'" in reason and "CAST(span AS TEXT)" in reason
+        assert "page 1, row 7" in reason
+        assert Decimal(first["price"]) == Decimal("1.25")
+    finally:
+        postgres_server.drop_database(name)
