@@ -710,6 +710,8 @@ class BatchPrepareOperator(BatchBaseOperator):
         keep_run_prompt(ledger, self.workload, run_id, template, self.task_id)
         # before the items: what finished runs left unharvested (a batch resolved late) is this run's
         harvest_earlier_runs(self, run_id, template, context)
+        # a dead run whose workload this run took over left jobs in flight: this run's round 1 has them
+        adopt_dead_runs_jobs(self, run_id, context)
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -1468,6 +1470,34 @@ def harvest_earlier_runs(
         lambda model: report.batch_pricer(task.adapter.name, model, task.budget.pricing_override),
         attempt_owner(context),  # type: ignore[arg-type]
     )
+
+
+def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Adopt into this run the jobs in flight of the dead runs whose workload it took over.
+
+    See :mod:`~airflow_batch_provider.ledger.adoption`: each job joins this run's round 1, whose
+    tasks wait on it, download and reconcile it; its items are not staged again.
+
+    :param task: the prepare task (its ledger and workload)
+    :param run_id: the Airflow run id
+    :param context: the task context
+    """
+    from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
+
+    adopted = adopt_in_flight_jobs(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
+    for job in adopted:
+        log.warning(
+            "adopted job %s (%s, batch %s, %d items) of run %s, which lost workload %r to this run: "
+            "this run's round 1 waits on it, harvests it and prices it in its report; its items are not "
+            "sent again",
+            job["job_id"],
+            job["state"],
+            job["batch_id"] or "none yet",
+            job["items"],
+            job["from_run"],
+            task.workload,
+        )
+    return adopted
 
 
 def attempt_owner(context: Context) -> str:
