@@ -38,6 +38,7 @@ from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
 from airflow_batch_provider.ledger.runs import FinishedRun, finished_run, reopen_newest_run
 from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
+from airflow_batch_provider.operators.takeover import MOVED, adopt_dead_runs_jobs, moved_to_another_run
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
@@ -711,7 +712,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         # before the items: what finished runs left unharvested (a batch resolved late) is this run's
         harvest_earlier_runs(self, run_id, template, context)
         # a dead run whose workload this run took over left jobs in flight: this run's round 1 has them
-        adopt_dead_runs_jobs(self, run_id, context)
+        adopt_dead_runs_jobs(self, run_id, context)  # type: ignore[arg-type]
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -798,6 +799,8 @@ class BatchUploadOperator(BatchBaseOperator):
         from airflow_batch_provider.services import submit
 
         job_id = str(self.job["job_id"])
+        if moved_to_another_run(self.ledger.get_job(job_id), context):
+            return dict(self.job)
         self._claim = (job_id, attempt_owner(context))
         try:
             done = submit.upload_job(
@@ -868,6 +871,13 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
+        if moved_to_another_run(job, context):  # the wait and the harvest pass it through
+            return {
+                "job_id": job.job_id,
+                "provider": self.adapter.name,
+                "idempotency_key": key,
+                "route": MOVED,
+            }
         if self.prompt is not None:
             # before anything is sent or paid: the answers will be judged by the run's prompt
             self.run_template(self.prompt, context)
@@ -984,7 +994,7 @@ class BatchDownloadOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.get_job(self.batch["job_id"])
-        if job.state == "sync" or not job.batch_id:
+        if job.state == "sync" or not job.batch_id or moved_to_another_run(job, context):
             return dict(self.batch)  # real-time API (no files), or still in doubt (no batch)
         got = harvest.download_job(self.ledger, self.adapter, self.staging, job.job_id)
         return {**dict(self.batch), **got.paths, "files_complete": got.complete}
@@ -1019,6 +1029,8 @@ class BatchReconcileOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.get_job(self.batch["job_id"])
+        if moved_to_another_run(job, context):
+            return {"job_id": job.job_id, "complete": False, "moved_to_run": job.run_id}
         return harvest.reconcile_job(
             self.ledger,
             self.adapter,
@@ -1470,34 +1482,6 @@ def harvest_earlier_runs(
         lambda model: report.batch_pricer(task.adapter.name, model, task.budget.pricing_override),
         attempt_owner(context),  # type: ignore[arg-type]
     )
-
-
-def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Adopt into this run the jobs in flight of the dead runs whose workload it took over.
-
-    See :mod:`~airflow_batch_provider.ledger.adoption`: each job joins this run's round 1, whose
-    tasks wait on it, download and reconcile it; its items are not staged again.
-
-    :param task: the prepare task (its ledger and workload)
-    :param run_id: the Airflow run id
-    :param context: the task context
-    """
-    from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
-
-    adopted = adopt_in_flight_jobs(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
-    for job in adopted:
-        log.warning(
-            "adopted job %s (%s, batch %s, %d items) of run %s, which lost workload %r to this run: "
-            "this run's round 1 waits on it, harvests it and prices it in its report; its items are not "
-            "sent again",
-            job["job_id"],
-            job["state"],
-            job["batch_id"] or "none yet",
-            job["items"],
-            job["from_run"],
-            task.workload,
-        )
-    return adopted
 
 
 def attempt_owner(context: Context) -> str:

@@ -108,6 +108,13 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("clear_run", {"run": 0}),
         FINISH_0,
     ],
+    "bug8_a_cleared_task_of_the_killed_run_leaves_the_adopted_jobs_to_the_run_that_owns_them": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        *TAKEOVER,
+        ("clear_a_task", {"run": 0, "which": 2}),
+        FINISH_0,
+    ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),
         ("edit_the_input", {"index": 1, "text": None}),
