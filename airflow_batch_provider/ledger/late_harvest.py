@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from sqlalchemy import and_, exists, select
+from sqlalchemy import and_, exists, func, select
 
 from airflow_batch_provider.core.states import UNKNOWN_CREATE_JOB_STATES
 from airflow_batch_provider.ledger import Ledger
@@ -60,17 +60,36 @@ def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -
     return [ledger.get_job(job_id) for job_id in ids]
 
 
-def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int:
-    """Move a finished run's unharvested job, its items, attempts and extra lines to ``run_id``.
+def move_job_to_run(
+    ledger: Ledger,
+    job_id: str,
+    run_id: str,
+    actor: str,
+    *,
+    action: str = LATE_HARVEST,
+    only_from: frozenset[str] | None = None,
+    into_first_round: bool = False,
+    reason: str | None = None,
+) -> int:
+    """Move an unharvested job, its items, attempts and extra lines to ``run_id``, audited.
 
-    In one transaction, and only while the job still is another finished run's and unharvested
-    (a second harvester finds it moved and does nothing). The items moved are those still in
-    the job and its old run; the attempts are the job's own. Audited as :data:`LATE_HARVEST`.
+    In one transaction, and only while the job still is another run's (one of ``only_from``, when
+    given) and unharvested (a second mover finds it moved and does nothing). The items moved are
+    those still in the job and its old run; the attempts are the job's own. A late harvest
+    (:func:`resolved_jobs_of_finished_runs`) keeps the job's round; an adoption
+    (:mod:`~airflow_batch_provider.ledger.adoption`) puts it into ``run_id``'s first round after
+    that run's own chunks (so its round 1 waits on it, and its files never share a name with
+    another job's) and drops the dead owner's claim (its count stays: the next claimer looks the
+    batch up by its key before it creates anything).
 
     :param ledger: the ledger
     :param job_id: the job (see :func:`resolved_jobs_of_finished_runs`)
     :param run_id: the run that harvests it
     :param actor: who moves it (the task)
+    :param action: the audit action (default :data:`LATE_HARVEST`)
+    :param only_from: move it only while it is one of these runs'
+    :param into_first_round: renumber it into ``run_id``'s round 1 and drop its claim
+    :param reason: the audit reason (default: the late harvest's)
     :return: the items moved (``-1``: the job was no longer there to move)
     """
     j, i, a, x = s.jobs.c, s.items.c, s.attempts.c, s.extra_lines.c
@@ -78,25 +97,53 @@ def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int
         job = conn.execute(select(s.jobs).where(j.job_id == job_id).with_for_update()).mappings().first()
         if job is None or job["run_id"] == run_id or job["state"] == "reconciled":
             return -1
+        if only_from is not None and job["run_id"] not in only_from:
+            return -1
         old = str(job["run_id"])
-        conn.execute(s.jobs.update().where(j.job_id == job_id).values(run_id=run_id))
+        values: dict[str, Any] = {"run_id": run_id}
+        target = {"job_id": job_id, "batch_id": job["batch_id"], "from_run": old, "to_run": run_id}
+        if into_first_round:
+            last = conn.execute(
+                select(func.max(j.chunk_index)).where(
+                    j.workload == job["workload"], j.run_id == run_id, j.round == 1
+                )
+            ).scalar()
+            values.update(round=1, chunk_index=(-1 if last is None else int(last)) + 1)
+            values.update(claim_owner=None, claim_expires_at=None)
+            target.update(from_round=int(job["round"]), from_chunk=int(job["chunk_index"]))
+        conn.execute(s.jobs.update().where(j.job_id == job_id).values(**values))
         moved = conn.execute(
             s.items.update().where(i.job_id == job_id, i.run_id == old).values(run_id=run_id)
         ).rowcount
         conn.execute(s.attempts.update().where(a.job_id == job_id).values(run_id=run_id))
         conn.execute(s.extra_lines.update().where(x.job_id == job_id).values(run_id=run_id))
-        target = {"job_id": job_id, "batch_id": job["batch_id"], "from_run": old, "to_run": run_id}
-        _audit(
-            conn,
-            utcnow(),
-            actor,
-            LATE_HARVEST,
-            str(job["workload"]),
-            int(moved),
-            target,
-            f"run {old} finished before batch {job['batch_id']} was harvested; run {run_id} harvests it",
+        why = (
+            reason
+            or f"run {old} finished before batch {job['batch_id']} was harvested; run {run_id} harvests it"
         )
+        _audit(conn, utcnow(), actor, action, str(job["workload"]), int(moved), target, why)
     return int(moved)
+
+
+def moved_jobs(
+    ledger: Ledger, workload: str, run_id: str, action: str = LATE_HARVEST
+) -> list[dict[str, Any]]:
+    """The jobs moved to ``run_id`` (audited as ``action``): job, batch, the run it came from, items.
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run they were moved to
+    :param action: :data:`LATE_HARVEST`, or an adoption's action
+    """
+    c = s.audit.c
+    query = select(c.target, c.item_count).where(c.workload == workload, c.action == action).order_by(c.id)
+    out: list[dict[str, Any]] = []
+    with ledger.engine.connect() as conn:
+        for target, count in conn.execute(query):
+            data = json.loads(target)
+            if data.get("to_run") == run_id:
+                out.append({**data, "items": int(count)})
+    return out
 
 
 def late_harvests(ledger: Ledger, workload: str, run_id: str) -> list[dict[str, Any]]:
@@ -106,14 +153,4 @@ def late_harvests(ledger: Ledger, workload: str, run_id: str) -> list[dict[str, 
     :param workload: the workload
     :param run_id: the run that harvested them
     """
-    c = s.audit.c
-    query = (
-        select(c.target, c.item_count).where(c.workload == workload, c.action == LATE_HARVEST).order_by(c.id)
-    )
-    out: list[dict[str, Any]] = []
-    with ledger.engine.connect() as conn:
-        for target, count in conn.execute(query):
-            data = json.loads(target)
-            if data.get("to_run") == run_id:
-                out.append({**data, "items": int(count)})
-    return out
+    return moved_jobs(ledger, workload, run_id, LATE_HARVEST)

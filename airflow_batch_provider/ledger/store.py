@@ -1718,7 +1718,8 @@ class Ledger:
         task). Another run gets :class:`WorkloadLeasedError`, unless ``takeover``: then the lease
         moves to this run (the caller decides that, e.g. from Airflow's own state of the holding
         run) and the takeover is written to the audit table. Items another run has in flight stay
-        with that run either way.
+        with that run here; the new run's prepare adopts them
+        (:mod:`~airflow_batch_provider.ledger.adoption`).
 
         :param workload: workload name
         :param run_id: the Airflow run id

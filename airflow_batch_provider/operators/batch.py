@@ -40,6 +40,7 @@ from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.sources import RecordSource as RecordSource
 from airflow_batch_provider.operators.sources import describe_source
+from airflow_batch_provider.operators.takeover import MOVED, adopt_dead_runs_jobs, moved_to_another_run
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
@@ -709,6 +710,8 @@ class BatchPrepareOperator(BatchBaseOperator):
         keep_run_prompt(ledger, self.workload, run_id, template, self.task_id)
         # before the items: what finished runs left unharvested (a batch resolved late) is this run's
         harvest_earlier_runs(self, run_id, template, context)
+        # a dead run whose workload this run took over left jobs in flight: this run's round 1 has them
+        adopt_dead_runs_jobs(self, run_id, context)  # type: ignore[arg-type]
         folder = self.staging.run_dir(self.workload, run_id)
         rejects_path = folder / "rejects.jsonl"
         with ExitStack() as files:
@@ -795,6 +798,8 @@ class BatchUploadOperator(BatchBaseOperator):
         from airflow_batch_provider.services import submit
 
         job_id = str(self.job["job_id"])
+        if moved_to_another_run(self.ledger.get_job(job_id), context):
+            return dict(self.job)
         self._claim = (job_id, attempt_owner(context))
         try:
             done = submit.upload_job(
@@ -865,6 +870,13 @@ class BatchSubmitOperator(BatchBaseOperator):
 
         job = self.ledger.get_job(self.job["job_id"])
         key = job.idempotency_key
+        if moved_to_another_run(job, context):  # the wait and the harvest pass it through
+            return {
+                "job_id": job.job_id,
+                "provider": self.adapter.name,
+                "idempotency_key": key,
+                "route": MOVED,
+            }
         if self.prompt is not None:
             # before anything is sent or paid: the answers will be judged by the run's prompt
             self.run_template(self.prompt, context)
@@ -981,7 +993,7 @@ class BatchDownloadOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.get_job(self.batch["job_id"])
-        if job.state == "sync" or not job.batch_id:
+        if job.state == "sync" or not job.batch_id or moved_to_another_run(job, context):
             return dict(self.batch)  # real-time API (no files), or still in doubt (no batch)
         got = harvest.download_job(self.ledger, self.adapter, self.staging, job.job_id)
         return {**dict(self.batch), **got.paths, "files_complete": got.complete}
@@ -1016,6 +1028,8 @@ class BatchReconcileOperator(BatchBaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.ledger.get_job(self.batch["job_id"])
+        if moved_to_another_run(job, context):
+            return {"job_id": job.job_id, "complete": False, "moved_to_run": job.run_id}
         return harvest.reconcile_job(
             self.ledger,
             self.adapter,

@@ -20,6 +20,7 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
+from airflow_batch_provider.operators.takeover import PASS_THROUGH_ROUTES
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.settings import default_poll_policy
@@ -148,7 +149,7 @@ class BatchStatusSensor(BaseSensorOperator):
         return PollPolicy.from_dict(data)
 
     def execute(self, context: Context) -> Any:
-        if self.batch.get("route") == "sync":  # sent through the real-time API by the submit task
+        if self.batch.get("route") in PASS_THROUGH_ROUTES:  # real-time, or another run's job now
             return {**dict(self.batch), "state": "completed", "deadline": False, "counts": {}}
         if not self.deferrable:
             return super().execute(context)  # poke(), in this worker or rescheduled
@@ -245,7 +246,7 @@ class BatchStatusSensor(BaseSensorOperator):
 
         :param context: the task context
         """
-        if self.batch.get("route") == "sync":
+        if self.batch.get("route") in PASS_THROUGH_ROUTES:
             return PokeReturnValue(
                 True, {**dict(self.batch), "state": "completed", "deadline": False, "counts": {}}
             )

@@ -13,6 +13,7 @@ from typing import Any
 from airflow_batch_provider.core.cost import AttemptRecord
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.adoption import adopted_jobs
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
 from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.services.submit import IN_DOUBT
@@ -198,6 +199,17 @@ def build_report(
         ]
         table += f"\nlate_harvest (batches of finished runs harvested and priced by this run): {len(late)}\n"
         table += "\n".join(lines)
+    adopted = adopted_jobs(ledger, workload, run_id)
+    if adopted:
+        # a dead run's jobs in flight, taken up by this run after it took the workload over
+        lines = [
+            f"  {j['job_id']} batch {j['batch_id'] or '-'} of run {j['from_run']}: {j['items']} items"
+            for j in adopted
+        ]
+        table += (
+            f"\nadopted (jobs in flight of dead runs whose workload this run took over): {len(adopted)}\n"
+        )
+        table += "\n".join(lines)
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
@@ -217,6 +229,7 @@ def build_report(
         out["exhausted_sync"] = {"items": 0, "paid": "0"}
     out.update(jobs)
     out["late_harvest"] = late
+    out["adopted"] = adopted
     out["possibly_paid_twice"] = paid_twice
     out["table"] = table
     out["states"] = ledger.count_states(workload, run_id)

@@ -32,6 +32,7 @@ IN_DOUBT_PAST_DEADLINE: Final[list[Step]] = [
     ("the_deadline_passes", {"run": 0}),
     ("finish", {"run": 0, "wait": False}),
 ]
+TAKEOVER: Final[list[Step]] = [("kill_a_runs_process", {"run": 0}), ("start_another_run", {}), FINISH_1]
 UP_TO_RECONCILE: Final[list[Step]] = [("setup", OPENAI), ("run_up_to", {"run": 0, "task": "reconcile"})]
 
 SEQUENCES: Final[dict[str, list[Step]]] = {
@@ -78,6 +79,41 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("kill_a_runs_process", {"run": 0}),
         ("start_another_run", {}),
         FINISH_1,
+    ],
+    # the run that took the workload over adopts the killed run's jobs wherever they stood
+    "bug8_a_killed_runs_staged_jobs_are_created_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "submit"}),
+        *TAKEOVER,
+    ],
+    "bug8_a_batch_created_before_the_kill_is_found_not_bought_again": [
+        ("setup", OPENAI),
+        ("kill_at_a_fail_point", {"run": 0, "point": "submit.after_create", "nth": ""}),
+        *TAKEOVER,
+    ],
+    "bug8_a_result_file_half_applied_before_the_kill_is_applied_once": [
+        ("setup", OPENAI),
+        ("kill_at_a_fail_point", {"run": 0, "point": "reconcile.mid", "nth": ""}),
+        *TAKEOVER,
+    ],
+    "bug8_items_prepared_before_the_kill_are_sent_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("kill_at_a_fail_point", {"run": 0, "point": "prepare.after_upsert", "nth": ""}),
+        *TAKEOVER,
+    ],
+    "bug8_the_killed_run_cleared_after_the_takeover_applies_and_pays_nothing_twice": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        *TAKEOVER,
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+    ],
+    "bug8_a_cleared_task_of_the_killed_run_leaves_the_adopted_jobs_to_the_run_that_owns_them": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        *TAKEOVER,
+        ("clear_a_task", {"run": 0, "which": 2}),
+        FINISH_0,
     ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),

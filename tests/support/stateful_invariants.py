@@ -318,8 +318,15 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
         if row is None:
             if rec["id"] not in rejected:
                 out.append(f"input row {rec['id']} ({version}): no item and not rejected")
+        elif row["state"] == "fallback" and row["run_id"] in killed:
+            continue  # a real-time send a killed run left is a person's (docs/operating.md)
         elif row["state"] in IN_FLIGHT_STATES and row["run_id"] in killed:
-            continue  # items in flight belong to their run (docs/operating.md): the killed run's
+            # a killed run's batches are adopted by the run that took its workload over: once that
+            # run finished, nothing it could send or harvest is left with the dead run
+            out.append(
+                f"input row {rec['id']} ({version}): {row['state']} with killed run {row['run_id']} after "
+                "a later run took the workload over and finished (its batch harvested by nobody)"
+            )
         elif row["state"] not in FINAL_STATES and not (
             row["state"] == "submitted" and row["job_id"] in waiting
         ):

@@ -1,0 +1,74 @@
+"""What the batch tasks do about a workload taken over from a dead run (bug 8).
+
+Prepare adopts the dead run's jobs in flight (:func:`adopt_dead_runs_jobs`, see
+:mod:`~airflow_batch_provider.ledger.adoption`); a cleared task of the dead run (or of a finished
+run whose batch a later run harvested late) that still names a job moved to another run leaves it
+to that run (:func:`moved_to_another_run`), so nothing is uploaded, created, applied or priced twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+from airflow_batch_provider.ledger.records import JobRow
+
+log = logging.getLogger(__name__)
+
+#: The route of a job a cleared task of its old run left to the run that owns it now (the wait and
+#: the deadline harvest pass it through, as a real-time ``sync`` one).
+MOVED: Final = "moved"
+#: The routes whose job the wait task passes through without polling a batch.
+PASS_THROUGH_ROUTES: Final = frozenset({"sync", MOVED})
+
+
+def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Adopt into this run the jobs in flight of the dead runs whose workload it took over.
+
+    Each job joins this run's round 1, whose tasks wait on it, download and reconcile it; its
+    items are not staged again.
+
+    :param task: the prepare task (its ledger and workload)
+    :param run_id: the Airflow run id
+    :param context: the task context
+    """
+    from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
+    from airflow_batch_provider.operators.batch import attempt_owner
+
+    adopted = adopt_in_flight_jobs(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
+    for job in adopted:
+        log.warning(
+            "adopted job %s (%s, batch %s, %d items) of run %s, which lost workload %r to this run: "
+            "this run's round 1 waits on it, harvests it and prices it in its report; its items are not "
+            "sent again",
+            job["job_id"],
+            job["state"],
+            job["batch_id"] or "none yet",
+            job["items"],
+            job["from_run"],
+            task.workload,
+        )
+    return adopted
+
+
+def moved_to_another_run(job: JobRow, context: Mapping[str, Any]) -> bool:
+    """Whether ``job`` now belongs to another run, so this run's task leaves it alone (and says so).
+
+    A job moves only when another run took it on: adopted after a takeover of this run's workload
+    or harvested late after this run finished. A cleared task of this run that still names it acts
+    on nothing: the run that owns it now uploads, creates, downloads, applies and prices it, once.
+
+    :param job: the job the task was given
+    :param context: the task context
+    """
+    if job.run_id == context["run_id"]:
+        return False
+    log.warning(
+        "job %s is run %s's now (adopted or harvested late; see the audit log): this task of run %s "
+        "leaves it to that run, which applies and prices it once",
+        job.job_id,
+        job.run_id,
+        context["run_id"],
+    )
+    return True
