@@ -21,6 +21,7 @@ TABLES = {
     "abp_leases",
     "abp_audit",
     "abp_extra_lines",
+    "abp_prompt_changes",
 }
 
 
@@ -156,7 +157,7 @@ def test_a_ledger_written_by_schema_version_1_is_upgraded_in_place_and_keeps_its
 
     upgraded = Ledger.from_url(ledger_url)
     try:
-        assert upgraded.schema_version == s.SCHEMA_VERSION == 4
+        assert upgraded.schema_version == s.SCHEMA_VERSION == 5
         assert set(inspect(upgraded.engine).get_table_names()) >= TABLES
         for table, names in s.ADDED_COLUMNS.items():
             assert set(names) <= {c["name"] for c in inspect(upgraded.engine).get_columns(table)}
