@@ -31,7 +31,9 @@ from sqlalchemy import (
 #: answer: a second answer, an unreadable line; created when missing, like every table), and
 #: ``abp_runs.prompt_version`` and ``abp_runs.prompt_sha256`` (the prompt a run started with).
 #: 5: the ``abp_deliveries`` table (what each sink and consumer was handed, per item and prompt
-#: version; a new table, created when missing like every table).
+#: version; a new table, created when missing like every table), and the
+#: ``abp_prompt_changes`` table (items a run sent again because its prompt's content
+#: changed under the same version; created when missing, like every table).
 #: Older ledgers are upgraded in place on open.
 SCHEMA_VERSION: Final = 5
 
@@ -328,6 +330,24 @@ extra_lines = Table(
     Column("estimated", Boolean, nullable=False, default=False),
     *_usage_columns(),
     Index("ix_abp_extra_lines_run", "workload", "run_id"),
+)
+
+#: Items a run prepares again because the prompt's content changed under the same version (an
+#: in-place edit, schema version 5): one row per item and run, with the digest of the prompt the
+#: item was last prepared with and of the one this run renders. The recorded reason such an item
+#: is sent and paid again (the report's ``prompt_changed``).
+prompt_changes = Table(
+    "abp_prompt_changes",
+    metadata,
+    Column("workload", String(200), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("item_key", String(64), primary_key=True),
+    Column("prompt_version", String(100), primary_key=True),
+    Column("previous_run_id", String(250), nullable=False),
+    Column("previous_sha256", String(64), nullable=False),
+    Column("prompt_sha256", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index("ix_abp_prompt_changes_item", "workload", "item_key", "prompt_version"),
 )
 
 #: Columns added after version 1, by table: an older ledger gets them with ``ALTER TABLE ... ADD``.

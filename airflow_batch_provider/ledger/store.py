@@ -76,6 +76,11 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger import unharvested
+from airflow_batch_provider.ledger.prompt_changes import (
+    changed_prompt,
+    record_prompt_changes,
+    run_prompt_digests,
+)
 from airflow_batch_provider.ledger.records import (
     ITEM_SHAPES,
     AuditRow,
@@ -141,6 +146,8 @@ class UpsertStats:
         provider; they stay with that run (never sent twice)
     :param owned_by_newer_run: items a run that started later owns; a rerun of an older run leaves
         them (and that run's history) alone
+    :param prompt_changed: of the ``changed``, items sent again only because the prompt's content
+        changed under the same version (an in-place edit; recorded in ``abp_prompt_changes``)
     """
 
     new: int = 0
@@ -150,6 +157,7 @@ class UpsertStats:
     in_review: int = 0
     in_flight_elsewhere: int = 0
     owned_by_newer_run: int = 0
+    prompt_changed: int = 0
 
 
 @dataclass
@@ -1032,6 +1040,10 @@ class Ledger:
                     ).mappings()
                 }
                 newer = newer_runs(conn, workload, run_id, {str(r["run_id"]) for r in existing.values()})
+                prompts = run_prompt_digests(
+                    conn, workload, {run_id, *(str(r["run_id"]) for r in existing.values())}
+                )
+                prompt_edits: list[tuple[str, str, str, str, str]] = []
                 unsent = self._unsent_jobs(
                     conn,
                     {
@@ -1110,6 +1122,15 @@ class Ledger:
                         reopened.append((*address, "unchanged", "unchanged", run_id, None, None, None, None))
                         stats["unchanged"] += 1
                     else:
+                        edit = changed_prompt(prompts, str(row["run_id"]), run_id, req.prompt_version)
+                        if edit is not None and (
+                            row["succeeded_hash"] is not None
+                            or state in ("review", "failed_permanent")
+                            or row["review_action"] is not None
+                        ):
+                            # kept but for the prompt's in-place edit: the recorded reason it is paid again
+                            prompt_edits.append((it.key, req.prompt_version, str(row["run_id"]), *edit))
+                            stats["prompt_changed"] += 1
                         reopened.append(
                             (
                                 *address,
@@ -1155,6 +1176,7 @@ class Ledger:
                             f"{run_id!r} was preparing them (another run of the workload is active?); "
                             "retry the task, and let one run hold the workload at a time."
                         )
+                record_prompt_changes(conn, workload, run_id, now, prompt_edits)
                 # New items start pending, at the database's bulk-insert floor.
                 _insert_rows(conn, s.items, NEW_ITEM_COLUMNS, inserts)
         if (

@@ -45,7 +45,12 @@ from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
 from airflow_batch_provider.services.fallback import ANSWER_LOST, close_interrupted_sends
-from airflow_batch_provider.services.runs import check_run_connection, check_run_prompt, keep_run_prompt
+from airflow_batch_provider.services.runs import (
+    check_run_connection,
+    check_run_prompt,
+    keep_run_prompt,
+    warn_prompt_edited_in_place,
+)
 from airflow_batch_provider.settings import load_prices
 from airflow_batch_provider.staging import Staging
 
@@ -708,6 +713,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             check_run_connection(ledger, self.workload, run_id, self.batch_conn_id, self.task_id)
         # the run keeps the prompt it started with: a cleared prepare with an edited one refuses
         keep_run_prompt(ledger, self.workload, run_id, template, self.task_id)
+        warn_prompt_edited_in_place(ledger, self.workload, run_id, template, self.log)
         # before the items: what finished runs left unharvested (a batch resolved late) is this run's
         harvest_earlier_runs(self, run_id, template, context)
         # a dead run whose workload this run took over left jobs in flight: this run's round 1 has them

@@ -127,6 +127,7 @@ class PrepareResult:
                 "changed": self.ledger.changed,
                 "unchanged": self.ledger.unchanged,
                 "already_in_run": self.ledger.already_in_run,
+                "prompt_changed": self.ledger.prompt_changed,
             },
             "source_error": self.source_error,
         }
@@ -136,7 +137,9 @@ class PrepareResult:
         text = (
             f"{self.read} records read: {self.items} items, {self.rejected} rejected"
             f"{' ' + str(dict(self.rejected_by_code)) if self.rejected else ''}; ledger: {self.ledger.new} new, "
-            f"{self.ledger.changed} changed, {self.ledger.unchanged} unchanged (skipped), "
+            f"{self.ledger.changed} changed"
+            f"{f' ({self.ledger.prompt_changed} of them only by the prompt edited in place)' if self.ledger.prompt_changed else ''}, "
+            f"{self.ledger.unchanged} unchanged (skipped), "
             f"{self.ledger.already_in_run} already in this run"
         )
         if self.ledger.owned_by_newer_run:

@@ -16,6 +16,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.adoption import adopted_jobs
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
 from airflow_batch_provider.ledger.late_harvest import late_harvests
+from airflow_batch_provider.ledger.prompt_changes import prompt_changed_section
 from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
 
@@ -231,6 +232,17 @@ def build_report(
     out["late_harvest"] = late
     out["adopted"] = adopted
     out["possibly_paid_twice"] = paid_twice
+    out["prompt_changed"] = prompt_changed_section(ledger, workload, run_id)
+    if out["prompt_changed"]["items"]:
+        edits = out["prompt_changed"]["edits"]
+        table += (
+            "\nprompt_changed (sent and paid again: the prompt's content changed under the same version): "
+        )
+        table += f"{out['prompt_changed']['items']} items\n" + "\n".join(
+            f"  {e['prompt_version']}: sha256 {e['previous_sha256'][:12]} -> {e['sha256'][:12]}: {e['items']} items "
+            "(bump `version` to keep old answers comparable)"
+            for e in edits
+        )
     out["table"] = table
     out["states"] = ledger.count_states(workload, run_id)
     return out

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.prompt_changes import PromptEdit, edited_in_place
 from airflow_batch_provider.ledger.runs import RunPrompt, record_run_prompt, run_prompt
+
+
+class WarningLog(Protocol):
+    """What this module warns to: a stdlib logger or an operator's ``self.log``."""
+
+    def warning(self, msg: Any, /, *args: Any) -> Any:
+        """Log a warning.
+
+        :param msg: the message (``%`` format)
+        :param args: its arguments
+        """
 
 
 def check_run_connection(
@@ -84,3 +98,28 @@ def keep_run_prompt(
     recorded = record_run_prompt(ledger, workload, run_id, RunPrompt(template.version, template.fingerprint))
     if recorded is not None and recorded.sha256 != template.fingerprint:
         check_run_prompt(ledger, workload, run_id, template, task_id)
+
+
+def warn_prompt_edited_in_place(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    template: PromptTemplate,
+    log: WarningLog,
+) -> PromptEdit | None:
+    """Warn when the prompt's content changed under the same version since an earlier run.
+
+    Such an edit is allowed (the next run keeps it, as a new version would be), but it is never
+    silent: every item whose rendered request changed is sent and paid again, counted apart in
+    the report (``prompt_changed``). Return the earlier run's prompt, ``None`` when none differs.
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run preparing
+    :param template: the prompt prepare renders
+    :param log: where to warn
+    """
+    edit = edited_in_place(ledger, workload, run_id, template.version, template.fingerprint)
+    if edit is not None:
+        log.warning("%s", edit.warning(workload, run_id, template.name or template.version))
+    return edit

@@ -32,7 +32,10 @@ from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
 
-pytestmark = pytest.mark.airflow_e2e
+# ``airflow dags test`` of a 40 s deadline runs about a minute alone; the bounds below only guard
+# against a hang (seen: 300 s passed under two CPU burners and other work, the run itself a success)
+pytestmark = [pytest.mark.airflow_e2e, pytest.mark.timeout(900)]
+DAGS_TEST_TIMEOUT_S = 840
 
 ITEMS = 30
 DAG_FILE = """
@@ -107,7 +110,7 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
-                timeout=300,
+                timeout=DAGS_TEST_TIMEOUT_S,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:

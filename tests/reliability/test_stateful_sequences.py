@@ -132,6 +132,16 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("clear_run", {"run": 0}),
         FINISH_0,
     ],
+    # the same version with other wording: every item's rendered request changed, so it is sent
+    # and paid again, for a reason the ledger records (``abp_prompt_changes``, the report's
+    # ``prompt_changed``); the machine counts that record as the reason, nothing else
+    "prompt_edited_in_place_between_two_runs": [
+        ("setup", OPENAI),
+        ("every_run_to_its_end", {}),
+        ("bump_or_edit_the_prompt", {"version": "v1", "wording": " Answer in one word."}),
+        ("start_another_run", {}),
+        ("every_run_to_its_end", {}),
+    ],
     "bug9_redrive_in_doubt_without_resolve": [
         *IN_DOUBT_PAST_DEADLINE,
         ("act_on_review", {"action": "redrive", "code": "in_doubt"}),

@@ -44,7 +44,15 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-FaultKind = Literal["pending", "image_pull_backoff", "image_pull_throttled", "oom_killed", "evicted", "env"]
+FaultKind = Literal[
+    "pending",
+    "image_pull_backoff",
+    "image_pull_throttled",
+    "oom_killed",
+    "evicted",
+    "deadline_exceeded",
+    "env",
+]
 
 
 @dataclass(frozen=True)
@@ -54,12 +62,16 @@ class PodFault:
     :param kind: ``pending`` (never scheduled), ``image_pull_backoff`` (the image does not exist),
         ``image_pull_throttled`` (``ErrImagePull`` for ``pull_retry_s`` seconds because the registry
         throttles pulls, as Docker Hub's rate limit does, then the pull succeeds), ``oom_killed`` or
-        ``evicted`` (the process is killed once it has run ``after_s`` seconds or written
-        ``after_lines`` output lines), ``env`` (only ``env`` is added)
+        ``evicted`` (the process is killed once it has written ``after_lines`` output lines),
+        ``deadline_exceeded`` (the kubelet's clock, scripted: once the process has written
+        ``after_lines`` lines and been active ``after_s`` seconds, the pod is stopped as its
+        ``activeDeadlineSeconds`` would stop it, reason ``DeadlineExceeded``, however slowly the
+        machine got there), ``env`` (only ``env`` is added)
     :param match: labels the pod must carry for the fault to apply
     :param env: extra environment for the pod's process
     :param after_lines: for oom_killed/evicted: kill once this many lines are in ``watch_file``
     :param watch_file: an argument following this flag names the file to count lines in (``-o``)
+    :param after_s: for deadline_exceeded: the least time the pod is active before it is stopped
     """
 
     kind: FaultKind
@@ -68,6 +80,7 @@ class PodFault:
     after_lines: int = 0
     watch_file: str = "-o"
     pull_retry_s: float = 3.0
+    after_s: float = 0.0
 
 
 def _now() -> str:
@@ -163,7 +176,7 @@ class _Pod:
             active = self.manifest["spec"].get("activeDeadlineSeconds")
             if active:
                 threading.Thread(target=self._expire, args=(float(active),), daemon=True).start()
-            if fault is not None and fault.kind in ("oom_killed", "evicted"):
+            if fault is not None and fault.kind in ("oom_killed", "evicted", "deadline_exceeded"):
                 target = argv[argv.index(fault.watch_file) + 1] if fault.watch_file in argv else None
                 threading.Thread(target=self._kill_later, args=(fault, target), daemon=True).start()
 
@@ -207,6 +220,7 @@ class _Pod:
             self.lock.notify_all()
 
     def _kill_later(self, fault: PodFault, target: str | None) -> None:
+        began = time.monotonic()
         while self.proc is not None and self.proc.poll() is None:
             lines = 0
             if target is not None and os.path.exists(target):
@@ -215,7 +229,12 @@ class _Pod:
             if lines >= fault.after_lines:
                 break
             time.sleep(0.05)
-        if fault.kind == "oom_killed":
+        if fault.kind == "deadline_exceeded":
+            time.sleep(max(0.0, fault.after_s - (time.monotonic() - began)))
+            self._stop(
+                "Error", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline"
+            )
+        elif fault.kind == "oom_killed":
             self._stop("OOMKilled")
         else:
             self._stop("Error", "Evicted", "The node was low on resource: memory.")

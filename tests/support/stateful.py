@@ -252,6 +252,10 @@ class StatefulWorkload:
         self.runs: list[Run] = []
         #: app id -> times its input was changed (a resend of a succeeded item needs one, or a re-drive)
         self.edits: dict[str, int] = {}
+        #: prompt version -> the distinct contents it was given in place (a wording edited under
+        #: the same version): each one after the first may resend its items, for the reason the
+        #: ledger records (``abp_prompt_changes``)
+        self.prompt_contents: dict[str, set[str]] = {"v1": {self.prompt.fingerprint}}
         #: custom ids whose billed answer line :meth:`damage_result_file` cut short (unreadable usage)
         self.damaged: list[str] = []
         #: lines :meth:`damage_result_file` made unreadable (cut short, or a broken copy added)
@@ -356,6 +360,7 @@ class StatefulWorkload:
         :param wording: the change of wording
         """
         self.prompt = prompt_variant(self.model, version, wording)
+        self.prompt_contents.setdefault(version, set()).add(self.prompt.fingerprint)
         self._changed()
 
     def _changed(self) -> None:

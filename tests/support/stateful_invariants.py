@@ -9,7 +9,9 @@ pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.
   provider received (batch or real-time) is an attempt the ledger recorded;
 - *sent again only for a recorded reason*: an item answered and billed twice at one prompt
   version had its earlier answer harvested and refused (a retryable outcome), or its input
-  changed in between; an answer that was billed and never harvested, or harvested as a success,
+  changed in between, or the ledger recorded that the prompt's content changed under that
+  version (``abp_prompt_changes``, an in-place edit; and it records one only for a version the
+  machine did edit in place, once per run and item); an answer that was billed and never harvested, or harvested as a success,
   is a reason for nothing (a re-drive of it pays twice);
 - *a run keeps its prompt*: a ``v1`` (text) answer is never ``invalid_output`` (only the JSON
   schema of ``v2`` can refuse one);
@@ -81,6 +83,12 @@ def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
                 select(s.attempts).where(s.attempts.c.workload == WORKLOAD).order_by(s.attempts.c.created_at)
             ).mappings()
         ]
+        prompt_changes = [
+            dict(r)
+            for r in conn.execute(
+                select(s.prompt_changes).where(s.prompt_changes.c.workload == WORKLOAD)
+            ).mappings()
+        ]
         extra = [
             dict(r)
             for r in conn.execute(
@@ -91,7 +99,14 @@ def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
             r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
             for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
         }
-    return {"items": items, "jobs": jobs, "attempts": attempts, "reports": runs, "extra_lines": extra}
+    return {
+        "items": items,
+        "jobs": jobs,
+        "attempts": attempts,
+        "reports": runs,
+        "extra_lines": extra,
+        "prompt_changes": prompt_changes,
+    }
 
 
 def _attempt_rows(attempts: list[dict[str, Any]], run_id: str) -> list[tuple[Any, ...]]:
@@ -157,13 +172,22 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
             if attempt is not None:
                 billed[(attempt["item_key"], attempt["prompt_version"])].append(attempt["custom_id"])
     app_of = {i["item_key"]: i["app_id"] for i in snap["items"]}
+    # the ledger's recorded reason for a prompt edited in place, never invented
+    prompt_changed: dict[tuple[str, str], int] = defaultdict(int)
+    for change in snap["prompt_changes"]:
+        prompt_changed[(change["item_key"], change["prompt_version"])] += 1
+        if len(workload.prompt_contents.get(change["prompt_version"], ())) < 2:
+            out.append(
+                f"item {change['item_key']} ({change['prompt_version']}) recorded as sent again for a prompt "
+                f"edited in place (run {change['run_id']}), but that version was never edited in place"
+            )
     for (key, version), custom_ids in sorted(billed.items()):
         if len(custom_ids) < 2:
             continue
         ordered = sorted(
             custom_ids, key=lambda c: (by_custom_id[c]["attempt"], by_custom_id[c]["created_at"])
         )
-        edits = workload.edits.get(app_of.get(key, key), 0)
+        edits = workload.edits.get(app_of.get(key, key), 0) + prompt_changed[(key, version)]
         unexplained = [
             c
             for c in ordered[:-1]
@@ -174,7 +198,8 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
             detail = [(c, by_custom_id[c]["outcome"], by_custom_id[c]["error_code"]) for c in ordered]
             out.append(
                 f"item {key} ({version}) answered and billed {len(ordered)} times, {len(unexplained)} of them "
-                f"never harvested or harvested as a success, with {edits} input changes: {detail}"
+                f"never harvested or harvested as a success, with {edits} input changes "
+                f"({prompt_changed[(key, version)]} of them a recorded in-place prompt edit): {detail}"
             )
 
     # a run keeps its prompt: a v1 (text) answer is never judged by v2's JSON schema

@@ -423,13 +423,23 @@ def test_a_pod_deleted_while_no_worker_watched_leaves_its_lines_and_no_second_po
 def test_a_pod_still_running_at_the_deadline_is_stopped_and_deleted_and_keeps_the_lines_it_finished(
     tmp_path: Path, api: KubeApi, ledger: Ledger
 ) -> None:
-    # two lines at once, then a line a minute: the deadline comes long before the third
-    api.add_fault(PodFault("env", env={"FAKE_VLLM_SLOW_AFTER": "2", "FAKE_VLLM_DELAY_S": "60"}))
-    deadline = datetime.now(UTC) + timedelta(seconds=12)
+    # two lines at once, then a line every ten minutes; the stand-in kubelet, not the clock, says
+    # when the deadline comes: once the pod wrote its two lines (and was active 2 s), it stops the
+    # pod as its activeDeadlineSeconds would. The deadline itself is a bound far enough away that a
+    # loaded machine reaches the pod before it (seen: 12 s passed before the pod was created).
+    api.add_fault(
+        PodFault(
+            "deadline_exceeded",
+            env={"FAKE_VLLM_SLOW_AFTER": "2", "FAKE_VLLM_DELAY_S": "600"},
+            after_lines=2,
+            after_s=2.0,
+        )
+    )
+    deadline = datetime.now(UTC) + timedelta(seconds=600)
     result = operator(tmp_path, deadline=deadline).execute(context())  # type: ignore[arg-type]
     assert (result["state"], result["reason"].split(":")[0]) == ("failed", "deadline"), result
     [pod] = api.created_for(JOB_LABEL, KEY)
-    assert 1 <= pod["spec"]["activeDeadlineSeconds"] <= 12  # Kubernetes stops it even with no worker
+    assert 1 <= pod["spec"]["activeDeadlineSeconds"] <= 600  # Kubernetes stops it even with no worker
     assert api.live_pods() == []
     assert len(output_lines(tmp_path)) == 2  # the finished lines stay for reconcile
     job = ledger.get_job(JOB_ID)

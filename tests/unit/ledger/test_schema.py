@@ -21,6 +21,7 @@ TABLES = {
     "abp_leases",
     "abp_audit",
     "abp_extra_lines",
+    "abp_prompt_changes",
 }
 
 

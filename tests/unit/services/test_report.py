@@ -66,3 +66,27 @@ def test_items_sent_real_time_after_exhausting_their_batch_attempts_are_their_ow
         # without the attempts cap nothing is known to be exhausted: all five are the fallback's
         plain = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None)
         assert plain["items_by_route"]["fallback"] == 5 and plain["items_by_route"]["exhausted_sync"] == 0
+
+
+def test_items_sent_again_for_a_prompt_edited_in_place_are_counted_apart_with_both_digests(
+    tmp_path: Path,
+) -> None:
+    from airflow_batch_provider.ledger import Ledger
+    from tests.unit.ledger.test_prompt_changes import NEW, OLD, WL, answer_all, prep, start
+
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    first = [prep("a"), prep("b")]
+    start(ledger, "r1", OLD)
+    ledger.upsert_items(WL, "r1", first)
+    answer_all(ledger, "r1", first)
+    assert report.build_report(ledger, WL, "r1", "openai", None)["prompt_changed"] == {"items": 0}
+    start(ledger, "r2", NEW)
+    ledger.upsert_items(WL, "r2", [prep("a", system="in one word"), prep("b", system="in one word")])
+    out = report.build_report(ledger, WL, "r2", "openai", None)
+    assert out["prompt_changed"] == {
+        "items": 2,
+        "edits": [{"prompt_version": "v1", "previous_sha256": OLD, "sha256": NEW, "items": 2}],
+    }
+    assert "prompt_changed (sent and paid again" in out["table"] and "2 items" in out["table"]
+    assert f"sha256 {OLD[:12]} -> {NEW[:12]}" in out["table"] and "bump `version`" in out["table"]
+    ledger.engine.dispose()

@@ -61,3 +61,29 @@ def test_the_same_version_with_another_schema_is_refused_as_other_content(ledger
     keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")
     with pytest.raises(ConfigurationError, match="renders prompt 'v1' with other content"):
         check_run_prompt(ledger, "wl", "r1", replace(PROMPT, output_format="json"), "wl.publish")
+
+
+def test_a_prompt_edited_in_place_since_an_earlier_run_is_warned_with_both_digests_and_the_remedy(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from airflow_batch_provider.services.runs import warn_prompt_edited_in_place
+
+    log = logging.getLogger("test.prepare")
+    edited = replace(PROMPT, system="Answer in one word.", name="labels")
+    ledger.start_run("wl", "r1", "openai", "m")
+    keep_run_prompt(ledger, "wl", "r1", PROMPT, "wl.prepare")
+    ledger.start_run("wl", "r2", "openai", "m")
+    keep_run_prompt(ledger, "wl", "r2", PROMPT, "wl.prepare")
+    with caplog.at_level(logging.WARNING, logger="test.prepare"):
+        assert warn_prompt_edited_in_place(ledger, "wl", "r2", PROMPT, log) is None  # the same content
+        assert not caplog.records
+        ledger.start_run("wl", "r3", "openai", "m")
+        keep_run_prompt(ledger, "wl", "r3", edited, "wl.prepare")
+        edit = warn_prompt_edited_in_place(ledger, "wl", "r3", edited, log)
+    assert edit is not None and (edit.run_id, edit.previous_sha256) == ("r2", PROMPT.fingerprint)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "'labels'" in warning and "'v1'" in warning and "prompt_changed" in warning
+    assert PROMPT.fingerprint[:12] in warning and edited.fingerprint[:12] in warning
+    assert "Bump `version` to keep old answers comparable" in warning
