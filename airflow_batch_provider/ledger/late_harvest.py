@@ -32,15 +32,19 @@ def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -
     """The workload's jobs of other, finished runs that hold a batch nobody harvested yet.
 
     These are jobs resolved to their batch after their run published (or whose batch outlived
-    the run): a batch id, not reconciled, not in doubt, not sent through the real-time API, and
-    items still ``submitted`` under it in its run. A ``downloaded`` one is among them: its files
-    are complete and were never applied (fetched by a call that stopped before the move).
+    the run, or found by the finished run's own rerun, which applies nothing:
+    :mod:`~airflow_batch_provider.services.finished_jobs`): a batch id, not reconciled, not in
+    doubt, not sent through the real-time API, and an attempt of the job with no outcome yet (a
+    line the batch may have answered and billed that nobody harvested), whatever became of the
+    job's items meanwhile (still ``submitted``, or in review, skipped, re-driven while the job
+    was in doubt). A ``downloaded`` one is among them: its files are complete and were never
+    applied (fetched by a call that stopped before the move).
 
     :param ledger: the ledger
     :param workload: the workload
     :param run_id: the run that asks (its own jobs are its own tasks' concern)
     """
-    j, r, i = s.jobs.c, s.runs.c, s.items.c
+    j, r, a = s.jobs.c, s.runs.c, s.attempts.c
     query = (
         select(j.job_id)
         .select_from(s.jobs.join(s.runs, and_(r.workload == j.workload, r.run_id == j.run_id)))
@@ -49,7 +53,7 @@ def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -
             j.run_id != run_id,
             j.batch_id.is_not(None),
             j.state.not_in(sorted({"reconciled", *UNKNOWN_CREATE_JOB_STATES, "sync"})),
-            exists().where(i.job_id == j.job_id, i.run_id == j.run_id, i.state == "submitted"),
+            exists().where(a.job_id == j.job_id, a.outcome.is_(None)),
             r.finished_at.is_not(None),
             r.report_json.is_not(None),
         )
@@ -64,8 +68,10 @@ def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int
     """Move a finished run's unharvested job, its items, attempts and extra lines to ``run_id``.
 
     In one transaction, and only while the job still is another finished run's and unharvested
-    (a second harvester finds it moved and does nothing). The items moved are those still in
-    the job and its old run; the attempts are the job's own. Audited as :data:`LATE_HARVEST`.
+    (a second harvester finds it moved and does nothing). The items moved are those still
+    ``submitted`` in the job and its old run (an item the finished run settled otherwise, in
+    review or skipped, stays its; the batch's line for it is priced as discarded); the attempts
+    are the job's own. Audited as :data:`LATE_HARVEST`.
 
     :param ledger: the ledger
     :param job_id: the job (see :func:`resolved_jobs_of_finished_runs`)
@@ -81,7 +87,9 @@ def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int
         old = str(job["run_id"])
         conn.execute(s.jobs.update().where(j.job_id == job_id).values(run_id=run_id))
         moved = conn.execute(
-            s.items.update().where(i.job_id == job_id, i.run_id == old).values(run_id=run_id)
+            s.items.update()
+            .where(i.job_id == job_id, i.run_id == old, i.state == "submitted")
+            .values(run_id=run_id)
         ).rowcount
         conn.execute(s.attempts.update().where(a.job_id == job_id).values(run_id=run_id))
         conn.execute(s.extra_lines.update().where(x.job_id == job_id).values(run_id=run_id))
