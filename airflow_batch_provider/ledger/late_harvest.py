@@ -68,10 +68,11 @@ def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int
     """Move a finished run's unharvested job, its items, attempts and extra lines to ``run_id``.
 
     In one transaction, and only while the job still is another finished run's and unharvested
-    (a second harvester finds it moved and does nothing). The items moved are those still
-    ``submitted`` in the job and its old run (an item the finished run settled otherwise, in
-    review or skipped, stays its; the batch's line for it is priced as discarded); the attempts
-    are the job's own. Audited as :data:`LATE_HARVEST`.
+    (a second harvester finds it moved and does nothing). The items moved are those still in
+    the job and its old run, whatever their state (``submitted``, or in review or skipped while
+    the job was in doubt: the run that harvests the batch prices every line of it through its
+    items, an answer for an item nobody wants any more as discarded); the attempts are the
+    job's own. Audited as :data:`LATE_HARVEST`.
 
     :param ledger: the ledger
     :param job_id: the job (see :func:`resolved_jobs_of_finished_runs`)
@@ -87,9 +88,7 @@ def move_job_to_run(ledger: Ledger, job_id: str, run_id: str, actor: str) -> int
         old = str(job["run_id"])
         conn.execute(s.jobs.update().where(j.job_id == job_id).values(run_id=run_id))
         moved = conn.execute(
-            s.items.update()
-            .where(i.job_id == job_id, i.run_id == old, i.state == "submitted")
-            .values(run_id=run_id)
+            s.items.update().where(i.job_id == job_id, i.run_id == old).values(run_id=run_id)
         ).rowcount
         conn.execute(s.attempts.update().where(a.job_id == job_id).values(run_id=run_id))
         conn.execute(s.extra_lines.update().where(x.job_id == job_id).values(run_id=run_id))
