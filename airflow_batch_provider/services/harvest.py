@@ -41,6 +41,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.extra_lines import record_extra_lines
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.services.finished_jobs import finished_run_refusal
 from airflow_batch_provider.services.result_files import (
     INVALID_FILE,
     fetch_result_file,
@@ -48,7 +49,6 @@ from airflow_batch_provider.services.result_files import (
     staged_file_problem,
 )
 from airflow_batch_provider.services.result_lines import LineSorter, price_unreadable, succeeded_ids
-from airflow_batch_provider.services.finished_jobs import finished_run_refusal
 from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)

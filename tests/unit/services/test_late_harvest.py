@@ -110,7 +110,9 @@ def test_a_finished_runs_own_reconcile_applies_nothing_and_the_next_run_harvests
         rows = list(w.ledger.iter_items(WORKLOAD, RUN, columns=["state"]))
         assert [r["state"] for r in rows] == ["submitted"] * 3
         with w.ledger.engine.connect() as conn:
-            outcomes = {r[0] for r in conn.execute(s.attempts.select().with_only_columns(s.attempts.c.outcome))}
+            outcomes = {
+                r[0] for r in conn.execute(s.attempts.select().with_only_columns(s.attempts.c.outcome))
+            }
         assert outcomes == {None}  # the finished run's attempts are as its publish left them
         (done,) = harvest(w)
         assert done["complete"] and done["from_run"] == RUN
