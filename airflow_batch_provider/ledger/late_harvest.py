@@ -32,15 +32,19 @@ def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -
     """The workload's jobs of other, finished runs that hold a batch nobody harvested yet.
 
     These are jobs resolved to their batch after their run published (or whose batch outlived
-    the run): a batch id, not reconciled, not in doubt, not sent through the real-time API, and
-    items still ``submitted`` under it in its run. A ``downloaded`` one is among them: its files
-    are complete and were never applied (fetched by a call that stopped before the move).
+    the run, or found by the finished run's own rerun, which applies nothing:
+    :mod:`~airflow_batch_provider.services.finished_jobs`): a batch id, not reconciled, not in
+    doubt, not sent through the real-time API, and an attempt of the job with no outcome yet (a
+    line the batch may have answered and billed that nobody harvested), whatever became of the
+    job's items meanwhile (still ``submitted``, or in review, skipped, re-driven while the job
+    was in doubt). A ``downloaded`` one is among them: its files are complete and were never
+    applied (fetched by a call that stopped before the move).
 
     :param ledger: the ledger
     :param workload: the workload
     :param run_id: the run that asks (its own jobs are its own tasks' concern)
     """
-    j, r, i = s.jobs.c, s.runs.c, s.items.c
+    j, r, a = s.jobs.c, s.runs.c, s.attempts.c
     query = (
         select(j.job_id)
         .select_from(s.jobs.join(s.runs, and_(r.workload == j.workload, r.run_id == j.run_id)))
@@ -49,7 +53,7 @@ def resolved_jobs_of_finished_runs(ledger: Ledger, workload: str, run_id: str) -
             j.run_id != run_id,
             j.batch_id.is_not(None),
             j.state.not_in(sorted({"reconciled", *UNKNOWN_CREATE_JOB_STATES, "sync"})),
-            exists().where(i.job_id == j.job_id, i.run_id == j.run_id, i.state == "submitted"),
+            exists().where(a.job_id == j.job_id, a.outcome.is_(None)),
             r.finished_at.is_not(None),
             r.report_json.is_not(None),
         )
@@ -75,8 +79,11 @@ def move_job_to_run(
 
     In one transaction, and only while the job still is another run's (one of ``only_from``, when
     given) and unharvested (a second mover finds it moved and does nothing). The items moved are
-    those still in the job and its old run; the attempts are the job's own. A late harvest
-    (:func:`resolved_jobs_of_finished_runs`) keeps the job's round; an adoption
+    those still in the job and its old run, whatever their state (``submitted``, or in review or
+    skipped while the job was in doubt: the run that harvests the batch prices every line of it
+    through its items, an answer for an item nobody wants any more as discarded); the attempts are
+    the job's own. A late harvest (:func:`resolved_jobs_of_finished_runs`, audited as
+    :data:`LATE_HARVEST`) keeps the job's round; an adoption
     (:mod:`~airflow_batch_provider.ledger.adoption`) puts it into ``run_id``'s first round after
     that run's own chunks (so its round 1 waits on it, and its files never share a name with
     another job's) and drops the dead owner's claim (its count stays: the next claimer looks the

@@ -41,6 +41,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.extra_lines import record_extra_lines
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
 from airflow_batch_provider.ledger.store import utcnow
+from airflow_batch_provider.services.finished_jobs import finished_run_refusal
 from airflow_batch_provider.services.result_files import (
     INVALID_FILE,
     fetch_result_file,
@@ -342,6 +343,8 @@ def reconcile_job(
 ) -> dict[str, Any]:
     """Apply a job's result files to the ledger; settle a failed batch's lines; mark missing lines.
 
+    A job of a finished run is refused: nothing is applied, and the summary says why under
+    ``refused`` (:mod:`~airflow_batch_provider.services.finished_jobs`; the next run harvests it).
     Re-fetches the files first when they are not complete. When they still are not (the batch is
     not terminal), nothing is applied and the job's items stay ``submitted`` (open): the deadline
     policy or publish deals with them, and a later reconcile of the same job still harvests them.
@@ -357,6 +360,10 @@ def reconcile_job(
     if job.state == "sync":
         log.info("job %s went through the real-time API; its items are settled", job_id)
         return {"job_id": job_id, "route": "sync"}
+    refusal = finished_run_refusal(ledger, job, "reconcile")
+    if refusal is not None:
+        log.warning("%s Nothing is applied.", refusal)
+        return {"job_id": job_id, "complete": False, "refused": refusal}
     if not job.batch_id:
         log.warning("job %s has no batch (in doubt or never created); nothing to reconcile", job_id)
         return {"job_id": job_id, "complete": False}

@@ -54,6 +54,7 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
+from airflow_batch_provider.services.finished_jobs import finished_run_refusal
 from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
@@ -442,7 +443,8 @@ def submit_job(
         doubt (the ``batch_in_doubt`` alert); an error it raises is logged, never raised
     :param stop: asked before the create; ``True`` (the task is being killed) ends the call with
         :class:`SubmitError` before anything more reaches the provider
-    :raises SubmitError: no upload is recorded for the job (run its upload task first)
+    :raises SubmitError: no upload is recorded for the job (run its upload task first), or its run
+        finished (a finished run creates no batch: :mod:`~airflow_batch_provider.services.finished_jobs`)
     """
     known = _known(ledger.get_job(job_id))
     if known is not None:
@@ -515,6 +517,9 @@ def create_batch(
         log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
         ledger.mark_submitted(job_id, found.batch_id, job.input_ref or "")
         return Submitted(job_id, found.batch_id, epoch(job.created_at), "found")
+    refusal = finished_run_refusal(ledger, job, "create a batch")
+    if refusal is not None:
+        raise SubmitError(refusal)
     input_ref = recorded_input(job, adapter, staging)
     _stop_check(stop, job_id, "the create")
     ledger.update_job(job_id, state="submitting")  # a create may be in flight from here on

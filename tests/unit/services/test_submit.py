@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batch_provider.exceptions import BatchNotHarvestedError, JobClaimedError
+from airflow_batch_provider.exceptions import BatchNotHarvestedError, JobClaimedError, SubmitError
 from airflow_batch_provider.services import report, submit
 from airflow_batch_provider.services.submit import epoch, submit_job, upload_job
 from tests.unit.services.workload import RUN, WORKLOAD, World, world
@@ -452,3 +452,18 @@ class SmallMinimum:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.adapter, name)
+
+
+def test_a_finished_run_creates_no_batch_and_says_which_run_finished_and_what_to_do(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    with world(tmp_path, provider="anthropic", ledger_url=ledger_url) as w:
+        (manifest,) = w.stage(3)
+        job_id = w.upload(str(manifest["job_id"]))
+        w.ledger.finish_run(WORKLOAD, RUN, report.build_report(w.ledger, WORKLOAD, RUN, "anthropic", None))
+        with pytest.raises(SubmitError) as caught:
+            submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="t1")
+        message = str(caught.value)
+        assert job_id in message and f"run {RUN}" in message and "late_harvest" in message
+        assert httpx.get(f"{w.url}/_emulator/record").json()["batches"].get("anthropic", []) == []
+        assert w.ledger.get_job(job_id).batch_id is None
