@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
+import zipfile
+from email import message_from_bytes
+from email.message import Message
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -236,7 +241,7 @@ def test_the_version_is_written_in_one_place() -> None:
 
 
 def test_project_urls_are_absolute_https_addresses_or_absent() -> None:
-    """No placeholder or repository-relative link reaches PyPI (the repository documents no URL yet)."""
+    """No placeholder or repository-relative link reaches PyPI."""
     urls = PYPROJECT["project"].get("urls", {})
     bad = {k: v for k, v in urls.items() if not re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", v)}
     assert not bad, f"project URLs must be absolute https addresses: {bad}"
@@ -258,3 +263,42 @@ def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified
     )
     floor = project["requires-python"].removeprefix(">=")
     assert f"Programming Language :: Python :: {floor}" in classifiers
+
+
+@pytest.fixture(scope="module")
+def wheel_metadata(tmp_path_factory: pytest.TempPathFactory) -> Message:
+    """The METADATA of the wheel built from this tree, as PyPI reads it."""
+    out = tmp_path_factory.mktemp("wheel")
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run(
+        [str(uv), "build", "--quiet", "--wheel", "--out-dir", str(out), str(REPO_ROOT)], check=True
+    )
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return message_from_bytes(archive.read(name))
+
+
+def test_the_wheel_names_its_documentation_source_changelog_and_issues_in_the_repository(
+    wheel_metadata: Message,
+) -> None:
+    urls = dict(entry.split(", ", 1) for entry in wheel_metadata.get_all("Project-URL") or [])
+    assert set(urls) == {"Documentation", "Source", "Changelog", "Issues"}
+    source = urls["Source"]
+    assert re.match(r"^https://github\.com/[\w.-]+/[\w.-]+$", source), source
+    assert urls["Issues"] == f"{source}/issues"
+    for label in ("Documentation", "Changelog"):
+        assert urls[label].startswith(f"{source}/blob/main/"), urls[label]
+        path = urls[label].removeprefix(f"{source}/blob/main/")
+        assert (REPO_ROOT / path).is_file(), f"{label} names {path}, which is not in the repository"
+
+
+def test_the_wheel_classifies_every_supported_python_and_states_its_license(wheel_metadata: Message) -> None:
+    assert wheel_metadata["License-Expression"] == "Apache-2.0"
+    assert wheel_metadata["Requires-Python"] == ">=3.10"
+    classifiers = set(wheel_metadata.get_all("Classifier") or [])
+    assert {f"Programming Language :: Python :: 3.{minor}" for minor in (10, 11, 12, 13)} <= classifiers
+    assert {
+        "Programming Language :: Python :: 3 :: Only",
+        "Framework :: Apache Airflow :: Provider",
+    } <= classifiers
