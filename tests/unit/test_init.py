@@ -30,3 +30,8 @@ def test_the_guard_and_the_declared_airflow_floor_are_the_same_version() -> None
         Requirement(r) for r in PYPROJECT["project"]["dependencies"] if r.startswith("apache-airflow>=")
     )
     assert [s.version for s in airflow.specifier if s.operator == ">="] == [MIN_AIRFLOW_VERSION]
+
+
+def test_the_readme_quick_start_names_the_declared_airflow_floor() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert f"Into any Airflow environment from {MIN_AIRFLOW_VERSION} on (the declared floor" in readme
