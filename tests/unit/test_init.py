@@ -15,9 +15,9 @@ PYPROJECT = tomllib.loads(
 
 def test_an_airflow_older_than_the_floor_is_refused_with_both_versions_and_the_fix() -> None:
     with pytest.raises(
-        RuntimeError, match=r"needs Apache Airflow 3\.1\.1\+, and Airflow 3\.1\.0 is installed; upgrade"
+        RuntimeError, match=r"needs Apache Airflow 3\.3\.0\+, and Airflow 3\.2\.2 is installed; upgrade"
     ):
-        check_airflow_version("3.1.0")
+        check_airflow_version("3.2.2")
 
 
 @pytest.mark.parametrize("installed", [MIN_AIRFLOW_VERSION, "3.4.0", "4.0.0.dev0", None])
