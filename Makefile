@@ -7,6 +7,17 @@ STAMP := $(VENV)/.installed-stamp
 VENV_GOOGLE ?= .venv-google
 STAMP_GOOGLE := $(VENV_GOOGLE)/.installed-stamp
 GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/dags/test_gcs_staging.py
+# the declared floors (`make test-lowest`): every direct dependency at the oldest version pyproject.toml
+# allows (uv's lowest-direct resolution), the test tools at constraints.txt's pins, and a representative
+# part of the suite (the adapters' contract, hooks, ledger, services, operators, one DAG: 416 tests,
+# green at the floors). Not yet in `make test`: on the shared 2 cores it took 3.7 minutes when they were
+# quiet and 13 when they were busy, over the 3 the step may add; trim LOWEST_TESTS before chaining it
+VENV_LOWEST ?= .venv-lowest
+STAMP_LOWEST := $(VENV_LOWEST)/.installed-stamp
+LOWEST_TESTS ?= tests/unit/test_init.py tests/unit/adapters/test_contract.py tests/unit/adapters/test_anthropic.py \
+	tests/unit/hooks/test_batch.py tests/unit/ledger/test_store.py tests/unit/services/test_submit.py \
+	tests/unit/operators/test_batch.py tests/dags/test_invoice_entity_extraction.py
+LOWEST_TOOLS := pytest pytest-asyncio pytest-timeout pytest-xdist hypothesis moto statsd pgserver openapi-schema-validator
 # the real vLLM engine (`make test-vllm`): vLLM's CPU build in its own venv, pinned by constraints-vllm.txt
 VENV_VLLM ?= .venv-vllm
 STAMP_VLLM := $(VENV_VLLM)/.installed-stamp
@@ -30,7 +41,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_NO_INPUT := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-google test test-google test-vllm venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
+.PHONY: help venv venv-google venv-lowest test test-google test-lowest test-vllm venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +74,19 @@ $(STAMP_GOOGLE): $(STAMP) pyproject.toml constraints-google.txt
 # up over gRPC, which a JSON-only endpoint such as the test GCS server does not speak: set off here
 test-google: venv-google ## the Google provider's branch: Vertex, gs:// staging and Gemini tests with the provider installed
 	GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false $(VENV_GOOGLE)/bin/python -m pytest $(PYTEST_ARGS) $(GOOGLE_TESTS)
+
+venv-lowest: $(STAMP_LOWEST) ## create ./.venv-lowest: the package with all its extras at their declared floors (uv --resolution lowest-direct)
+
+$(STAMP_LOWEST): $(STAMP) pyproject.toml constraints.txt
+	test -x $(VENV_LOWEST)/bin/python || $(BIN)/uv venv --quiet --python $(BIN)/python $(VENV_LOWEST)
+	grep -iE '^($(subst $(eval) ,|,$(LOWEST_TOOLS)))==' constraints.txt > $(VENV_LOWEST)/pins.txt
+	VIRTUAL_ENV="$(CURDIR)/$(VENV_LOWEST)" $(BIN)/uv pip install --quiet --resolution lowest-direct \
+		-c $(VENV_LOWEST)/pins.txt -e '.[all]' $(filter-out moto pgserver,$(LOWEST_TOOLS)) 'moto[server]' \
+		'pgserver; python_version < "3.13" and ((sys_platform == "linux" and platform_machine == "x86_64") or sys_platform == "darwin")'
+	touch $@
+
+test-lowest: venv-lowest ## the representative tests with every direct dependency at its declared floor (pyproject.toml)
+	$(VENV_LOWEST)/bin/python -m pytest $(PYTEST_ARGS) $(LOWEST_TESTS)
 
 # the stateful property test (tests/reliability/test_stateful.py) with many more examples than `make test`
 # runs; --runxfail: a violation fails the target even while the test is marked xfail
@@ -149,5 +173,5 @@ constraints-google: venv ## regenerate constraints-google.txt: the Google extras
 	@echo "constraints-google.txt: $$(grep -vc '^#' constraints-google.txt) pins"
 
 clean: ## remove the venv, demo state, caches and build outputs
-	rm -rf $(VENV) $(VENV_GOOGLE) $(VENV_VLLM) .demo .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .coverage htmlcov
+	rm -rf $(VENV) $(VENV_GOOGLE) $(VENV_LOWEST) $(VENV_VLLM) .demo .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .coverage htmlcov
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

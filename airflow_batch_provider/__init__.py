@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 __version__ = "0.1.0"
 
 #: the oldest Apache Airflow this package runs on (the floor pyproject.toml declares)
-MIN_AIRFLOW_VERSION = "3.3.2"
+MIN_AIRFLOW_VERSION = "3.3.0"
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -38,6 +38,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from functools import lru_cache
 from importlib import resources
@@ -64,7 +65,9 @@ _SNAPSHOT_SUFFIX: Final = re.compile(r"[-@:](?:\d{3,}|v\d|latest(?:$|[-@:]))")
 _GEO_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
 _PRICE_FIELDS: Final = ("input", "cached_input", "cache_write", "output")
 _MODEL_KEYS: Final = frozenset({*_PRICE_FIELDS, "notes"})
-_PROVIDER_KEYS: Final = frozenset({"batch_discount", "gpu_hour_usd", "source", "notes", "models"})
+_PROVIDER_KEYS: Final = frozenset(
+    {"batch_discount", "gpu_hour_usd", "source", "source_url", "checked", "notes", "models"}
+)
 _TABLE_KEYS: Final = frozenset({"as_of", "currency", "unit", "notes", "providers"})
 _FIX: Final = (
     "add or correct it in a pricing override file (same shape as airflow_batch_provider/data/"
@@ -118,6 +121,8 @@ class ProviderPricing:
     :param gpu_hour_usd: hourly GPU cost for self-hosted providers, when configured
     :param source: where the figures come from
     :param notes: what the figures include and leave out
+    :param source_url: the provider's public pricing page the figures were read from
+    :param checked: the ISO date they were read there (``""``: not stated)
     """
 
     name: str
@@ -126,6 +131,8 @@ class ProviderPricing:
     gpu_hour_usd: Decimal | None = None
     source: str = ""
     notes: str = ""
+    source_url: str = ""
+    checked: str = ""
 
 
 def cost(usage: Usage, price: ModelPrice, mode: PriceMode) -> Decimal:
@@ -179,7 +186,8 @@ def format_usd(amount: Decimal, places: int = 2) -> str:
 class PriceTable:
     """The price of every known model, by provider.
 
-    :param as_of: the date the shipped figures were read from the providers' pages
+    :param as_of: the date the figures were read from the providers' pages: the table's own
+        ``as_of``, else the oldest provider's ``checked`` date
     :param providers: provider name -> its pricing
     :param currency: currency of every figure
     :param sources: what was merged to make the table (``shipped``, then each override)
@@ -243,9 +251,13 @@ class PriceTable:
                 gpu_hour_usd=None if gpu is None else _decimal(gpu, f"providers.{pname}.gpu_hour_usd", label),
                 source=str(praw.get("source", "")),
                 notes=str(praw.get("notes", "")),
+                source_url=str(praw.get("source_url", "")),
+                checked=str(praw.get("checked", "")),
             )
+        checked = sorted(p.checked for p in providers.values() if p.checked)
         return cls(
-            as_of=str(raw.get("as_of", "unknown")),
+            # a table is as old as its oldest dated row, unless it states one date for all (``as_of``)
+            as_of=str(raw.get("as_of", checked[0] if checked else "unknown")),
             providers=MappingProxyType(providers),
             currency=str(raw.get("currency", "USD")),
             sources=sources,
@@ -442,6 +454,8 @@ def _validate(raw: Mapping[str, Any], label: str, base: Mapping[str, Any] | None
                 )
         if praw.get("gpu_hour_usd") is not None:
             _decimal(praw["gpu_hour_usd"], f"{pkey}.gpu_hour_usd", label)
+        if "checked" in praw:
+            _check_date(praw["checked"], f"{pkey}.checked", label)
         models = _check_mapping(praw.get("models", {}), f"{pkey}.models", label)
         base_models: Mapping[str, Any] = base_providers.get(pname, {}).get("models", {})
         for mname, mraw in models.items():
@@ -458,6 +472,16 @@ def _validate(raw: Mapping[str, Any], label: str, base: Mapping[str, Any] | None
                             f"{label}: {mkey}.{required} is missing; a model the table does not know yet "
                             "needs at least 'input' and 'output' (USD per million tokens)."
                         )
+
+
+def _check_date(value: Any, key: str, label: str) -> None:
+    try:
+        date.fromisoformat(str(value))
+    except ValueError:
+        raise PricingError(
+            f"{label}: {key} = {value!r} is not an ISO date (YYYY-MM-DD); give the date the figures "
+            "were read from the provider's source_url."
+        ) from None
 
 
 def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,9 +15,9 @@ PYPROJECT = tomllib.loads(
 
 def test_an_airflow_older_than_the_floor_is_refused_with_both_versions_and_the_fix() -> None:
     with pytest.raises(
-        RuntimeError, match=r"needs Apache Airflow 3\.3\.2\+, and Airflow 3\.2\.1 is installed; upgrade"
+        RuntimeError, match=r"needs Apache Airflow 3\.3\.0\+, and Airflow 3\.2\.2 is installed; upgrade"
     ):
-        check_airflow_version("3.2.1")
+        check_airflow_version("3.2.2")
 
 
 @pytest.mark.parametrize("installed", [MIN_AIRFLOW_VERSION, "3.4.0", "4.0.0.dev0", None])
@@ -30,3 +30,8 @@ def test_the_guard_and_the_declared_airflow_floor_are_the_same_version() -> None
         Requirement(r) for r in PYPROJECT["project"]["dependencies"] if r.startswith("apache-airflow>=")
     )
     assert [s.version for s in airflow.specifier if s.operator == ">="] == [MIN_AIRFLOW_VERSION]
+
+
+def test_the_readme_quick_start_names_the_declared_airflow_floor() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert f"Into any Airflow environment from {MIN_AIRFLOW_VERSION} on (the declared floor" in readme

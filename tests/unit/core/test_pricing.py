@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from airflow_batch_provider.core.price_age import price_age_warning
 from airflow_batch_provider.core.pricing import ModelPrice, PriceTable, cost, decimal_str, format_usd
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.exceptions import PricingError
@@ -21,7 +23,8 @@ def table() -> PriceTable:
 
 def test_shipped_table_states_its_date_and_a_source_for_every_provider(table: PriceTable) -> None:
     raw = json.loads(SHIPPED.read_text())
-    assert raw["as_of"] == table.as_of
+    assert "as_of" not in raw  # the date is each provider's own: the table is as old as the oldest
+    assert table.as_of == min(p["checked"] for p in raw["providers"].values())
     assert table.as_of[:4].isdigit()
     for name, provider in table.providers.items():
         assert provider.source, name
@@ -309,3 +312,30 @@ def test_an_amount_under_a_cent_shows_its_first_two_significant_digits() -> None
     assert format_usd(Decimal("-0.005")) == "-$0.0050"
     assert format_usd(Decimal("0")) == "$0.00"
     assert format_usd(Decimal("0.01")) == "$0.01"
+
+
+def test_every_priced_provider_names_its_public_pricing_page_and_the_date_it_was_read(
+    table: PriceTable,
+) -> None:
+    for name, provider in table.providers.items():
+        assert date.fromisoformat(provider.checked), name
+        charges = any(p.input or p.output for p in provider.models.values())
+        if charges:  # vllm is self-hosted: no per-token price, no page to read it from
+            assert re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", provider.source_url), name
+
+
+def test_the_stale_price_warning_reads_the_oldest_checked_date_of_the_table() -> None:
+    raw = json.loads(SHIPPED.read_text())
+    raw["providers"]["openai"]["checked"] = "2026-11-30"
+    raw["providers"]["anthropic"]["checked"] = "2026-06-01"
+    for name in set(raw["providers"]) - {"openai", "anthropic"}:
+        del raw["providers"][name]
+    table = PriceTable.from_dict(raw)
+    assert table.as_of == "2026-06-01"
+    warning = price_age_warning(table.as_of, date(2026, 12, 1))
+    assert warning and "prices as of 2026-06-01 are 183 days old" in warning
+
+
+def test_a_checked_date_that_is_not_an_iso_date_is_refused_with_the_key_and_the_remedy() -> None:
+    with pytest.raises(PricingError, match=r"providers\.openai\.checked = 'last week' is not an ISO date"):
+        PriceTable.load({"providers": {"openai": {"checked": "last week"}}})
