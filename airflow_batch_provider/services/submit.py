@@ -513,6 +513,23 @@ def create_batch(
     key = job.idempotency_key
     intent = aware(job.created_at)
     found = adapter.find(key, created_after=intent)
+    if found is None and job.state == "submitting":
+        # The attempt that recorded ``submitting`` stopped before it recorded a batch (killed, or
+        # its host lost): its create may have reached the provider. ``find`` may be blind to such
+        # a batch (Anthropic shows no custom ids while a batch runs), so only the provider's
+        # in-doubt rule may say it is absent; until it can, the job is in doubt, never created.
+        try:
+            found = adapter.resolve_in_doubt(
+                key, intent, int(job.lines), custom_ids=_staged_custom_ids(ledger, job)
+            )
+        except BatchInDoubtError as exc:
+            return _in_doubt(
+                ledger,
+                job,
+                f"an earlier attempt stopped after it began creating the batch ({exc}); nothing is "
+                "created again until the batch is found or proven absent",
+                on_in_doubt,
+            )
     if found is not None:
         log.info("found batch %s created earlier with key %s; re-attaching", found.batch_id, key)
         ledger.mark_submitted(job_id, found.batch_id, job.input_ref or "")
@@ -528,20 +545,53 @@ def create_batch(
             input_ref, key, batch_metadata(job), kind=job.kind, created_after=intent
         )
     except BatchInDoubtError as exc:
-        log.error(
-            "job %s: %s; it is in doubt and will not be created again until that is resolved", job_id, exc
-        )
-        ledger.mark_job_in_doubt(job_id, str(exc))
-        if on_in_doubt is not None:
-            try:
-                on_in_doubt(job, exc.reason)
-            except Exception:  # telling someone must never change what happened
-                log.exception("the in-doubt callback of job %s failed", job_id)
-        return Submitted(job_id, None, epoch(job.created_at), "in_doubt")
+        return _in_doubt(ledger, job, str(exc), on_in_doubt, exc.reason)
     failpoint("submit.after_create")
     ledger.mark_submitted(job_id, ref.batch_id, job.input_ref or "")
     log.info("created batch %s for job %s (%d lines)", ref.batch_id, job_id, job.lines)
     return Submitted(job_id, ref.batch_id, time.time(), "created")
+
+
+def _in_doubt(
+    ledger: Ledger,
+    job: JobRow,
+    message: str,
+    on_in_doubt: Callable[[JobRow, str], None] | None,
+    reason: str | None = None,
+) -> Submitted:
+    """Mark a job in doubt (its create's outcome unknown), tell ``on_in_doubt``; the in-doubt answer.
+
+    :param ledger: the ledger
+    :param job: the job
+    :param message: what happened, recorded as the job's in-doubt reason
+    :param on_in_doubt: see :func:`submit_job`
+    :param reason: the short reason handed to ``on_in_doubt`` (default ``message``)
+    """
+    log.error(
+        "job %s: %s; it is in doubt and will not be created again until that is resolved", job.job_id, message
+    )
+    ledger.mark_job_in_doubt(job.job_id, message)
+    if on_in_doubt is not None:
+        try:
+            on_in_doubt(job, reason or message)
+        except Exception:  # telling someone must never change what happened
+            log.exception("the in-doubt callback of job %s failed", job.job_id)
+    return Submitted(job.job_id, None, epoch(job.created_at), "in_doubt")
+
+
+def _staged_custom_ids(ledger: Ledger, job: JobRow) -> list[str]:
+    """The custom ids of the job's items still ``staged`` under it (what its batch would answer).
+
+    :param ledger: the ledger
+    :param job: the job
+    """
+    return [
+        r.custom_id
+        for r in ledger.iter_item_rows(
+            job.workload, job.run_id, states=["staged"], shape=ItemRef, job_id=job.job_id
+        )
+        if r.custom_id
+    ]
 
 
 Resolution = Literal["found", "absent", "unknown"]
@@ -566,16 +616,9 @@ def resolve_in_doubt(
     if job.state != IN_DOUBT:
         return ("found", job.batch_id) if job.batch_id else ("absent", None)
     created_after = aware(job.created_at)
-    custom_ids = [
-        r.custom_id
-        for r in ledger.iter_item_rows(
-            job.workload, job.run_id, states=["staged"], shape=ItemRef, job_id=job_id
-        )
-        if r.custom_id
-    ]
     try:
         ref = adapter.resolve_in_doubt(
-            job.idempotency_key, created_after, int(job.lines), custom_ids=custom_ids
+            job.idempotency_key, created_after, int(job.lines), custom_ids=_staged_custom_ids(ledger, job)
         )
     except BatchInDoubtError as exc:
         log.info("job %s still in doubt: %s", job_id, exc)

@@ -110,7 +110,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             self.folder = Path(tempfile.mkdtemp(prefix="abp-stateful-"))
             self.w: StatefulWorkload | None = None
             self.history = History()
-            self.published: str | None = None
+            self.published: set[str] = set()
             self.errors: list[str] = []
 
         @initialize(
@@ -164,7 +164,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             except Exception:  # a task failing as designed (a refusal, a provider error)
                 return False
             if key is not None and key[0] == "publish":
-                self.published = run.run_id
+                self.published.add(run.run_id)
             return key is not None
 
         # ------------------------------------------------------------ rules
@@ -387,7 +387,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             if self.w is None:
                 return
             violations = check(self.wl, self.history, self.published)
-            self.published = None
+            self.published.clear()
             violations += [f"a task failed with a programming error: {e}" for e in self.errors]
             self.errors.clear()
             if violations:

@@ -112,6 +112,13 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("kill_at_a_fail_point", {"run": 0, "point": "submit.after_create", "nth": ""}),
         *TAKEOVER,
     ],
+    # found by the derandomized search (2026-12-02): an Anthropic batch created before the kill,
+    # then the same run's tasks killed again mid-download
+    "anthropic_a_batch_created_before_a_kill_is_not_bought_again": [
+        ("setup", ANTHROPIC),
+        ("kill_at_a_fail_point", {"run": 0, "point": "submit.after_create", "nth": ""}),
+        ("kill_at_a_fail_point", {"run": 1, "point": "download.mid", "nth": ""}),
+    ],
     "bug8_a_result_file_half_applied_before_the_kill_is_applied_once": [
         ("setup", OPENAI),
         ("kill_at_a_fail_point", {"run": 0, "point": "reconcile.mid", "nth": ""}),

@@ -632,6 +632,7 @@ class StatefulWorkload:
                 records=lambda ctx: iter(records),
                 prompt=self.prompt,
                 chunking=chunking,
+                budget=self.budget,  # as the group hands it: prepare refuses an estimate over it
                 **common,
             )
         elif task == "resubmit":

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -115,12 +115,13 @@ def _attempt_rows(attempts: list[dict[str, Any]], run_id: str) -> list[tuple[Any
     return sorted(tuple(a[c] for c in cols + tokens) for a in attempts if a["run_id"] == run_id)
 
 
-def check(workload: StatefulWorkload, history: History, published: str | None = None) -> list[str]:
+def check(workload: StatefulWorkload, history: History, published: Collection[str] = ()) -> list[str]:
     """Check the invariants now; return the violations, one line each (empty: they hold).
 
     :param workload: the workload
     :param history: what earlier checks remembered (updated here)
-    :param published: the run whose publish task just ran, if one did
+    :param published: the runs whose publish task ran since the last check (a step that runs
+        every run to its end publishes several)
     """
     response = workload.http.get(f"{workload.url}/_emulator/record")
     response.raise_for_status()
@@ -223,7 +224,7 @@ def check(workload: StatefulWorkload, history: History, published: str | None = 
         report = reports.get(run.run_id)
         now = comparable_report(report) if report else None
         rows = _attempt_rows(attempts, run.run_id)
-        if published == run.run_id and now is not None:
+        if run.run_id in published and now is not None:
             before = history.reports.get(run.run_id)
             if (
                 before is not None

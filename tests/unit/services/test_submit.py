@@ -122,6 +122,27 @@ def test_an_ambiguous_create_leaves_the_job_in_doubt_and_no_later_attempt_create
         assert w.batches_created() == 1
 
 
+def test_a_create_begun_by_a_stopped_attempt_is_in_doubt_while_anthropic_cannot_match_its_running_batch(
+    tmp_path: Path,
+) -> None:
+    with world(tmp_path, provider="anthropic", time_scale=1.0) as w:
+        job_id = one_job(w)
+        job = w.ledger.get_job(job_id)
+        # an attempt recorded `submitting`, its create reached the provider, then its process died
+        w.ledger.update_job(job_id, state="submitting")
+        dead = type(w.adapter)(w.adapter.settings)  # the dead process's adapter: its memory is gone
+        with w.staging.at(job.staged_path).open("rb") as fh:
+            ref = dead.submit(dead.stage(fh, "x.jsonl", job.size_bytes), job.idempotency_key, {})
+        retry = submit_job(ledger=w.ledger, adapter=w.adapter, staging=w.staging, job_id=job_id, owner="try2")
+        # the batch still runs, so Anthropic shows no custom ids to match: in doubt, nothing created
+        assert retry.in_doubt and retry.batch_id is None
+        assert w.batches_created() == 1
+        assert "stopped after it began creating" in str(w.ledger.get_job(job_id).in_doubt_reason)
+        w.advance(3600)
+        assert submit.resolve_in_doubt(w.ledger, w.adapter, job_id, "try2") == ("found", ref.batch_id)
+        assert w.batches_created() == 1
+
+
 def test_a_job_in_doubt_that_is_proven_absent_is_created_once_in_the_same_task(tmp_path: Path) -> None:
     with world(tmp_path, provider="anthropic") as w:
         job_id = one_job(w)
