@@ -579,11 +579,9 @@ class BedrockEmulator:
             raise _error(
                 400, "ValidationException", "Value at 'clientRequestToken' failed to satisfy the pattern."
             )
-        if token is not None:
-            for existing in self.state.jobs.list(PROVIDER):
-                if existing.attrs.get("clientRequestToken") == token:
-                    self.state.bump(PROVIDER, "idempotent_replays")
-                    return JSONResponse({"jobArn": existing.attrs["jobArn"]})
+        replay = self._replay(token)
+        if replay is not None:
+            return replay
         name = body["jobName"]
         if not isinstance(name, str) or not _JOB_NAME.match(name) or len(name) > 63:
             raise _error(
@@ -632,6 +630,12 @@ class BedrockEmulator:
                     "emulated_validation_failure", "Input validation failed (emulator fault fail_validation)."
                 )
             ]
+        # Read again after the await above: a retry with the same token may have created the job
+        # meanwhile (a client that timed out while this request read its input). From here to
+        # create_job nothing awaits, so the check and the insert are one step, as at AWS.
+        replay = self._replay(token)
+        if replay is not None:
+            return replay
         region = self._region(request)
         job_id = state.new_id("bj", 10)
         arn = f"arn:aws:bedrock:{region}:{ACCOUNT}:model-invocation-job/{job_id}"
@@ -655,6 +659,19 @@ class BedrockEmulator:
             },
         )
         return JSONResponse({"jobArn": arn})
+
+    def _replay(self, token: str | None) -> JSONResponse | None:
+        """The first job's ARN for a ``clientRequestToken`` seen before (creating nothing), else ``None``.
+
+        :param token: the request's token (``None``: no idempotency asked)
+        """
+        if token is None:
+            return None
+        for existing in self.state.jobs.list(PROVIDER):
+            if existing.attrs.get("clientRequestToken") == token:
+                self.state.bump(PROVIDER, "idempotent_replays")
+                return JSONResponse({"jobArn": existing.attrs["jobArn"]})
+        return None
 
     def status_word(self, job: Job, view: JobView, now: float) -> str:
         """Return the Bedrock status of a job's lifecycle view.

@@ -98,6 +98,9 @@ def sources_of(target: str, *, reopen: bool = False) -> frozenset[str]:
 #: States in which an item may be at a provider or in a staged file another run will send: a new
 #: run never takes these over (items in flight stay with their run).
 IN_FLIGHT_STATES: Final[frozenset[str]] = frozenset({"staged", "submitted", "fallback"})
+#: Item states of a dead run's job that the run taking its workload over adopts and carries on
+#: with (``fallback`` stays with the dead run, for a person: an interrupted real-time send).
+ADOPTABLE_ITEM_STATES: Final[tuple[str, ...]] = ("staged", "submitted")
 
 #: Item states without a result and without a person's decision yet: what the deadline policy deals
 #: with, and what the synchronous fallback may send (``fallback``: an interrupted earlier send).

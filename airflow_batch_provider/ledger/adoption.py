@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from sqlalchemy import exists, select
 
+from airflow_batch_provider.core.states import ADOPTABLE_ITEM_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.late_harvest import move_job_to_run, moved_jobs
@@ -38,8 +39,6 @@ from airflow_batch_provider.ledger.records import JobRow
 TAKEOVER: Final = "takeover_lease"
 #: The audit action of a dead run's job in flight moved to the run that took its workload over.
 ADOPTED: Final = "adopt_job"
-#: Item states of a dead run's job that the adopting run carries on with.
-ADOPTABLE_ITEM_STATES: Final = ("staged", "submitted")
 
 
 def dead_runs_taken_over(ledger: Ledger, workload: str, run_id: str) -> list[str]:
