@@ -145,17 +145,10 @@ class SqlUpsertSink:
     @contextmanager
     def open(self) -> Iterator[RowWriter]:
         """Open the connection's hook for one delivery (one DB-API connection for all batches)."""
-        from airflow.providers.common.sql.hooks.sql import DbApiHook
-        from airflow.sdk import BaseHook
+        from airflow_batch_provider.hooks.sql import sql_connection_hook
 
-        connection = BaseHook.get_connection(self.conn_id)
-        hook = connection.get_hook()
-        if not isinstance(hook, DbApiHook):
-            raise ConfigurationError(
-                f"SqlUpsertSink conn_id={self.conn_id!r} has type {connection.conn_type!r}, whose hook "
-                f"{type(hook).__name__} is not a common.sql DbApiHook; use a SQL connection."
-            )
-        conn_type = (connection.conn_type or "").lower()
+        hook, conn_type = sql_connection_hook(self.conn_id, "a SqlUpsertSink")
+        conn_type = conn_type.lower()
         if self.mode == "upsert" and conn_type not in ON_CONFLICT_TYPES:
             yield _ReplaceWriter(self, hook)
             return
