@@ -17,6 +17,7 @@ from airflow_batch_provider.ledger.adoption import adopted_jobs
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
 from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.ledger.prompt_changes import prompt_changed_section
+from airflow_batch_provider.ledger.reads import review_counts
 from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
 
@@ -97,7 +98,8 @@ def build_report(
     Besides the cost (see :func:`~airflow_batch_provider.core.cost.compute_run_cost`), it lists
     the batches that ended ``failed``, the jobs still in doubt (nothing was created again for
     them; their items are in review), the jobs whose result files never came complete, and how
-    many real-time requests may have been paid twice (sent, answer lost in a crash, sent again).
+    many real-time requests may have been paid twice (sent, answer lost in a crash, sent again),
+    and the size of the workload's open review queue as the run leaves it (``review_queue``).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -245,4 +247,7 @@ def build_report(
         )
     out["table"] = table
     out["states"] = ledger.count_states(workload, run_id)
+    # the workload's open review queue as this run leaves it (every run's items, as the review page
+    # counts them): the page's trend draws it from the report, which pruning keeps
+    out["review_queue"] = sum(review_counts(ledger, workload).values())
     return out

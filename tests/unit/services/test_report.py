@@ -90,3 +90,16 @@ def test_items_sent_again_for_a_prompt_edited_in_place_are_counted_apart_with_bo
     assert "prompt_changed (sent and paid again" in out["table"] and "2 items" in out["table"]
     assert f"sha256 {OLD[:12]} -> {NEW[:12]}" in out["table"] and "bump `version`" in out["table"]
     ledger.engine.dispose()
+
+
+def test_the_report_records_the_workloads_open_review_queue_as_the_run_leaves_it(tmp_path: Path) -> None:
+    from airflow_batch_provider.core.custom_ids import item_key
+
+    with world(tmp_path) as w:
+        w.add_items(4)
+        assert w.ledger.transition(WORKLOAD, RUN, "review", ["pending"], error_code="400") == 4
+        w.ledger.resolve_review(WORKLOAD, item_keys=[item_key("i0")], actor="ops", note="answered by hand")
+        out = report.build_report(w.ledger, WORKLOAD, RUN, "openai", None)
+        # the queue the review page shows: in review with no person's decision yet
+        assert out["review_queue"] == 3
+        assert out["states"] == {"review": 4}
