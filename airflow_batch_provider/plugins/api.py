@@ -14,6 +14,9 @@ Routes (relative to the mount, ``/llm-batch`` in Airflow):
 - ``GET /api/runs/{workload}/{run_id}``: one run (JSON): states, routes, jobs, report (a workload
   whose name holds ``/`` cannot be addressed here; ``/run`` takes any name as a query parameter);
 - ``GET /api/review?workload=&error_code=``: the review queue (JSON);
+- ``GET /api/trend?workload=&nights=``: a workload's latest runs as a trend, oldest first (JSON),
+  from the runs table and the reports publish stored, never from item rows (:mod:`.trend`);
+- ``GET /static/trend.js``: the page's own script, which draws the trend chart from that JSON;
 - ``GET /icon.svg``: the menu icon.
 
 Permissions: every route asks Airflow's auth manager (:mod:`.access`). A run, its items, errors
@@ -31,8 +34,10 @@ the two.
 Reading uses a read-only engine (SQLite ``mode=ro``, PostgreSQL
 ``default_transaction_read_only``); only the review actions write, through the ledger's own
 review API, which records each in the audit table. HTML is rendered server side by Jinja2 with
-autoescaping, needs no script and no external resource, and is served with a Content Security
-Policy that allows neither; the action form carries a token bound to the user and the workload.
+autoescaping and loads no external resource; the one script is the plugin's own ``trend.js``
+(same origin, no inline script), which draws the trend chart from ``/api/trend`` and whose
+figures the page also shows as a table without it. The Content Security Policy allows nothing
+else; the action form carries a token bound to the user and the workload.
 No connection URL or credential is ever rendered; a ledger that cannot be read is reported by
 error class, the details go to the server log.
 """
@@ -57,7 +62,7 @@ from airflow_batch_provider.core.states import ATTENTION_STATES
 from airflow_batch_provider.ledger import Ledger, reads
 from airflow_batch_provider.ledger.reads import DagSet, RunRecord
 from airflow_batch_provider.links.batch import console_templates, console_url
-from airflow_batch_provider.plugins import view
+from airflow_batch_provider.plugins import trend, view
 from airflow_batch_provider.plugins.access import Access, Method, StaticAccess, allowed_all, readable
 from airflow_batch_provider.plugins.view import RunView
 
@@ -315,6 +320,7 @@ def _templates() -> Environment:
         qs=view.qs,
         state_colors=view.STATE_COLORS,
         refresh_seconds=REFRESH_SECONDS,
+        night_choices=trend.NIGHT_CHOICES,
     )
     return env
 
@@ -322,11 +328,12 @@ def _templates() -> Environment:
 # --------------------------------------------------------------------------- the app
 
 SECURITY_HEADERS: Final[Mapping[str, str]] = {
-    # No script, no external resource: inline styles and same-origin images only. The Airflow UI
-    # shows the page in a same-origin iframe, so framing is allowed from the same origin only.
+    # No external resource and no inline script: the plugin's own script (same origin), which
+    # fetches the page's JSON (same origin), inline styles and same-origin images only. The Airflow
+    # UI shows the page in a same-origin iframe, so framing is allowed from the same origin only.
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-        "frame-ancestors 'self'; base-uri 'none'; form-action 'self'"
+        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; "
+        "img-src 'self' data:; frame-ancestors 'self'; base-uri 'none'; form-action 'self'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
@@ -471,12 +478,19 @@ def create_app(
         access: Access = access_dep,
         workload: str | None = Query(None),
         limit: int = Query(20, ge=1, le=MAX_RUNS),
+        nights: int = Query(trend.DEFAULT_NIGHTS, ge=1, le=trend.MAX_NIGHTS),
     ) -> Response:
         def load(ledger: Ledger) -> dict[str, Any]:
             dags = readable_dags(ledger, access)
             runs = list_runs(ledger, workload, limit, dags)
             latest = run_detail(ledger, runs[0]) if runs else None
-            return {"workloads": reads.workload_summaries(ledger, dags), "runs": runs, "detail": latest}
+            shown = trend.workload_trend(ledger, workload, nights, dags) if workload and runs else None
+            return {
+                "workloads": reads.workload_summaries(ledger, dags),
+                "runs": runs,
+                "detail": latest,
+                "trend": shown,
+            }
 
         data = read(load)
         refresh = any(not r.finished and not r.stale for r in data["runs"])
@@ -684,6 +698,24 @@ def create_app(
             }
 
         return JSONResponse(read(load), headers=dict(SECURITY_HEADERS))
+
+    @app.get("/api/trend")
+    def api_trend(
+        access: Access = access_dep,
+        workload: str = Query(...),
+        nights: int = Query(trend.DEFAULT_NIGHTS, ge=1, le=trend.MAX_NIGHTS),
+    ) -> JSONResponse:
+        def load(ledger: Ledger) -> dict[str, Any]:
+            if not reads.run_dags(ledger, workload):
+                raise HTTPException(404, f"the ledger has no run of workload {workload!r}")
+            return trend.workload_trend(ledger, workload, nights, readable_dags(ledger, access))
+
+        return JSONResponse(read(load), headers=dict(SECURITY_HEADERS))
+
+    @app.get("/static/trend.js", include_in_schema=False)
+    def trend_js() -> Response:
+        headers = {**SECURITY_HEADERS, "Cache-Control": "no-cache"}
+        return Response(trend.script(), media_type="text/javascript; charset=utf-8", headers=headers)
 
     @app.get("/icon.svg", include_in_schema=False)
     def icon() -> Response:

@@ -156,7 +156,15 @@ def recorded_states(run: RunRecord) -> dict[str, int] | None:
     """
     if run.finished_at is None:
         return None
-    return _recorded(parse_report(run.report_json), "states", "items_by_state")
+    return report_states(parse_report(run.report_json))
+
+
+def report_states(report: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The items by state a stored report recorded (``None``: it recorded none).
+
+    :param report: the parsed report (:func:`parse_report`)
+    """
+    return _recorded(report, "states", "items_by_state")
 
 
 @dataclass(frozen=True)

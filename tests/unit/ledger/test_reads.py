@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import FrozenInstanceError
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, inspect
@@ -221,3 +224,39 @@ def test_items_left_in_fallback_are_listed_per_run_with_whether_it_holds_the_wor
     # settled items leave the list
     ledger.transition(WL, "dead", "succeeded", ["fallback"])
     assert reads.stranded_fallback(ledger, WL) == []
+
+
+def test_a_workloads_recent_runs_are_read_from_the_runs_table_alone_on_both_databases(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    # the trend chart's query: a year of nights must not read the items, attempts or results
+    from sqlalchemy import event
+
+    for night in range(3):
+        start(ledger, WL, f"r{night}", "d", [f"i{night}", f"j{night}"])
+    start(ledger, "other", "r0", "d", ["k"])
+    seen: list[tuple[str, Any]] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if "FROM abp_" in statement:  # the ledger's tables (not the has-table look-up)
+            seen.append((statement, params))
+
+    runs = reads.recent_runs(ledger, frozenset({"d", None}), WL, limit=366)
+    assert [r.run_id for r in runs] == ["r2", "r1", "r0"]
+    (statement, params), *others = seen
+    assert not others
+    with ledger.engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        if ledger_url.startswith("sqlite"):
+            steps = [str(r[3]) for r in raw.execute("EXPLAIN QUERY PLAN " + statement, params)]
+            # the runs table, searched by the workload (its primary key's first column)
+            assert any(step.startswith("SEARCH abp_runs USING INDEX") for step in steps), steps
+        else:
+            with raw.cursor() as cur:
+                cur.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+                (((plan,),),) = (cur.fetchall(),)
+            steps = json.dumps(plan)
+        text = " ".join(steps) if isinstance(steps, list) else steps
+        read = {name for name in s.metadata.tables if re.search(rf"\b{name}\b", text)}
+        assert read == {"abp_runs"}, steps

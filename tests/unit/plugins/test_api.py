@@ -277,7 +277,8 @@ def test_hostile_workload_and_app_ids_are_escaped(sqlite_url: str) -> None:
         client.get("/", params={"workload": HOSTILE_WL}).text,
     ]
     for page in pages:
-        assert "<script" not in page
+        # the only script tag is the plugin's own (on the workload's page)
+        assert re.findall(r"<script[^>]*>", page) in ([], ['<script src="/static/trend.js" defer>'])
         assert "<img" not in page
         assert "<bad request>" not in page
     assert "&lt;script&gt;alert(&#34;wl&#34;)&lt;/script&gt;" in pages[0]
@@ -289,19 +290,25 @@ def test_hostile_workload_and_app_ids_are_escaped(sqlite_url: str) -> None:
     assert resp["runs"][0]["workload"] == HOSTILE_WL
 
 
-def test_the_page_loads_nothing_external_and_runs_no_script(seeded: Seeded) -> None:
-    resp = client_for(seeded.url).get("/")
+def test_the_page_loads_nothing_external_and_runs_only_its_own_script(seeded: Seeded) -> None:
+    client = client_for(seeded.url)
+    resp = client.get("/")
     page = resp.text
 
     assert "<script" not in page.lower()
-    assert not re.search(r"""src=["']?(https?:)?//""", page)
+    # the workload's page has one script: the plugin's own file, no inline code
+    workload_page = client.get("/", params={"workload": WL}).text
+    assert re.findall(r"<script[^>]*>", workload_page) == ['<script src="/static/trend.js" defer>']
+    assert re.search(r"<script[^>]*></script>", workload_page)
+    assert not re.search(r"""src=["']?(https?:)?//""", page + workload_page)
     # the only external addresses are links (not loads) to the provider's console, opened apart
     external = re.findall(r"""<a href="(https?:)?//[^"]*"([^>]*)>""", page)
     assert external
     assert all('rel="noopener noreferrer"' in attrs for _scheme, attrs in external)
     csp = resp.headers["content-security-policy"]
     assert "default-src 'none'" in csp
-    assert "script-src" not in csp
+    assert "script-src 'self';" in csp and "connect-src 'self';" in csp
+    assert "unsafe-eval" not in csp and "'unsafe-inline'" not in csp.split("style-src")[0]
     assert "frame-ancestors 'self'" in csp
     assert resp.headers["x-content-type-options"] == "nosniff"
 
