@@ -11,11 +11,11 @@
   var TOP = 20;
   var BOTTOM = 18;
   var PANELS = [
-    { key: "states", label: "Items by final state", height: 150 },
-    { key: "cost_per_usable_result", label: "Cost per usable result", height: 100, kind: "money" },
-    { key: "savings", label: "Savings against real-time prices", height: 100, kind: "money" },
-    { key: "review_queue", label: "Review queue as the run left it", height: 100, kind: "count" },
-    { key: "realtime_share", label: "Share sent through the real-time API", height: 100, kind: "share" }
+    { key: "states", label: "Items by final state", height: 120 },
+    { key: "cost_per_usable_result", label: "Cost per usable result", height: 64, kind: "money" },
+    { key: "savings", label: "Savings against real-time prices", height: 64, kind: "money" },
+    { key: "review_queue", label: "Review queue as the run left it", height: 64, kind: "count" },
+    { key: "realtime_share", label: "Share sent through the real-time API", height: 64, kind: "share" }
   ];
 
   function node(name, attrs, parent) {
@@ -141,6 +141,20 @@
     dates(svg, spec, nights);
   }
 
+  function legend(host, data) {
+    var list = document.createElement("ul");
+    list.className = "legend";
+    data.states.forEach(function (s) {
+      var item = document.createElement("li");
+      var swatch = document.createElement("i");
+      swatch.style.background = data.colors[s] || "#495057";
+      item.appendChild(swatch);
+      item.appendChild(document.createTextNode(s));
+      list.appendChild(item);
+    });
+    host.appendChild(list);
+  }
+
   function draw(host, data) {
     if (!data.nights.length) {
       host.appendChild(document.createTextNode("No run of this workload to chart yet."));
@@ -148,7 +162,12 @@
     }
     PANELS.forEach(function (spec) {
       var svg = panel(host, spec, data.nights.length);
-      if (spec.key === "states") { drawStates(svg, spec, data); } else { drawLine(svg, spec, data); }
+      if (spec.key === "states") {
+        drawStates(svg, spec, data);
+        legend(host, data);
+      } else {
+        drawLine(svg, spec, data);
+      }
     });
   }
 
