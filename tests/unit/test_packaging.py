@@ -267,17 +267,33 @@ def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified
 
 
 @pytest.fixture(scope="module")
-def wheel_metadata(tmp_path_factory: pytest.TempPathFactory) -> Message:
-    """The METADATA of the wheel built from this tree, as PyPI reads it."""
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this tree."""
     out = tmp_path_factory.mktemp("wheel")
     uv = Path(sys.executable).parent / "uv"
     subprocess.run(
         [str(uv), "build", "--quiet", "--wheel", "--out-dir", str(out), str(REPO_ROOT)], check=True
     )
     (wheel,) = out.glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_metadata(built_wheel: Path) -> Message:
+    """The METADATA of the wheel built from this tree, as PyPI reads it."""
+    with zipfile.ZipFile(built_wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         return message_from_bytes(archive.read(name))
+
+
+def test_the_wheel_carries_the_pages_templates_and_its_chart_script(built_wheel: Path) -> None:
+    with zipfile.ZipFile(built_wheel) as archive:
+        names = set(archive.namelist())
+    plugins = REPO_ROOT / "airflow_batch_provider" / "plugins"
+    shipped = [p.relative_to(REPO_ROOT).as_posix() for p in (plugins / "templates").glob("*.html")]
+    assert "airflow_batch_provider/plugins/static/trend.js" in names
+    assert "airflow_batch_provider/plugins/templates/trend.html" in shipped
+    assert set(shipped) <= names
 
 
 def test_the_wheel_names_its_documentation_source_changelog_and_issues_in_the_repository(
