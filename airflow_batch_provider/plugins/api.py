@@ -706,9 +706,13 @@ def create_app(
         nights: int = Query(trend.DEFAULT_NIGHTS, ge=1, le=trend.MAX_NIGHTS),
     ) -> JSONResponse:
         def load(ledger: Ledger) -> dict[str, Any]:
-            if not reads.run_dags(ledger, workload):
+            dags = {d for _w, d in reads.run_dags(ledger, workload)}
+            if not dags:
                 raise HTTPException(404, f"the ledger has no run of workload {workload!r}")
-            return trend.workload_trend(ledger, workload, nights, readable_dags(ledger, access))
+            shown = frozenset(readable(access, dags))
+            if not shown:
+                raise Forbidden(f"You may not read the runs of any DAG that runs workload {workload!r}.")
+            return trend.workload_trend(ledger, workload, nights, shown)
 
         return JSONResponse(read(load), headers=dict(SECURITY_HEADERS))
 

@@ -92,6 +92,8 @@ def test_the_page_refuses_a_request_without_an_airflow_login() -> None:
         "/api/runs",
         "/api/runs/w/r",
         "/api/review?workload=w",
+        "/api/trend?workload=w",
+        "/static/trend.js",
     ):
         assert client.get(path).status_code == 401, path
     assert client.post("/review/action", data={"workload": "w"}).status_code == 401
@@ -184,6 +186,7 @@ for wl, dag in (("wl_a", "dag_a"), ("wl_b", "dag_b")):
     routes[f"review_{side}"] = ("GET", "/llm-batch/review", {"workload": wl})
     routes[f"export_{side}"] = ("GET", "/llm-batch/review/export", {"workload": wl, "format": "jsonl"})
     routes[f"api_review_{side}"] = ("GET", "/llm-batch/api/review", {"workload": wl})
+    routes[f"trend_{side}"] = ("GET", "/llm-batch/api/trend", {"workload": wl})
     routes[f"action_{side}"] = ("POST", "/llm-batch/review/action", {"workload": wl})
     routes[f"trigger_{side}"] = ("POST", "/llm-batch/review/action", {"workload": wl, "trigger_now": "1"})
 routes["index"] = ("GET", "/llm-batch/", {})
@@ -293,11 +296,23 @@ def test_a_user_scoped_to_one_dag_sees_and_acts_on_that_dag_only(permission_matr
         "review_a": 200,
         "export_a": 200,
         "api_review_a": 200,
+        "trend_a": 200,
         "action_a": 303,
         "trigger_a": 303,
     }
     assert {k: v for k, v in seen.items() if k.endswith("_b")} == dict.fromkeys(
-        ["run_b", "api_run_b", "tab_b", "review_b", "export_b", "api_review_b", "action_b", "trigger_b"], 403
+        [
+            "run_b",
+            "api_run_b",
+            "tab_b",
+            "review_b",
+            "export_b",
+            "api_review_b",
+            "trend_b",
+            "action_b",
+            "trigger_b",
+        ],
+        403,
     )
     runs = json.loads(permission_matrix["alice"]["runs"][1])["runs"]
     assert [r["workload"] for r in runs] == ["wl_a"]
