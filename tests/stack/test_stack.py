@@ -265,8 +265,17 @@ def test_each_role_uses_the_page_in_a_real_browser(
                     assert "checked by hand in the browser test" in page.locator("body").inner_text()
                     page.screenshot(path=str(shots / "ui-review.png"), full_page=True)
 
-                    # a provider batch's console link (the stack points them at the emulator)
+                    # the workload's trend, drawn by the page's own script from /api/trend with the
+                    # Airflow login's cookie (the page's CSP allows that script and nothing else)
                     page.goto(f"{api}/llm-batch/?workload={WORKLOAD}")
+                    page.locator('[data-chart="drawn"]').wait_for()
+                    nights = page.evaluate(
+                        "[...document.querySelectorAll('svg[data-metric=\"states\"] g.night')]"
+                        ".map(g => g.dataset.runId)"
+                    )
+                    assert finished_run["run_id"] in nights, nights
+
+                    # a provider batch's console link (the stack points them at the emulator)
                     link = page.locator('a[rel="noopener noreferrer"]').first
                     batch_id = link.inner_text()
                     with context.expect_page() as opened:
