@@ -73,6 +73,37 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgr
 
 
 @pytest.fixture(scope="session")
+def pgvector_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PostgresServer]:
+    """A PostgreSQL server whose installation ships the ``vector`` extension (pgvector).
+
+    The session's :func:`postgres_server` when its installation has it; else a second server from
+    one that does (the ``pgserver`` wheel's, where the distribution's server has no pgvector).
+    """
+    from tests.support.postgres import (
+        PostgresUnavailable,
+        find_postgres_bin_dir,
+        has_extension,
+        start_postgres,
+    )
+
+    try:
+        if has_extension(find_postgres_bin_dir(), "vector"):
+            yield request.getfixturevalue("postgres_server")
+            return
+        server = start_postgres(tmp_path_factory.mktemp("pgvector"), extension="vector")
+    except PostgresUnavailable as exc:
+        if os.environ.get("ABP_TESTS_SKIP_POSTGRES") == "1":
+            pytest.skip(f"PostgreSQL with pgvector unavailable: {exc}")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres_url(postgres_server: PostgresServer) -> str:
     """SQLAlchemy URL of the session database: ``postgresql+psycopg2://postgres@127.0.0.1:PORT/abp_test``."""
     return postgres_server.url
