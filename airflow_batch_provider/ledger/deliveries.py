@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -384,18 +384,28 @@ def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str
     return moved
 
 
-def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts: Mapping[str, Any]) -> None:
-    """Put a delivery's counts in the run's stored report, under ``deliveries``/``sink``.
+def note_in_report(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    sink: str,
+    counts: Mapping[str, Any],
+    then: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any] | None:
+    """Put a delivery's counts in the run's stored report, under ``deliveries``/``sink``; return it.
 
     The counts are the ledger's: the run's delivery rows per state (``delivered``, ``refused``),
-    with what the latest try wrote; a rerun replaces them. A run without a report (not published)
-    is left alone.
+    ``unchanged`` (rows the latest try left out because the sink holds them), the refusal messages
+    of the latest try, and what it wrote; a rerun replaces them. A run without a report (not
+    published) is left alone (``None``).
 
     :param ledger: the ledger
     :param workload: workload name
     :param run_id: the run
     :param sink: the sink's name
-    :param counts: what the latest try did (written, unchanged, refused)
+    :param counts: what the latest try did (written, unchanged, refused, messages)
+    :param then: called with the updated report before it is committed, the run's row locked
+        (the delivery task writes ``report.json`` there, so that two sinks' writes do not cross)
     """
     totals = delivery_counts(ledger, workload, run_id).get(sink, {})
     r = s.runs.c
@@ -404,11 +414,13 @@ def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts
             select(r.report_json).where(r.workload == workload, r.run_id == run_id).with_for_update()
         ).scalar()
         if not found:
-            return
-        report = json.loads(found)
+            return None
+        report: dict[str, Any] = json.loads(found)
         report.setdefault("deliveries", {})[sink] = {
             "delivered": totals.get("delivered", 0),
+            "unchanged": int(counts.get("unchanged", 0)),
             "refused": totals.get("refused", 0),
+            "messages": list(counts.get("messages", ())),
             "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
         }
         conn.execute(
@@ -416,3 +428,6 @@ def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts
             .where(r.workload == workload, r.run_id == run_id)
             .values(report_json=json.dumps(report, default=str))
         )
+        if then is not None:
+            then(report)
+    return report
