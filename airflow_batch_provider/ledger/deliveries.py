@@ -252,6 +252,39 @@ def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, An
         return [dict(r) for r in conn.execute(q).mappings()]
 
 
+def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The rows a sink refused and no later delivery wrote, newest first (the review queue shows them).
+
+    A refused row is tried again by every later delivery of its answer; it leaves this list when
+    one writes it, or when the sink was given a newer answer for the same item since.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param limit: at most this many
+    """
+    d = s.deliveries.c
+    later = s.deliveries.alias("later")
+    superseded = (
+        select(literal(1))
+        .where(
+            later.c.workload == d.workload,
+            later.c.sink == d.sink,
+            later.c.app_id == d.app_id,
+            later.c.state == "delivered",
+            later.c.delivered_at >= d.delivered_at,
+        )
+        .exists()
+    )
+    q = (
+        select(d.sink, d.app_id, d.prompt_version, d.error, d.run_id, d.delivered_at)
+        .where(d.workload == workload, d.state == "refused", ~superseded)
+        .order_by(d.delivered_at.desc(), d.sink, d.app_id)
+        .limit(limit)
+    )
+    with ledger.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
 def delivery_counts(ledger: Ledger, workload: str, run_id: str) -> dict[str, dict[str, int]]:
     """Per sink, how many of the run's delivery rows are in each state.
 
