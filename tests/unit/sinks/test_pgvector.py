@@ -15,10 +15,11 @@ from airflow_batch_provider.ledger.deliveries import Candidate, delivery_rows
 from airflow_batch_provider.services.delivery import deliver
 from airflow_batch_provider.sinks.pgvector import PgVectorSink
 from tests.unit.services.workload import RUN, WORKLOAD, world
-from tests.unit.sinks.target import CONN_ID, Target, publish_run, target_for
+from tests.unit.sinks.target import CONN_ID, Target, bumped, publish_run, target_for
 
 pytestmark = pytest.mark.postgres
 DIMS = 8
+RUN_2 = "manual__2026-12-01T00:00:00+00:00"
 EMBED = PromptTemplate(
     version="emb-v1",
     model="text-embedding-3-small",
@@ -91,6 +92,23 @@ def test_embeddings_land_in_a_created_vector_column_with_an_hnsw_index_once_each
         " FROM item_vectors a ORDER BY a.item_id"
     )
     assert all(a == b for a, b in nearest)
+
+
+def test_a_new_prompt_versions_vectors_update_each_row_and_add_none(tmp_path: Path, target: Target) -> None:
+    with world(tmp_path / "w") as w:
+        publish_run(w, 3, prompt=EMBED)
+        assert deliver(w.ledger, WORKLOAD, RUN, vectors_sink()).written == 3
+        publish_run(w, 3, RUN_2, bumped(EMBED, "emb-v2"))
+        assert deliver(w.ledger, WORKLOAD, RUN_2, vectors_sink()).written == 3
+        latest = {
+            r["app_id"]: json.loads(r["output_json"])
+            for r in w.ledger.iter_items(WORKLOAD, RUN_2)
+            if r["state"] == "succeeded"
+        }
+    rows = target.rows("SELECT item_id, embedding::text, version FROM item_vectors ORDER BY item_id")
+    assert [(r[0], r[2]) for r in rows] == [(f"i{k}", "emb-v2") for k in range(3)]
+    for item_id, text_form, _ in rows:
+        assert json.loads(text_form) == pytest.approx(latest[item_id], abs=1e-6)
 
 
 def test_a_vector_of_another_dimension_fails_the_delivery_before_anything_is_written(
