@@ -232,3 +232,7 @@ class TriggerEventError(PollError):
             "Nothing in the ledger was changed; clear the task to poll the batch again, and report the "
             "event if it recurs (the triggerer may run another version of the provider than the worker)."
         )
+
+
+class VectorDimensionError(ConfigurationError):
+    """An embedding's length is not the vector column's: the model and the sink disagree; fix either."""

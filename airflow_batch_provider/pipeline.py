@@ -301,6 +301,8 @@ def batch_inference_group(
                 workload=workload,
                 sink=sink,
                 ledger_conn_id=ledger_conn_id,
+                staging_root=staging_root,
+                staging_conn_id=staging_conn_id,
             )
         if run_deadline is None:
             last >> publish

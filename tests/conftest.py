@@ -13,6 +13,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,23 @@ def forget_attached_object_stores() -> Iterator[None]:
         store._STORE_CACHE.clear()
 
 
+@contextmanager
+def _started_postgres(tmp: Path, what: str, extension: str | None = None) -> Iterator[PostgresServer]:
+    """Start a server for the session and stop it at the end even on failure (or skip, see below)."""
+    from tests.support.postgres import PostgresUnavailable, start_postgres
+
+    try:
+        server = start_postgres(tmp, extension=extension)
+    except PostgresUnavailable as exc:
+        if os.environ.get("ABP_TESTS_SKIP_POSTGRES") == "1":
+            pytest.skip(f"{what} unavailable: {exc}")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """A PostgreSQL server running for the whole session, stopped at the end even on failure.
@@ -58,18 +76,32 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Postgr
     Set ``ABP_TESTS_SKIP_POSTGRES=1`` to skip (rather than fail) its tests where no server binaries
     are installed; by default a missing server is an error, so CI never passes by skipping.
     """
-    from tests.support.postgres import PostgresUnavailable, start_postgres
+    with _started_postgres(tmp_path_factory.mktemp("postgres"), "PostgreSQL") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pgvector_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PostgresServer]:
+    """A PostgreSQL server whose installation ships the ``vector`` extension (pgvector).
+
+    The session's :func:`postgres_server` when its installation has it; else a second server from
+    one that does (the ``pgserver`` wheel's, where the distribution's server has no pgvector).
+    """
+    from tests.support.postgres import PostgresUnavailable, find_postgres_bin_dir, has_extension
 
     try:
-        server = start_postgres(tmp_path_factory.mktemp("postgres"))
-    except PostgresUnavailable as exc:
-        if os.environ.get("ABP_TESTS_SKIP_POSTGRES") == "1":
-            pytest.skip(f"PostgreSQL unavailable: {exc}")
-        raise
-    try:
+        shared = has_extension(find_postgres_bin_dir(), "vector")
+    except PostgresUnavailable:
+        shared = False
+    if shared:
+        yield request.getfixturevalue("postgres_server")
+        return
+    with _started_postgres(
+        tmp_path_factory.mktemp("pgvector"), "PostgreSQL with pgvector", "vector"
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -252,6 +252,39 @@ def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, An
         return [dict(r) for r in conn.execute(q).mappings()]
 
 
+def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The rows a sink refused and no later delivery wrote, newest first (the review queue shows them).
+
+    A refused row is tried again by every later delivery of its answer; it leaves this list when
+    one writes it, or when the sink was given a newer answer for the same item since.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param limit: at most this many
+    """
+    d = s.deliveries.c
+    later = s.deliveries.alias("later")
+    superseded = (
+        select(literal(1))
+        .where(
+            later.c.workload == d.workload,
+            later.c.sink == d.sink,
+            later.c.app_id == d.app_id,
+            later.c.state == "delivered",
+            later.c.delivered_at >= d.delivered_at,
+        )
+        .exists()
+    )
+    q = (
+        select(d.sink, d.app_id, d.prompt_version, d.error, d.run_id, d.delivered_at)
+        .where(d.workload == workload, d.state == "refused", ~superseded)
+        .order_by(d.delivered_at.desc(), d.sink, d.app_id)
+        .limit(limit)
+    )
+    with ledger.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(q).mappings()]
+
+
 def delivery_counts(ledger: Ledger, workload: str, run_id: str) -> dict[str, dict[str, int]]:
     """Per sink, how many of the run's delivery rows are in each state.
 
@@ -384,18 +417,28 @@ def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str
     return moved
 
 
-def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts: Mapping[str, Any]) -> None:
-    """Put a delivery's counts in the run's stored report, under ``deliveries``/``sink``.
+def note_in_report(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    sink: str,
+    counts: Mapping[str, Any],
+    then: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any] | None:
+    """Put a delivery's counts in the run's stored report, under ``deliveries``/``sink``; return it.
 
     The counts are the ledger's: the run's delivery rows per state (``delivered``, ``refused``),
-    with what the latest try wrote; a rerun replaces them. A run without a report (not published)
-    is left alone.
+    ``unchanged`` (rows the latest try left out because the sink holds them), the refusal messages
+    of the latest try, and what it wrote; a rerun replaces them. A run without a report (not
+    published) is left alone (``None``).
 
     :param ledger: the ledger
     :param workload: workload name
     :param run_id: the run
     :param sink: the sink's name
-    :param counts: what the latest try did (written, unchanged, refused)
+    :param counts: what the latest try did (written, unchanged, refused, messages)
+    :param then: called with the updated report before it is committed, the run's row locked
+        (the delivery task writes ``report.json`` there, so that two sinks' writes do not cross)
     """
     totals = delivery_counts(ledger, workload, run_id).get(sink, {})
     r = s.runs.c
@@ -404,11 +447,13 @@ def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts
             select(r.report_json).where(r.workload == workload, r.run_id == run_id).with_for_update()
         ).scalar()
         if not found:
-            return
-        report = json.loads(found)
+            return None
+        report: dict[str, Any] = json.loads(found)
         report.setdefault("deliveries", {})[sink] = {
             "delivered": totals.get("delivered", 0),
+            "unchanged": int(counts.get("unchanged", 0)),
             "refused": totals.get("refused", 0),
+            "messages": list(counts.get("messages", ())),
             "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
         }
         conn.execute(
@@ -416,3 +461,6 @@ def note_in_report(ledger: Ledger, workload: str, run_id: str, sink: str, counts
             .where(r.workload == workload, r.run_id == run_id)
             .values(report_json=json.dumps(report, default=str))
         )
+        if then is not None:
+            then(report)
+    return report

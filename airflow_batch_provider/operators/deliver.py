@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger.deliveries import note_in_report
 from airflow_batch_provider.services.delivery import Sink, deliver
+from airflow_batch_provider.staging import Staging
 
 
 class BatchDeliverOperator(BaseOperator):
@@ -18,12 +20,18 @@ class BatchDeliverOperator(BaseOperator):
     Only answers the sink does not hold yet are written (a cleared, retried or killed try skips
     what an earlier one delivered; a changed answer updates its row); a row the sink refuses is
     recorded with the sink's message, and the others are written. The counts go in the run's
-    report (``deliveries``) and the task's return value.
+    report (``deliveries``: delivered, unchanged, refused, the refusal messages), in the run's
+    ``report.json`` in staging, and in the task's return value. A refused row is in the workload's
+    review queue with the sink's message (``airflow-batch review list``, the review page) until a
+    later delivery writes it.
 
     :param workload: the workload's name
     :param sink: the sink (e.g. :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`)
     :param ledger_conn_id: ledger connection (``None``: embedded SQLite)
     :param run_id: the run whose answers are delivered (default: this DAG run)
+    :param staging_root: staging URL where the run's ``report.json`` is (default
+        ``[batch_provider] staging_root``)
+    :param staging_conn_id: object store connection for ``staging_root``
     """
 
     template_fields: Sequence[str] = ("workload", "run_id")
@@ -36,6 +44,8 @@ class BatchDeliverOperator(BaseOperator):
         sink: Sink,
         ledger_conn_id: str | None = None,
         run_id: str | None = None,
+        staging_root: str | None = None,
+        staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -43,13 +53,22 @@ class BatchDeliverOperator(BaseOperator):
         self.sink = sink
         self.ledger_conn_id = ledger_conn_id
         self.run_id = run_id
+        self.staging_root = staging_root
+        self.staging_conn_id = staging_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         run_id = self.run_id or context["run_id"]
         ledger = LedgerHook(self.ledger_conn_id).get_conn()
         counts = deliver(ledger, self.workload, run_id, self.sink)
         out = counts.as_dict()
-        note_in_report(ledger, self.workload, run_id, self.sink.sink_name, out)
+        staging = Staging(self.staging_root, self.staging_conn_id)
+        target = staging.run_dir(self.workload, run_id) / "report.json"
+
+        def write_report(report: dict[str, Any]) -> None:
+            with staging.writer(target) as fh:
+                fh.write(json.dumps(report, indent=2, default=str).encode("utf-8"))
+
+        note_in_report(ledger, self.workload, run_id, self.sink.sink_name, out, then=write_report)
         self.log.info(
             "sink %s: %d rows written, %d unchanged (already delivered), %d refused",
             counts.sink,

@@ -60,9 +60,10 @@ from starlette.concurrency import run_in_threadpool
 
 from airflow_batch_provider.core.states import ATTENTION_STATES
 from airflow_batch_provider.ledger import Ledger, reads
+from airflow_batch_provider.ledger.deliveries import refused_rows
 from airflow_batch_provider.ledger.reads import DagSet, RunRecord
 from airflow_batch_provider.links.batch import console_templates, console_url
-from airflow_batch_provider.plugins import trend, view
+from airflow_batch_provider.plugins import deliveries, trend, view
 from airflow_batch_provider.plugins.access import Access, Method, StaticAccess, allowed_all, readable
 from airflow_batch_provider.plugins.view import RunView
 
@@ -316,6 +317,7 @@ def _templates() -> Environment:
     env.globals.update(
         duration=view.duration,
         bar_segments=view.bar_segments,
+        delivery_table=deliveries.delivery_table,
         share=view.share,
         qs=view.qs,
         state_colors=view.STATE_COLORS,
@@ -555,6 +557,7 @@ def create_app(
             return {
                 "queue": review_page(ledger, workload, error_code or None, REVIEW_PAGE, offset),
                 "in_doubt": view.in_doubt_rows(ledger.jobs_in_doubt(workload)),
+                "refused_deliveries": deliveries.refused_delivery_rows(refused_rows(ledger, workload)),
                 "audit": view.audit_rows(ledger.audit_log(workload, limit=AUDIT_SHOWN)),
                 "may_act": allowed_all(access, "PUT", dags),
                 "may_trigger": len(dags) == 1 and None not in dags and allowed_all(access, "POST", dags),
@@ -695,6 +698,7 @@ def create_app(
             return {
                 **review_page(ledger, workload, error_code or None, limit, offset),
                 "in_doubt": view.in_doubt_rows(ledger.jobs_in_doubt(workload)),
+                "refused_deliveries": deliveries.refused_delivery_rows(refused_rows(ledger, workload)),
             }
 
         return JSONResponse(read(load), headers=dict(SECURITY_HEADERS))

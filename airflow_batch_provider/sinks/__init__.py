@@ -1,12 +1,14 @@
 """Where a workload's final answers go: the user's tables and consumers, each item once.
 
 :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink` writes into a table through an Airflow
-SQL connection; :mod:`airflow_batch_provider.ledger.deliveries` records every delivery and offers
+SQL connection, :class:`~airflow_batch_provider.sinks.pgvector.PgVectorSink` embeddings into a
+pgvector column; :mod:`airflow_batch_provider.ledger.deliveries` records every delivery and offers
 results to consumers (``pending_for`` / ``acknowledge``).
 """
 
 from __future__ import annotations
 
+from airflow_batch_provider.sinks.pgvector import PgVectorSink
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
-__all__ = ["SqlUpsertSink"]
+__all__ = ["PgVectorSink", "SqlUpsertSink"]

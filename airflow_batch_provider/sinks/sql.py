@@ -154,9 +154,20 @@ class SqlUpsertSink:
             return
         dbapi = hook.get_conn()
         try:
-            yield _DbApiWriter(self, dbapi, self.statement(hook.placeholder))
+            yield self.writer(dbapi, hook.placeholder)
         finally:
             dbapi.close()
+
+    def writer(self, dbapi: Any, placeholder: str) -> RowWriter:
+        """The writer of this sink's statement on an open DB-API connection (the caller closes it).
+
+        ``executemany`` of :meth:`statement`, one commit per batch; a batch the database refuses
+        goes again row by row to find the refused rows.
+
+        :param dbapi: the DB-API connection
+        :param placeholder: the driver's placeholder (``%s``, ``?``)
+        """
+        return _DbApiWriter(self, dbapi, self.statement(placeholder))
 
     def statement(self, placeholder: str) -> str:
         """The SQL of one row (``INSERT ... ON CONFLICT`` or ``UPDATE``), for ``executemany``.

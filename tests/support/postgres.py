@@ -108,19 +108,41 @@ def candidate_bin_dirs() -> list[Path]:
     return unique
 
 
-def find_postgres_bin_dir() -> Path:
+def find_postgres_bin_dir(extension: str | None = None) -> Path:
     """Return the first directory that holds ``initdb``, ``pg_ctl`` and ``postgres``.
 
-    :raises PostgresUnavailable: when no candidate directory has all three, with install advice.
+    :param extension: only an installation that ships this extension (``vector``: the ``pgserver``
+        wheel has it, a distribution's server often not)
+    :raises PostgresUnavailable: when no candidate directory has all three (and the extension),
+        with install advice.
     :return: the directory.
     """
     override = os.environ.get("ABP_PG_BIN_DIR")
     if override and not _has_binaries(Path(override)):
         raise PostgresUnavailable(f"ABP_PG_BIN_DIR={override} does not hold {', '.join(REQUIRED_BINARIES)}")
     for directory in candidate_bin_dirs():
-        if _has_binaries(directory):
+        if _has_binaries(directory) and (extension is None or has_extension(directory, extension)):
             return directory
+    if extension is not None:
+        raise PostgresUnavailable(
+            f"No PostgreSQL installation with the {extension!r} extension was found; pip install "
+            f"{PIP_PACKAGE} (its server ships it) or point ABP_PG_BIN_DIR at one that has it."
+        )
     raise PostgresUnavailable(INSTALL_HINT)
+
+
+def has_extension(bin_dir: Path, extension: str) -> bool:
+    """Whether the installation of ``bin_dir`` ships ``extension`` (its ``pg_config --sharedir``)."""
+    pg_config = bin_dir / "pg_config"
+    if not os.access(pg_config, os.X_OK):
+        return False
+    try:
+        share = subprocess.run(
+            [str(pg_config), "--sharedir"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return (Path(share) / "extension" / f"{extension}.control").is_file()
 
 
 @dataclass(frozen=True)
@@ -463,6 +485,7 @@ def start_postgres(
     bin_dir: Path | None = None,
     timeout: float = 60.0,
     attempts: int = 3,
+    extension: str | None = None,
 ) -> PostgresServer:
     """Initialise and start a PostgreSQL cluster and create one database in it.
 
@@ -472,10 +495,11 @@ def start_postgres(
     :param bin_dir: the server binaries; found with :func:`find_postgres_bin_dir` when omitted.
     :param timeout: seconds to wait for the server to accept connections.
     :param attempts: how many free ports to try when another process grabs the chosen port first.
+    :param extension: start an installation that ships this extension (``vector``).
     :raises PostgresUnavailable: when no server binaries exist or the server does not start.
     :return: the running server; stop it with :meth:`PostgresServer.stop` or a ``with`` block.
     """
-    bin_dir = bin_dir or find_postgres_bin_dir()
+    bin_dir = bin_dir or find_postgres_bin_dir(extension)
     os_user = _server_os_user()
     workdir, remove = _make_workdir(tmpdir, os_user)
     if os_user is not None and not _traversable_by_others(bin_dir):

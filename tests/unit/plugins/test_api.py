@@ -249,6 +249,42 @@ def test_the_page_shows_the_run_its_counts_and_its_cost_per_usable_result(seeded
     assert 'http-equiv="refresh"' not in page
 
 
+def test_rows_a_sink_refused_are_in_the_review_queue_with_its_message_and_the_counts_on_the_pages(
+    seeded: Seeded,
+) -> None:
+    from airflow_batch_provider.core.custom_ids import item_key as key_of
+    from airflow_batch_provider.ledger.deliveries import Delivery, note_in_report, record_deliveries
+
+    writer = Ledger.from_url(seeded.url)
+    try:
+        rows = [Delivery(key_of(a), a, "v1", "delivered", "d") for a in ("c00", "c01")]
+        rows.append(Delivery(key_of("c02"), "c02", "v1", "refused", "d", "IntegrityError: CHECK <label>"))
+        record_deliveries(writer, WL, "tickets", RUN, rows)
+        counts = {
+            "written": 2,
+            "unchanged": 5,
+            "refused": 1,
+            "messages": ["c02: IntegrityError: CHECK <label>"],
+        }
+        note_in_report(writer, WL, RUN, "tickets", counts)
+    finally:
+        writer.engine.dispose()
+    client = client_for(seeded.url)
+    api = client.get("/api/review", params={"workload": WL}).json()
+    assert [(r["sink"], r["app_id"], r["error"]) for r in api["refused_deliveries"]] == [
+        ("tickets", "c02", "IntegrityError: CHECK <label>")
+    ]
+    review = client.get("/review", params={"workload": WL}).text
+    assert "Rows a sink refused (1)" in review and "IntegrityError: CHECK &lt;label&gt;" in review
+    for page in (
+        client.get("/", params={"workload": WL}).text,
+        client.get("/run", params={"workload": WL, "run_id": RUN}).text,
+    ):
+        assert re.search(
+            r"<td>tickets</td><td class=\"num\">2</td><td class=\"num\">5</td><td class=\"num\">1</td>", page
+        )
+
+
 def test_the_run_page_and_the_dag_run_tab_show_the_same_run(seeded: Seeded) -> None:
     client = client_for(seeded.url)
     run_page = client.get("/run", params={"workload": WL, "run_id": RUN})

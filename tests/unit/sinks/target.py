@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.services.harvest import reconcile_job
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
-from tests.unit.services.test_harvest import price, submitted
+from tests.unit.services.test_harvest import price
 from tests.unit.services.workload import PROMPT, RUN, WORKLOAD, World
 
 CONN_ID = "tickets_db"
@@ -90,14 +90,13 @@ def publish_run(w: World, n: int, run_id: str = RUN, prompt: PromptTemplate = PR
 
 
 def submitted_run(w: World, n: int, run_id: str) -> list[str]:
-    if run_id == RUN:
-        return submitted(w, n)
+    """Stage ``n`` items of ``run_id`` and create their batches for the prompt's kind of request."""
     jobs = []
     for manifest in w.stage(n, run_id=run_id):
         job = w.ledger.get_job(manifest["job_id"])
         with w.staging.at(job.staged_path).open("rb") as fh:
             ref = w.adapter.submit(
-                w.adapter.stage(fh, "x.jsonl", int(job.size_bytes)), job.idempotency_key, {}
+                w.adapter.stage(fh, "x.jsonl", int(job.size_bytes)), job.idempotency_key, {}, w.prompt.kind
             )
         w.ledger.mark_submitted(job.job_id, ref.batch_id, "file")
         jobs.append(job.job_id)
