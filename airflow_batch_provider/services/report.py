@@ -15,6 +15,7 @@ from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.adoption import adopted_jobs
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
+from airflow_batch_provider.ledger.inheritance import inherited as inherited_lines
 from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.ledger.prompt_changes import prompt_changed_section
 from airflow_batch_provider.services.submit import IN_DOUBT
@@ -211,6 +212,17 @@ def build_report(
             f"\nadopted (jobs in flight of dead runs whose workload this run took over): {len(adopted)}\n"
         )
         table += "\n".join(lines)
+    inherited = inherited_lines(ledger, workload, run_id)
+    if inherited:
+        # what a dead run harvested and never reported, taken on with its workload: priced here, once
+        lines = [
+            f"  run {j['from_run']}: {j['attempts']} answers, {j['extra_lines']} other lines, {j['items']} items"
+            for j in inherited
+        ]
+        table += (
+            f"\ninherited (harvested and never reported by dead runs whose workload this run took over): "
+            f"{len(inherited)}\n" + "\n".join(lines)
+        )
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
@@ -231,6 +243,7 @@ def build_report(
     out.update(jobs)
     out["late_harvest"] = late
     out["adopted"] = adopted
+    out["inherited"] = inherited
     out["possibly_paid_twice"] = paid_twice
     out["prompt_changed"] = prompt_changed_section(ledger, workload, run_id)
     if out["prompt_changed"]["items"]:

@@ -143,6 +143,43 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("clear_a_task", {"run": 0, "which": 2}),
         FINISH_0,
     ],
+    # issue 18, left open: what a killed run had already reconciled is priced by the run that
+    # takes its workload over, once (its report), whenever the kill came
+    "bug8_answers_a_killed_run_reconciled_in_round_1_are_priced_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("inject_a_fault", {"fault": "expire_next"}),
+        ("run_up_to", {"run": 0, "task": "resubmit"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        *TAKEOVER,
+    ],
+    "bug8_answers_a_killed_run_reconciled_before_its_publish_are_priced_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "publish"}),
+        *TAKEOVER,
+    ],
+    # a second takeover: the run that took over dies in its turn, after it reconciled what it adopted
+    "bug8_a_second_takeover_prices_what_both_dead_runs_reconciled_once": [
+        ("setup", OPENAI),
+        ("inject_a_fault", {"fault": "expire_next"}),
+        ("run_up_to", {"run": 0, "task": "resubmit"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        ("kill_a_runs_process", {"run": 0}),
+        ("start_another_run", {}),
+        ("run_up_to", {"run": 1, "task": "deadline_branch"}),
+        ("kill_a_runs_process", {"run": 1}),
+        ("start_another_run", {}),
+        ("finish", {"run": 2, "wait": True}),
+    ],
+    # the dead run cleared and run again after the takeover: it prices nothing a second time
+    "bug8_a_killed_run_cleared_after_the_takeover_prices_nothing_it_reconciled_twice": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "publish"}),
+        *TAKEOVER,
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+        ("start_another_run", {}),
+        ("finish", {"run": 2, "wait": True}),
+    ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),
         ("edit_the_input", {"index": 1, "text": None}),
