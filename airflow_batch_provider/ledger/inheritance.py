@@ -6,6 +6,9 @@ run never publishes, and adoption (:mod:`~airflow_batch_provider.ledger.adoption
 jobs in flight. So the run that took the lease over inherits the rest, in its prepare, in one
 transaction per dead run, audited as :data:`INHERITED` (naming both runs):
 
+Only from dead runs that never recorded a report (:func:`unreported`): a finished run reopened by
+its cleared prepare keeps its recorded report, which priced what it had harvested.
+
 - the dead run's settled items (:data:`~airflow_batch_provider.core.states.INHERITED_ITEM_STATES`: answered, in review, skipped) that
   hold a harvested attempt become its own, as they are (a succeeded item stays succeeded: that
   run reports it answered, and its attempts paid); an item in flight is adoption's (``staged``,
@@ -56,7 +59,7 @@ def inherit_harvested_lines(ledger: Ledger, workload: str, run_id: str, actor: s
     lease = ledger.workload_lease(workload)
     if lease is None or lease.run_id != run_id:
         return []
-    dead = dead_runs_taken_over(ledger, workload, run_id)
+    dead = unreported(ledger, workload, dead_runs_taken_over(ledger, workload, run_id))
     if not dead:
         return []
     i, a, x = s.items.c, s.attempts.c, s.extra_lines.c
@@ -112,6 +115,30 @@ def inherit_harvested_lines(ledger: Ledger, workload: str, run_id: str, actor: s
             _audit(conn, utcnow(), actor, INHERITED, workload, int(items), moved, why)
             done.append({**moved, "items": int(items)})
     return done
+
+
+def unreported(ledger: Ledger, workload: str, runs: list[str]) -> list[str]:
+    """Of ``runs``, those that never recorded a report (what a recorded report priced stays priced there).
+
+    A finished run cleared and started again (its prepare reopens it when it is the newest run)
+    is unfinished with its report still recorded; if it dies, that report has priced what it
+    had harvested, so nothing of it is inherited (the search found it priced twice).
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param runs: the dead runs
+    """
+    if not runs:
+        return []
+    r = s.runs.c
+    with ledger.engine.connect() as conn:
+        reported = {
+            str(row[0])
+            for row in conn.execute(
+                select(r.run_id).where(r.workload == workload, r.run_id.in_(runs), r.report_json.is_not(None))
+            )
+        }
+    return [run for run in runs if run not in reported]
 
 
 def inherited(ledger: Ledger, workload: str, run_id: str) -> list[dict[str, Any]]:

@@ -180,6 +180,28 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("start_another_run", {}),
         ("finish", {"run": 2, "wait": True}),
     ],
+    # found by the derandomized search once it reached takeovers (2026-12-02, not shrunk): a
+    # finished run cleared and reopened, then failed and taken over, then killed; its recorded
+    # report priced its answers, so the run that took over inherits none of them (it did: the
+    # reports counted 834 input tokens, the emulator billed 630)
+    "a_reopened_run_taken_over_keeps_what_its_recorded_report_priced": [
+        ("setup", {**OPENAI, "chunk": 4}),
+        FINISH_0,
+        ("bump_or_edit_the_prompt", {"version": "v1", "wording": " Answer in one word."}),
+        ("every_run_to_its_end", {}),
+        ("edit_the_input", {"index": 13, "text": "great, thanks"}),
+        ("edit_the_input", {"index": 17, "text": "the parcel was lost"}),
+        ("bump_or_edit_the_prompt", {"version": "v2", "wording": ""}),
+        ("start_another_run", {}),
+        ("clear_run", {"run": 0}),
+        ("add_a_record_with_the_same_id", {"index": 0, "bad": False}),
+        ("edit_the_input", {"index": 12, "text": None}),
+        ("next_task", {"run": 0}),
+        ("advance", {"run": 1, "tasks": 12}),
+        ("every_run_to_its_end", {}),
+        ("act_on_review", {"action": "redrive", "code": "already_in_run"}),
+        ("kill_a_runs_process", {"run": 0}),
+    ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),
         ("edit_the_input", {"index": 1, "text": None}),
