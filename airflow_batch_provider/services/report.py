@@ -84,6 +84,18 @@ def job_outcomes(ledger: Ledger, workload: str, run_id: str) -> dict[str, list[d
     return {"failed_batches": failed, "in_doubt_jobs": doubt, "incomplete_jobs": incomplete}
 
 
+def moved_section(title: str, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> str:
+    """The report table's lines for what this run took on from other runs (empty when nothing).
+
+    :param title: the section's title
+    :param rows: the moves (late harvests, adoptions, inheritances)
+    :param line: one row's line
+    """
+    if not rows:
+        return ""
+    return f"\n{title}: {len(rows)}\n" + "\n".join(line(r) for r in rows)
+
+
 def build_report(
     ledger: Ledger,
     workload: str,
@@ -194,35 +206,28 @@ def build_report(
             lines = [f"  {j['job_id']} batch {j['batch_id']}: {j['error'] or '-'}" for j in jobs[key]]
             table += f"\n{title}: {len(jobs[key])}\n" + "\n".join(lines)
     late = late_harvests(ledger, workload, run_id)
-    if late:
-        # an earlier, finished run's batch (resolved after its publish): priced here, once
-        lines = [
-            f"  {j['job_id']} batch {j['batch_id']} of run {j['from_run']}: {j['items']} items" for j in late
-        ]
-        table += f"\nlate_harvest (batches of finished runs harvested and priced by this run): {len(late)}\n"
-        table += "\n".join(lines)
+    # an earlier, finished run's batch (resolved after its publish): priced here, once
+    table += moved_section(
+        "late_harvest (batches of finished runs harvested and priced by this run)",
+        late,
+        lambda j: f"  {j['job_id']} batch {j['batch_id']} of run {j['from_run']}: {j['items']} items",
+    )
     adopted = adopted_jobs(ledger, workload, run_id)
-    if adopted:
-        # a dead run's jobs in flight, taken up by this run after it took the workload over
-        lines = [
-            f"  {j['job_id']} batch {j['batch_id'] or '-'} of run {j['from_run']}: {j['items']} items"
-            for j in adopted
-        ]
-        table += (
-            f"\nadopted (jobs in flight of dead runs whose workload this run took over): {len(adopted)}\n"
-        )
-        table += "\n".join(lines)
+    # a dead run's jobs in flight, taken up by this run after it took the workload over
+    table += moved_section(
+        "adopted (jobs in flight of dead runs whose workload this run took over)",
+        adopted,
+        lambda j: f"  {j['job_id']} batch {j['batch_id'] or '-'} of run {j['from_run']}: {j['items']} items",
+    )
     inherited = inherited_lines(ledger, workload, run_id)
-    if inherited:
-        # what a dead run harvested and never reported, taken on with its workload: priced here, once
-        lines = [
+    # what a dead run harvested and never reported, taken on with its workload: priced here, once
+    table += moved_section(
+        "inherited (harvested and never reported by dead runs whose workload this run took over)",
+        inherited,
+        lambda j: (
             f"  run {j['from_run']}: {j['attempts']} answers, {j['extra_lines']} other lines, {j['items']} items"
-            for j in inherited
-        ]
-        table += (
-            f"\ninherited (harvested and never reported by dead runs whose workload this run took over): "
-            f"{len(inherited)}\n" + "\n".join(lines)
-        )
+        ),
+    )
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
