@@ -101,6 +101,16 @@ IN_FLIGHT_STATES: Final[frozenset[str]] = frozenset({"staged", "submitted", "fal
 #: Item states of a dead run's job that the run taking its workload over adopts and carries on
 #: with (``fallback`` stays with the dead run, for a person: an interrupted real-time send).
 ADOPTABLE_ITEM_STATES: Final[tuple[str, ...]] = ("staged", "submitted")
+#: Item states of a dead run's item, with an answer harvested, that the run taking its workload
+#: over inherits as they are (ledger/inheritance.py): settled, nothing more is sent for it unless
+#: its input or prompt changes (then the prepare reopens it, as for any run's item).
+INHERITED_ITEM_STATES: Final[tuple[str, ...]] = (
+    "succeeded",
+    "unchanged",
+    "review",
+    "skipped",
+    "failed_permanent",
+)
 
 #: Item states without a result and without a person's decision yet: what the deadline policy deals
 #: with, and what the synchronous fallback may send (``fallback``: an interrupted earlier send).

@@ -40,7 +40,12 @@ from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.sources import RecordSource as RecordSource
 from airflow_batch_provider.operators.sources import describe_source
-from airflow_batch_provider.operators.takeover import MOVED, adopt_dead_runs_jobs, moved_to_another_run
+from airflow_batch_provider.operators.takeover import (
+    MOVED,
+    adopt_dead_runs_jobs,
+    inherit_dead_runs_lines,
+    moved_to_another_run,
+)
 from airflow_batch_provider.services import harvest, report
 from airflow_batch_provider.services import round as rounds
 from airflow_batch_provider.services.admission import admit
@@ -739,6 +744,8 @@ class BatchPrepareOperator(BatchBaseOperator):
                 log=self.log,
                 adapter=self.adapter,
             )
+        # the harvested attempts of a dead run's items the read reopened follow them into this run
+        inherit_dead_runs_lines(self, run_id, context)
         summary = {**result.to_dict(), "rejects": str(rejects_path) if result.rejected else None}
         with self.staging.writer(folder / "prepare_summary.json") as fh:
             fh.write(json.dumps(summary, indent=2).encode("utf-8"))

@@ -1,7 +1,8 @@
 """What the batch tasks do about a workload taken over from a dead run (bug 8).
 
 Prepare adopts the dead run's jobs in flight (:func:`adopt_dead_runs_jobs`, see
-:mod:`~airflow_batch_provider.ledger.adoption`); a cleared task of the dead run (or of a finished
+:mod:`~airflow_batch_provider.ledger.adoption`) and inherits what it harvested and never reported
+(:func:`inherit_dead_runs_lines`, see :mod:`~airflow_batch_provider.ledger.inheritance`); a cleared task of the dead run (or of a finished
 run whose batch a later run harvested late) that still names a job moved to another run leaves it
 to that run (:func:`moved_to_another_run`), so nothing is uploaded, created, applied or priced twice.
 """
@@ -49,7 +50,37 @@ def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> 
             job["from_run"],
             task.workload,
         )
+    inherit_dead_runs_lines(task, run_id, context)
     return adopted
+
+
+def inherit_dead_runs_lines(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Take on what the dead runs whose workload this run took over harvested and never reported.
+
+    Called before the items are read (the dead runs' settled items become this run's as they are)
+    and after (the harvested attempts of items the read reopened follow them); see
+    :mod:`~airflow_batch_provider.ledger.inheritance`. This run's report prices them once.
+
+    :param task: the prepare task (its ledger and workload)
+    :param run_id: the Airflow run id
+    :param context: the task context
+    """
+    from airflow_batch_provider.ledger.inheritance import inherit_harvested_lines
+    from airflow_batch_provider.operators.batch import attempt_owner
+
+    moved = inherit_harvested_lines(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
+    for part in moved:
+        log.warning(
+            "run %s lost workload %r to this run after it harvested %d answers (%d items, jobs %s) and "
+            "%d other billed lines it never reported: this run's report prices them, once",
+            part["from_run"],
+            task.workload,
+            part["attempts"],
+            part["items"],
+            ", ".join(part["jobs"]) or "-",
+            part["extra_lines"],
+        )
+    return moved
 
 
 def moved_to_another_run(job: JobRow, context: Mapping[str, Any]) -> bool:

@@ -15,6 +15,7 @@ from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.adoption import adopted_jobs
 from airflow_batch_provider.ledger.extra_lines import iter_extra_lines
+from airflow_batch_provider.ledger.inheritance import inherited as inherited_lines
 from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.ledger.prompt_changes import prompt_changed_section
 from airflow_batch_provider.ledger.reads import review_counts
@@ -82,6 +83,18 @@ def job_outcomes(ledger: Ledger, workload: str, run_id: str) -> dict[str, list[d
         if job.batch_id and job.state not in ("downloaded", "reconciled") and job.state != "sync":
             incomplete.append({**entry, "state": job.state, "batch_state": job.batch_state})
     return {"failed_batches": failed, "in_doubt_jobs": doubt, "incomplete_jobs": incomplete}
+
+
+def moved_section(title: str, rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> str:
+    """The report table's lines for what this run took on from other runs (empty when nothing).
+
+    :param title: the section's title
+    :param rows: the moves (late harvests, adoptions, inheritances)
+    :param line: one row's line
+    """
+    if not rows:
+        return ""
+    return f"\n{title}: {len(rows)}\n" + "\n".join(line(r) for r in rows)
 
 
 def build_report(
@@ -195,24 +208,28 @@ def build_report(
             lines = [f"  {j['job_id']} batch {j['batch_id']}: {j['error'] or '-'}" for j in jobs[key]]
             table += f"\n{title}: {len(jobs[key])}\n" + "\n".join(lines)
     late = late_harvests(ledger, workload, run_id)
-    if late:
-        # an earlier, finished run's batch (resolved after its publish): priced here, once
-        lines = [
-            f"  {j['job_id']} batch {j['batch_id']} of run {j['from_run']}: {j['items']} items" for j in late
-        ]
-        table += f"\nlate_harvest (batches of finished runs harvested and priced by this run): {len(late)}\n"
-        table += "\n".join(lines)
+    # an earlier, finished run's batch (resolved after its publish): priced here, once
+    table += moved_section(
+        "late_harvest (batches of finished runs harvested and priced by this run)",
+        late,
+        lambda j: f"  {j['job_id']} batch {j['batch_id']} of run {j['from_run']}: {j['items']} items",
+    )
     adopted = adopted_jobs(ledger, workload, run_id)
-    if adopted:
-        # a dead run's jobs in flight, taken up by this run after it took the workload over
-        lines = [
-            f"  {j['job_id']} batch {j['batch_id'] or '-'} of run {j['from_run']}: {j['items']} items"
-            for j in adopted
-        ]
-        table += (
-            f"\nadopted (jobs in flight of dead runs whose workload this run took over): {len(adopted)}\n"
-        )
-        table += "\n".join(lines)
+    # a dead run's jobs in flight, taken up by this run after it took the workload over
+    table += moved_section(
+        "adopted (jobs in flight of dead runs whose workload this run took over)",
+        adopted,
+        lambda j: f"  {j['job_id']} batch {j['batch_id'] or '-'} of run {j['from_run']}: {j['items']} items",
+    )
+    inherited = inherited_lines(ledger, workload, run_id)
+    # what a dead run harvested and never reported, taken on with its workload: priced here, once
+    table += moved_section(
+        "inherited (harvested and never reported by dead runs whose workload this run took over)",
+        inherited,
+        lambda j: (
+            f"  run {j['from_run']}: {j['attempts']} answers, {j['extra_lines']} other lines, {j['items']} items"
+        ),
+    )
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
@@ -233,6 +250,7 @@ def build_report(
     out.update(jobs)
     out["late_harvest"] = late
     out["adopted"] = adopted
+    out["inherited"] = inherited
     out["possibly_paid_twice"] = paid_twice
     out["prompt_changed"] = prompt_changed_section(ledger, workload, run_id)
     if out["prompt_changed"]["items"]:

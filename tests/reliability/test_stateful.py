@@ -43,6 +43,7 @@ from airflow_batch_provider.operators import liveness
 from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.testing import run_emulator
 from tests.support.stateful import (
+    ROUND_TASKS,
     WORKLOAD,
     Killed,
     NotYet,
@@ -112,14 +113,31 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             self.history = History()
             self.published: set[str] = set()
             self.errors: list[str] = []
+            #: tasks killed at a fail point, and runs' processes killed while unfinished (the reach)
+            self.kills = 0
 
         @initialize(
             provider=st.sampled_from(["openai", "anthropic"]),
             items=st.integers(5, 8),
             chunk=st.sampled_from([3, 4]),
             budget=st.sampled_from([None, None, "0.00006"]),
+            # the reach: every example opens with its first run advanced some tasks (its first
+            # batch expired, so it reaches round 2), then killed, failed or left running; the
+            # simplest draw (the first of each) is the richest opening, not an empty one
+            expire_first=st.sampled_from([True, False]),
+            opening=st.integers(6, 24),
+            then=st.sampled_from(["kill", "fail", "keep"]),
         )
-        def setup(self, provider: str, items: int, chunk: int, budget: str | None) -> None:
+        def setup(
+            self,
+            provider: str,
+            items: int,
+            chunk: int,
+            budget: str | None,
+            expire_first: bool = False,
+            opening: int = 0,
+            then: str = "keep",
+        ) -> None:
             httpx.post(f"{url}/_emulator/reset", timeout=30).raise_for_status()
             self.w = StatefulWorkload(
                 url,
@@ -132,7 +150,17 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             )
             batch_ops.dagrun_state = airflow_says(self.w)  # type: ignore[assignment]
             liveness.holder_task_instances = airflow_task_instances(self.w)  # type: ignore[assignment]
-            self.w.start_run()
+            first = self.w.start_run()
+            if expire_first:
+                self.wl.fault(expire_batches=[0])
+            for _ in range(opening):
+                if first.finished or not self.run_task(first, wait=True):
+                    break
+            if opening and not first.finished and then == "kill":
+                self.kills += 1
+                self.wl.kill_process(first)
+            elif opening and not first.finished and then == "fail":
+                first.abandoned = True
 
         # ------------------------------------------------------------ helpers
 
@@ -143,6 +171,48 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
 
         def pick(self, index: int) -> Run:
             return self.wl.runs[index % len(self.wl.runs)]
+
+        def alive(self) -> list[Run]:
+            """The runs under way: started (lease and prepare done), not finished, killed or failed."""
+            return [
+                r for r in self.wl.runs if len(r.done) >= 2 and not (r.finished or r.killed or r.abandoned)
+            ]
+
+        def last_run_began(self) -> bool:
+            """Whether the latest run has started (lease and prepare done) or is over (finished, killed, failed)."""
+            last = self.wl.runs[-1]
+            return len(last.done) >= 2 or last.finished or last.killed or last.abandoned
+
+        def ledger_has(self, table: str, **where: Any) -> bool:
+            """Whether the ledger holds a row of ``table`` with these column values (``None``: is null).
+
+            The preconditions of the rules that act on something (review items, a job in doubt, a
+            downloaded file) use it, so a draw is not spent on a step with nothing to act on.
+            """
+            from sqlalchemy import select
+
+            from airflow_batch_provider.ledger import schema as s
+
+            if self.w is None:
+                return False
+            t = getattr(s, table)
+            query = select(t.c[next(iter(where))]).where(t.c.workload == WORKLOAD)
+            for name, value in where.items():
+                column = t.c[name]
+                if value is None:
+                    query = query.where(column.is_(None))
+                elif value is ...:
+                    query = query.where(column.is_not(None))
+                elif isinstance(value, tuple):
+                    query = query.where(column.in_(value))
+                else:
+                    query = query.where(column == value)
+            with self.wl.ledger().engine.connect() as conn:
+                return conn.execute(query.limit(1)).first() is not None
+
+        def started(self) -> bool:
+            """Whether any run has done a task (something to clear, kill or take over)."""
+            return self.w is not None and any(r.done for r in self.wl.runs)
 
         def run_task(self, run: Run, kill_at: str | None = None, wait: bool = False) -> bool:
             """One task of the run; False when it did not complete (failed, killed, still waiting).
@@ -157,6 +227,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
                 self.wl.advance_clock()
                 return self.run_task(run, kill_at)
             except Killed:
+                self.kills += 1
                 return False
             except PROGRAMMING_ERRORS as exc:
                 self.errors.append(f"{run.run_id} {self.wl.next_task(run)}: {type(exc).__name__}: {exc}")
@@ -172,6 +243,14 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
         @rule(run=st.integers(0, 3))
         def next_task(self, run: int) -> None:
             self.run_task(self.pick(run))
+
+        @rule(run=st.integers(0, 3), tasks=st.integers(3, 12))
+        def advance(self, run: int, tasks: int) -> None:
+            """Run up to ``tasks`` tasks of the run, waiting for its batches (the reach: rounds, then kills)."""
+            chosen = self.pick(run)
+            for _ in range(tasks):
+                if chosen.finished or not self.run_task(chosen, wait=True):
+                    break
 
         @rule(run=st.integers(0, 3), wait=st.booleans())
         def finish(self, run: int, wait: bool) -> None:
@@ -211,30 +290,58 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
                 try:
                     self.wl.step(chosen, point + nth)
                 except Killed:
+                    self.kills += 1
                     return
                 except Exception:
                     return
 
+        # a new run comes once the last one has started (or is over): no pile of runs that never ran
+        @precondition(lambda self: self.w is not None and len(self.wl.runs) < 4 and self.last_run_began())
         @rule()
         def start_another_run(self) -> None:
-            if len(self.wl.runs) < 4:
-                self.wl.start_run()
+            self.wl.start_run()
 
+        @precondition(lambda self: self.w is not None and bool(self.alive()))
         @rule(run=st.integers(0, 3))
         def mark_run_failed(self, run: int) -> None:
-            chosen = self.pick(run)
-            if not chosen.finished:
-                chosen.abandoned = True
+            alive = self.alive()
+            if alive:
+                alive[run % len(alive)].abandoned = True
 
+        # the reach: a run advanced some tasks and killed there, so the next run must take it over
+        @precondition(
+            lambda self: self.w is not None and any(not (r.finished or r.killed) for r in self.wl.runs)
+        )
+        @rule(run=st.integers(0, 3), tasks=st.integers(2, 16))
+        def advance_then_kill_its_process(self, run: int, tasks: int) -> None:
+            """Run up to ``tasks`` tasks of an unfinished run, then SIGKILL its process (``airflow dags test``)."""
+            open_runs = [r for r in self.wl.runs if not (r.finished or r.killed or r.abandoned)]
+            if not open_runs:
+                return
+            chosen = open_runs[run % len(open_runs)]
+            for _ in range(tasks):
+                if chosen.finished or not self.run_task(chosen, wait=True):
+                    break
+            if not chosen.finished:
+                self.kills += 1
+                self.wl.kill_process(chosen)
+
+        # a kill lands on a run under way, where it leaves work for the run that takes over
+        @precondition(lambda self: self.w is not None and bool(self.alive()))
         @rule(run=st.integers(0, 3))
         def kill_a_runs_process(self, run: int) -> None:
             """SIGKILL the run's process where no scheduler marks it failed (``airflow dags test``)."""
-            self.wl.kill_process(self.pick(run))
+            alive = self.alive()
+            chosen = alive[run % len(alive)] if alive else self.pick(run)
+            self.kills += not (chosen.finished or chosen.killed)
+            self.wl.kill_process(chosen)
 
+        @precondition(lambda self: self.started())
         @rule(run=st.integers(0, 3))
         def clear_run(self, run: int) -> None:
             self.wl.clear(self.pick(run))
 
+        @precondition(lambda self: self.started())
         @rule(run=st.integers(0, 3), which=st.integers(0, 200))
         def clear_a_task(self, run: int, which: int) -> None:
             chosen = self.pick(run)
@@ -254,6 +361,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
         def bump_or_edit_the_prompt(self, version: str, wording: str) -> None:
             self.wl.set_prompt(version, wording)
 
+        @precondition(lambda self: self.ledger_has("items", state=("review", "skipped", "failed_permanent")))
         @rule(
             action=st.sampled_from(["redrive", "resolve", "skip"]),
             code=st.sampled_from([None, "in_doubt", "missing", "invalid_output", "already_in_run"]),
@@ -267,6 +375,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             if action == "redrive":
                 self.wl.redriven["*"] = self.wl.redriven.get("*", 0) + 1
 
+        @precondition(lambda self: self.ledger_has("jobs", state="in_doubt"))
         @rule(absent=st.booleans())
         def resolve_jobs_in_doubt(self, absent: bool) -> None:
             """A person settles each job in doubt: with the batch the provider shows for it, or as absent."""
@@ -342,6 +451,7 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             }[fault]
             self.wl.fault(**settings_)
 
+        @precondition(lambda self: self.ledger_has("jobs", output_path=..., reconciled_at=None))
         @rule(
             how=st.sampled_from(
                 [
@@ -398,10 +508,15 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
             if self.w is not None:
                 record = self.wl.http.get(f"{url}/_emulator/record").json()
                 batches = sum(len(v) for v in record["batches"].values())
+                rounds = max((k[1] for r in self.wl.runs for k in r.done if k[0] in ROUND_TASKS), default=0)
+                takeovers = [a.action for a in self.wl.ledger().audit_log(WORKLOAD, limit=10_000)].count(
+                    "takeover_lease"
+                )
                 print(
                     f"stateful example: {self.wl.provider}, {len(self.wl.runs)} runs "
                     f"({sum(r.finished for r in self.wl.runs)} finished), {batches} batches, "
-                    f"tasks run {sum(len(r.done) for r in self.wl.runs)}"
+                    f"tasks run {sum(len(r.done) for r in self.wl.runs)}, rounds {rounds}, "
+                    f"kills {self.kills}, takeovers {takeovers}"
                 )
                 self.w.close()
             ledgers.drop()

@@ -143,6 +143,65 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("clear_a_task", {"run": 0, "which": 2}),
         FINISH_0,
     ],
+    # issue 18, left open: what a killed run had already reconciled is priced by the run that
+    # takes its workload over, once (its report), whenever the kill came
+    "bug8_answers_a_killed_run_reconciled_in_round_1_are_priced_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("inject_a_fault", {"fault": "expire_next"}),
+        ("run_up_to", {"run": 0, "task": "resubmit"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        *TAKEOVER,
+    ],
+    "bug8_answers_a_killed_run_reconciled_before_its_publish_are_priced_by_the_run_that_takes_over": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "publish"}),
+        *TAKEOVER,
+    ],
+    # a second takeover: the run that took over dies in its turn, after it reconciled what it adopted
+    "bug8_a_second_takeover_prices_what_both_dead_runs_reconciled_once": [
+        ("setup", OPENAI),
+        ("inject_a_fault", {"fault": "expire_next"}),
+        ("run_up_to", {"run": 0, "task": "resubmit"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        ("kill_a_runs_process", {"run": 0}),
+        ("start_another_run", {}),
+        ("run_up_to", {"run": 1, "task": "deadline_branch"}),
+        ("kill_a_runs_process", {"run": 1}),
+        ("start_another_run", {}),
+        ("finish", {"run": 2, "wait": True}),
+    ],
+    # the dead run cleared and run again after the takeover: it prices nothing a second time
+    "bug8_a_killed_run_cleared_after_the_takeover_prices_nothing_it_reconciled_twice": [
+        ("setup", OPENAI),
+        ("run_up_to", {"run": 0, "task": "publish"}),
+        *TAKEOVER,
+        ("clear_run", {"run": 0}),
+        FINISH_0,
+        ("start_another_run", {}),
+        ("finish", {"run": 2, "wait": True}),
+    ],
+    # found by the derandomized search once it reached takeovers (2026-12-02, not shrunk): a
+    # finished run cleared and reopened, then failed and taken over, then killed; its recorded
+    # report priced its answers, so the run that took over inherits none of them (it did: the
+    # reports counted 834 input tokens, the emulator billed 630)
+    "a_reopened_run_taken_over_keeps_what_its_recorded_report_priced": [
+        ("setup", {**OPENAI, "chunk": 4}),
+        FINISH_0,
+        ("bump_or_edit_the_prompt", {"version": "v1", "wording": " Answer in one word."}),
+        ("every_run_to_its_end", {}),
+        ("edit_the_input", {"index": 13, "text": "great, thanks"}),
+        ("edit_the_input", {"index": 17, "text": "the parcel was lost"}),
+        ("bump_or_edit_the_prompt", {"version": "v2", "wording": ""}),
+        ("start_another_run", {}),
+        ("clear_run", {"run": 0}),
+        ("add_a_record_with_the_same_id", {"index": 0, "bad": False}),
+        ("edit_the_input", {"index": 12, "text": None}),
+        ("next_task", {"run": 0}),
+        ("advance", {"run": 1, "tasks": 12}),
+        ("every_run_to_its_end", {}),
+        ("act_on_review", {"action": "redrive", "code": "already_in_run"}),
+        ("kill_a_runs_process", {"run": 0}),
+    ],
     "bug5_fixed_input_and_cleared_run": [
         ("setup", OPENAI),
         ("edit_the_input", {"index": 1, "text": None}),
