@@ -14,13 +14,16 @@ GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.
 # file generated from the wheel's metadata), the test tools at constraints.txt's pins, the project
 # editable. `make test` builds it once: its pytest run builds it afresh for the tests of tests/docs (the
 # README verbatim, the install beside Airflow; ABP_FLOOR_VENV), then test-lowest lowers it and runs
-# LOWEST_TESTS, one module per layer (the minimum-Airflow guard, the ledger, an adapter with the
-# contract suite for its provider, a hook, a service, an operator, one `airflow dags test`)
+# LOWEST_TESTS: per layer a module or a few tests (the minimum-Airflow guard, the ledger's schema on
+# SQLite and PostgreSQL, the Anthropic adapter with the contract suite for Anthropic only, the ledger
+# hook, the submit service, two operator tests, one `airflow dags test` on OpenAI). Airflow at its
+# floor runs the README's own `airflow dags test` in tests/docs
 VENV_LOWEST ?= .venv-lowest
 STAMP_LOWEST := $(VENV_LOWEST)/.installed-stamp
 LOWEST_TESTS ?= tests/unit/test_init.py tests/unit/ledger/test_schema.py \
 	tests/unit/adapters/test_anthropic.py tests/unit/adapters/test_contract.py tests/unit/hooks/test_ledger.py \
-	tests/unit/services/test_submit.py \
+	tests/unit/services/test_submit.py::test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch \
+	tests/unit/services/test_submit.py::test_an_ambiguous_create_leaves_the_job_in_doubt_and_no_later_attempt_creates_it_again \
 	tests/unit/operators/test_batch.py::test_the_upload_task_stages_a_chunk_once_and_a_cleared_one_reuses_the_recorded_file \
 	tests/unit/operators/test_batch.py::test_a_batch_refused_as_an_invalid_file_does_not_fail_the_run_its_items_go_to_review_and_publish_reports_it \
 	tests/dags/test_bad_input.py::test_bad_records_are_named_kept_and_the_good_ones_go_on

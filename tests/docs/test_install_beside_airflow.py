@@ -8,7 +8,6 @@ editable) are ``tests/unit/test_get_provider_info.py`` and ``tests/unit/test_cli
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -42,12 +41,10 @@ def test_airflow_at_its_floor_lists_the_providers_links_and_runs_airflow_batch(
     floor_env: FloorEnv, tmp_path: Path
 ) -> None:
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("AIRFLOW") and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+        **floor_env.environ(),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     }
-    env.update(AIRFLOW_HOME=str(tmp_path / "airflow"), AIRFLOW__CORE__LOAD_EXAMPLES="False")
-    env["PATH"] = f"{floor_env.bin}{os.pathsep}{env['PATH']}"
 
     def airflow(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -59,10 +59,7 @@ def test_the_readme_quick_start_runs_verbatim_against_the_emulator(
     )
     blocks = quickstart_blocks()
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env["PATH"] = f"{floor_env.bin}{os.pathsep}{env['PATH']}"
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
+    env = floor_env.environ()
     emulator = None
     try:
         for caption, language, code in blocks:

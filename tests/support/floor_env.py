@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -77,6 +78,15 @@ class FloorEnv:
     def bin(self) -> Path:
         """The virtualenv's ``bin`` folder, to put first on ``PATH``."""
         return self.root / "bin"
+
+    def environ(self) -> dict[str, str]:
+        """A user's shell in this virtualenv: its ``bin`` first on ``PATH``, no Airflow setting, nothing
+        of the test run's own environment (``VIRTUAL_ENV``, ``PYTHONPATH``) that would reach the source tree."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        env.pop("VIRTUAL_ENV", None)
+        env.pop("PYTHONPATH", None)
+        env["PATH"] = f"{self.bin}{os.pathsep}{env['PATH']}"
+        return env
 
 
 def inputs_digest() -> str:
