@@ -247,7 +247,11 @@ def installed(python: Path) -> dict[str, str]:
 
 
 def _uv_install(python: Path, *args: str) -> None:
-    subprocess.run([str(UV), "pip", "install", "--quiet", "--python", str(python), *args], check=True)
+    # compiled once here: else the first `airflow` commands of the tests compile Airflow, side by side
+    subprocess.run(
+        [str(UV), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), *args],
+        check=True,
+    )
 
 
 def _pin_name(line: str) -> str:

@@ -311,3 +311,13 @@ def test_the_wheel_classifies_every_supported_python_and_states_its_license(whee
         "Programming Language :: Python :: 3 :: Only",
         "Framework :: Apache Airflow :: Provider",
     } <= classifiers
+
+
+def test_the_readme_promises_the_airflow_floor_that_the_wheel_declares(wheel_metadata: Message) -> None:
+    """The floor environment (tests/docs) is built at the wheel's floor: the README names that floor."""
+    floor = floor_env.declared_floors(wheel_metadata)["apache-airflow"]
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"Into any Airflow environment from {floor} on" in readme, (
+        f"the README's quick start names {floor}"
+    )
+    assert f"as written with Airflow {floor}" in readme
