@@ -9,7 +9,9 @@ others wait; the run's id, recorded in it, makes the next run build it afresh.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -31,7 +33,9 @@ def floor_env(tmp_path_factory: pytest.TempPathFactory) -> floors.FloorEnv:
         else (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "floor-venv"
     )
     root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w", encoding="utf-8") as lock:
+    # the lock lies outside the tree (the folder of ABP_FLOOR_VENV may be a checkout)
+    lock_path = Path(tempfile.gettempdir()) / f"abp-floor-{hashlib.sha256(bytes(root)).hexdigest()[:16]}.lock"
+    with open(lock_path, "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         built = floors.load(root)
         return built if built is not None and built.run == RUN else floors.create(root, RUN)
