@@ -2,9 +2,9 @@
 
 The blocks are taken from README.md by their captions (a file block follows a line naming
 ``dags/...``); the bash blocks run in a shell, the ``batch-emulator`` one in the background, with
-the ``bin`` folder of a fresh virtualenv first on ``PATH``: the built wheel with the extras the quick
-start names, and Airflow at the floor the wheel declares (constraints.txt pins it), nothing from
-the source tree.
+the ``bin`` folder of a fresh virtualenv first on ``PATH``: Airflow at the floor the built wheel's
+metadata declares, then the wheel with the extras the quick start names, installed by ``pip`` as the
+README says (the ``floor_env`` fixture of ``tests/docs/conftest.py``); nothing from the source tree.
 """
 
 from __future__ import annotations
@@ -14,43 +14,17 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.floor_env import FloorEnv
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 pytestmark = pytest.mark.airflow_e2e
-UV = Path(sys.executable).parent / "uv"
-
-
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv holding the wheel built from this tree (its ``bin`` folder)."""
-    root = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [str(UV), "build", "--quiet", "--wheel", "--out-dir", str(root / "dist"), str(REPO)],
-        check=True,
-        cwd=root,
-    )
-    (wheel,) = (root / "dist").glob("*.whl")
-    venv = root / "venv"
-    subprocess.run([str(UV), "venv", "--quiet", "--python", sys.executable, str(venv)], check=True)
-    extras = re.search(r"pip install '(airflow-batch-provider\[[a-z,]+\])'", README.read_text("utf-8"))
-    assert extras, "the quick start names the extras to install"
-    subprocess.run(
-        [
-            str(UV), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-            "-c", str(REPO / "constraints.txt"),
-            f"{extras[1]} @ {wheel.as_uri()}",
-        ],
-        check=True,
-    )  # fmt: skip
-    return venv / "bin"
 
 
 def quickstart_blocks() -> list[tuple[str, str, str]]:
@@ -77,13 +51,15 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise AssertionError(f"the emulator did not listen on {port} (exit code {proc.poll()})")
 
 
-def test_the_readme_quick_start_runs_verbatim_against_the_emulator(tmp_path: Path, wheel_venv: Path) -> None:
+def test_the_readme_quick_start_runs_verbatim_against_the_emulator(
+    tmp_path: Path, floor_env: FloorEnv
+) -> None:
+    assert floor_env.after["apache-airflow"] == floor_env.airflow_floor, (
+        "the README runs with Airflow at its floor"
+    )
     blocks = quickstart_blocks()
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env["PATH"] = f"{wheel_venv}{os.pathsep}{env['PATH']}"
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
+    env = floor_env.environ()
     emulator = None
     try:
         for caption, language, code in blocks:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
-import zipfile
-from email import message_from_bytes
 from email.message import Message
 from pathlib import Path
 
@@ -15,6 +12,8 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+from tests.support import floor_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -84,11 +83,14 @@ def test_every_floor_is_at_or_below_the_pin_that_the_main_suite_runs_with() -> N
 def test_make_test_lowest_runs_tests_with_every_direct_dependency_at_its_floor() -> None:
     makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
     assert "\ntest-lowest: venv-lowest " in makefile
-    assert "--resolution lowest-direct" in makefile and "-e '.[all]'" in makefile
+    assert "$(BIN)/python -m tests.support.floor_env --lowest $(VENV_LOWEST)" in makefile
+    test = makefile.split("\ntest: venv ", 1)[1].split("\n\n", 1)[0]
+    assert "$(MAKE) --no-print-directory test-lowest" in test, "`make test` runs the floors' tests"
     tests = re.search(r"^LOWEST_TESTS \?= ((?:.*\\\n)*.*)$", makefile, re.M)
     assert tests, "LOWEST_TESTS names the representative tests"
     for path in tests[1].replace("\\\n", " ").split():
-        assert (REPO_ROOT / path).is_file(), f"LOWEST_TESTS names {path}, which does not exist"
+        file = path.split("::", 1)[0]
+        assert (REPO_ROOT / file).is_file(), f"LOWEST_TESTS names {file}, which does not exist"
 
 
 def test_the_google_environment_differs_from_the_main_pins_only_where_the_google_provider_needs_it() -> None:
@@ -269,21 +271,27 @@ def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified
 @pytest.fixture(scope="module")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from this tree."""
-    out = tmp_path_factory.mktemp("wheel")
-    uv = Path(sys.executable).parent / "uv"
-    subprocess.run(
-        [str(uv), "build", "--quiet", "--wheel", "--out-dir", str(out), str(REPO_ROOT)], check=True
-    )
-    (wheel,) = out.glob("*.whl")
-    return wheel
+    return floor_env.build_wheel(tmp_path_factory.mktemp("wheel") / "dist")
 
 
 @pytest.fixture(scope="module")
 def wheel_metadata(built_wheel: Path) -> Message:
     """The METADATA of the wheel built from this tree, as PyPI reads it."""
-    with zipfile.ZipFile(built_wheel) as archive:
-        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
-        return message_from_bytes(archive.read(name))
+    return floor_env.wheel_metadata(built_wheel)
+
+
+def test_the_floors_of_make_test_lowest_are_every_floor_of_the_wheel_and_its_all_extra(
+    wheel_metadata: Message,
+) -> None:
+    """``tests/support/floor_env.py`` pins these (a constraints file of floors) for ``make test-lowest``."""
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+    (everything,) = (Requirement(r) for r in extras["all"])
+    declared = [Requirement(r) for r in project["dependencies"]]
+    declared += [Requirement(r) for extra in sorted(everything.extras) for r in extras[extra]]
+    expected = {_norm(r.name): s.version for r in declared for s in r.specifier if s.operator == ">="}
+    assert floor_env.declared_floors(wheel_metadata) == expected
+    assert "apache-airflow-providers-google" not in expected, "the `google` extra is not in `all`"
 
 
 def test_the_wheel_carries_the_pages_templates_and_its_chart_script(built_wheel: Path) -> None:
@@ -319,3 +327,13 @@ def test_the_wheel_classifies_every_supported_python_and_states_its_license(whee
         "Programming Language :: Python :: 3 :: Only",
         "Framework :: Apache Airflow :: Provider",
     } <= classifiers
+
+
+def test_the_readme_promises_the_airflow_floor_that_the_wheel_declares(wheel_metadata: Message) -> None:
+    """The floor environment (tests/docs) is built at the wheel's floor: the README names that floor."""
+    floor = floor_env.declared_floors(wheel_metadata)["apache-airflow"]
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"Into any Airflow environment from {floor} on" in readme, (
+        f"the README's quick start names {floor}"
+    )
+    assert f"as written with Airflow {floor}" in readme
