@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import zipfile
 from email.message import Message
 from pathlib import Path
 
