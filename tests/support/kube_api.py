@@ -12,7 +12,7 @@ It is a stand-in, not a cluster. It answers the calls the cncf-kubernetes provid
   starts with a mount path is rewritten to the local folder.
 - ``GET`` one pod, ``GET`` the list with a ``labelSelector`` (``k=v``, ``k!=v``, ``!k``, ANDed),
   strategic-merge ``PATCH`` of labels, ``DELETE`` (kills the process group).
-- ``GET .../log`` with ``follow``, ``timestamps`` and ``sinceSeconds``.
+- ``GET .../log`` with ``follow``, ``timestamps``, ``sinceSeconds`` and ``tailLines``.
 - ``GET .../events`` as an empty list; with ``watch`` it stays open for ``timeoutSeconds``.
 
 Phases: ``Running`` while the process runs (with ``PodScheduled=True``), then ``Succeeded`` (exit 0)
@@ -525,6 +525,7 @@ class _Handler(BaseHTTPRequestHandler):
         follow, stamps = _true(query, "follow"), _true(query, "timestamps")
         since = float((query.get("sinceSeconds") or ["0"])[0]) or None
         cutoff = time.time() - since if since else 0.0
+        tail = int((query.get("tailLines") or ["0"])[0]) or None
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
@@ -538,6 +539,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if not lines and not done:
                     pod.lock.wait(0.5)
                     continue
+            if tail is not None:  # the last lines of what is there now (first read only)
+                lines, tail = lines[-tail:], None
             for ts, text in lines:
                 if ts < cutoff:
                     continue

@@ -93,6 +93,18 @@ def _knob(name: str) -> float:
     return float(os.environ.get(f"FAKE_VLLM_{name}") or 0)
 
 
+def _scripted_refusal(line: Any) -> str | None:
+    """A refusal by a rule the lane's own checks do not know (a newer engine's): the line whose
+    ``custom_id`` is ``FAKE_VLLM_REFUSE_CUSTOM_ID`` is refused as the engine refuses a line."""
+    refused = os.environ.get("FAKE_VLLM_REFUSE_CUSTOM_ID")
+    if not refused or not isinstance(line, dict) or line.get("custom_id") != refused:
+        return None
+    return (
+        "1 validation error for BatchRequestInput\nbody\n  Value error, a rule of this engine "
+        "(stand-in) refuses the request [type=value_error]"
+    )
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     print(f"INFO vLLM batch processing API version {VERSION}", flush=True)
@@ -121,7 +133,7 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             line, refusal = None, f"Invalid JSON: {exc}"
         else:
-            refusal = engine_refusal(line)
+            refusal = engine_refusal(line) or _scripted_refusal(line)
         if refusal is not None:  # as the engine: one bad line fails the whole file, nothing written
             print(f"ValueError: Invalid request on line {number}: {refusal}", flush=True)
             return 1
