@@ -51,6 +51,7 @@ from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_na
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
+from airflow_batch_provider.kubernetes.engine_version import logged_version, version_problem
 from airflow_batch_provider.kubernetes.lane import check_conn_lane
 from airflow_batch_provider.kubernetes.refused_line import named_line, settle_named_line
 from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
@@ -69,6 +70,8 @@ XCOM_RETURN_KEY = "return_value"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Lines of a failed pod's log read for the engine's last words (a refused line's number).
 LOG_TAIL_LINES = 200
+#: Bytes of a pod's log read from its start for the engine's version line.
+LOG_HEAD_BYTES = 256 * 1024
 
 
 def gpu_cost_nusd(gpu_seconds: int, gpu_count: int, usd_per_gpu_hour: float) -> int:
@@ -186,6 +189,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.deadline_margin = deadline_margin
         self._final_pod: k8s.V1Pod | None = None
         self._final_log = ""
+        self._engine_version: tuple[int, int, int] | None = None
 
     @cached_property
     def ledger(self) -> Ledger:
@@ -416,8 +420,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             )
             phase = finished.status.phase if finished.status else None
             error = None if phase == "Succeeded" else f"pod {finished.metadata.name} ended {phase}"
-            if error is not None:
-                self._final_log = self.pod_log_tail(finished)
+            self.read_pod_log(finished)
             self.process_pod_deletion(finished, reraise=False)
             return self.settle(job, finished, error)
         if not job.batch_id:
@@ -477,24 +480,30 @@ class VllmBatchPodOperator(KubernetesPodOperator):
     ) -> None:
         """Keep the pod's last state (start/finish times, reason) before KPO deletes it."""
         self._final_pod = remote_pod
-        if (
-            remote_pod is not None
-            and remote_pod.status is not None
-            and remote_pod.status.phase != "Succeeded"
-        ):
-            self._final_log = self.pod_log_tail(remote_pod)
+        if remote_pod is not None:
+            self.read_pod_log(remote_pod)
         super().cleanup(pod, remote_pod, xcom_result, context)
 
-    def pod_log_tail(self, pod: k8s.V1Pod) -> str:
-        """The last lines of the pod's engine log (empty if it cannot be read).
+    def read_pod_log(self, pod: k8s.V1Pod) -> None:
+        """Before the pod is deleted: the engine version its log names; a failed pod's last lines.
+
+        :param pod: the pod as last seen
+        """
+        self._engine_version = logged_version(self.pod_log(pod, limit_bytes=LOG_HEAD_BYTES))
+        if pod.status is None or pod.status.phase != "Succeeded":
+            self._final_log = self.pod_log(pod, tail_lines=LOG_TAIL_LINES)
+
+    def pod_log(self, pod: k8s.V1Pod, **part: int) -> str:
+        """A part of the pod's engine log (empty if it cannot be read).
 
         :param pod: the pod, before it is deleted
+        :param part: ``tail_lines`` or ``limit_bytes``
         """
         from kubernetes.client.exceptions import ApiException
 
         try:
             text = self.client.read_namespaced_pod_log(
-                pod.metadata.name, pod.metadata.namespace, container="base", tail_lines=LOG_TAIL_LINES
+                pod.metadata.name, pod.metadata.namespace, container="base", **part
             )
         except (ApiException, OSError) as exc:
             self.log.warning("pod %s: its log could not be read (%s)", pod.metadata.name, exc)
@@ -600,6 +609,10 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         s = self.pod_settings
         if error is not None and job.batch_state is None:
             error = self.refused_line(job, error) or error
+        too_old = version_problem(self._engine_version, s.image)
+        if too_old is not None:
+            self.log.warning("job %s: %s", job.job_id, too_old)
+            error = None if error is None else f"{error} ({too_old})"
         state = "completed" if error is None else "failed"
         reason = None if error is None else failure_reason(pod, error)
         if reason in ("unschedulable_timeout", "startup_timeout") and self.deadline_reached():

@@ -12,7 +12,7 @@ It is a stand-in, not a cluster. It answers the calls the cncf-kubernetes provid
   starts with a mount path is rewritten to the local folder.
 - ``GET`` one pod, ``GET`` the list with a ``labelSelector`` (``k=v``, ``k!=v``, ``!k``, ANDed),
   strategic-merge ``PATCH`` of labels, ``DELETE`` (kills the process group).
-- ``GET .../log`` with ``follow``, ``timestamps``, ``sinceSeconds`` and ``tailLines``.
+- ``GET .../log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``tailLines`` and ``limitBytes``.
 - ``GET .../events`` as an empty list; with ``watch`` it stays open for ``timeoutSeconds``.
 
 Phases: ``Running`` while the process runs (with ``PodScheduled=True``), then ``Succeeded`` (exit 0)
@@ -526,6 +526,7 @@ class _Handler(BaseHTTPRequestHandler):
         since = float((query.get("sinceSeconds") or ["0"])[0]) or None
         cutoff = time.time() - since if since else 0.0
         tail = int((query.get("tailLines") or ["0"])[0]) or None
+        budget = int((query.get("limitBytes") or ["0"])[0]) or None
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
@@ -546,8 +547,14 @@ class _Handler(BaseHTTPRequestHandler):
                     continue
                 line = f"{_stamp(ts)} {text}\n" if stamps else f"{text}\n"
                 data = line.encode()
+                if budget is not None:  # limitBytes: stop once that much was sent
+                    data, budget = data[:budget], budget - len(data)
+                if not data:
+                    break
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+            if budget is not None and budget <= 0:
+                break
             if done:
                 with pod.lock:
                     if len(pod.log) == sent:

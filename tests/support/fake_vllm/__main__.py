@@ -107,7 +107,8 @@ def _scripted_refusal(line: Any) -> str | None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    print(f"INFO vLLM batch processing API version {VERSION}", flush=True)
+    version = os.environ.get("FAKE_VLLM_VERSION") or VERSION
+    print(f"INFO vLLM batch processing API version {version}", flush=True)
     print(f"INFO args: {args}", flush=True)  # as vLLM logs them: input and output URLs included
     required = os.environ.get("FAKE_VLLM_REQUIRE_ENV")
     if required and not os.environ.get(required):
