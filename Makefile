@@ -115,7 +115,8 @@ $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 
 # the tests run in ./.venv (Airflow, the stand-ins); the pods run the engine with $(VENV_VLLM)'s python
 # not part of `make test`: one engine start per DAG test takes about 5 minutes on these 2 cores under
-# load, and the lane's two DAG tests, run side by side, take about 10 (docs/self-hosted.md, "The lane's time")
+# load, and the lane took 16.5 minutes in all, its two DAG tests side by side (docs/self-hosted.md,
+# "The lane's time")
 test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings and eval (chat) DAGs through the pod lane, the input rules against its models (not in `make test`)
 	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
 		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_TESTS)
