@@ -346,6 +346,11 @@ def _stage(
     :param rows: the rows
     :param columns: the columns the tuples fill (default: every column, in order); the others stay NULL
     """
+    if conn.dialect.name == "sqlite":
+        # Take the ledger's write lock first (waiting out the busy timeout): a transaction whose
+        # first write is to a temporary table reads the ledger before it writes it, and SQLite
+        # refuses that write at once if another process committed in between (a stale snapshot).
+        conn.execute(text("DELETE FROM abp_meta WHERE 0"))
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
     _insert_rows(conn, table, [c.name for c in table.c] if columns is None else columns, rows)
