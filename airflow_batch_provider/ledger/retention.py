@@ -354,3 +354,19 @@ def _count_jobs_after(ledger: Ledger, workload: str, run_id: str) -> int:
     where = _jobs_to_go(workload, run_id, attempts_left=~_attempts_to_go(workload, run_id))
     with ledger.engine.connect() as conn:
         return len(conn.execute(select(j.job_id).where(where)).all())
+
+
+def describe(report: PruneReport) -> str:
+    """The prune's report for a person: what went (or would go), per table, and the runs kept whole.
+
+    :param report: what :func:`prune` returned
+    """
+    verb = "would remove" if report.dry_run else "removed"
+    lines = [
+        f"workload {report.workload!r}: {verb} {report.total} row(s) of {len(report.runs)} run(s) past the policy"
+        + (" (dry run: nothing removed)" if report.dry_run else "")
+    ]
+    lines += [f"  {table}\t{n}" for table, n in report.rows.items() if n]
+    lines += [f"  run\t{run}" for run in report.runs]
+    lines += [f"  kept whole\t{held.run_id}\t{held.reason}" for held in report.held]
+    return "\n".join(lines) + "\n"
