@@ -76,6 +76,7 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger import unharvested
+from airflow_batch_provider.ledger.indexes import add_missing_indexes
 from airflow_batch_provider.ledger.prompt_changes import (
     changed_prompt,
     record_prompt_changes,
@@ -871,6 +872,7 @@ class Ledger:
                 "upgrade airflow-batch-provider on every worker."
             )
         self._add_missing_columns()
+        add_missing_indexes(self.engine)
         with self.engine.begin() as conn:
             if found is None:
                 conn.execute(s.meta.insert().values(key="schema_version", value=str(s.SCHEMA_VERSION)))
@@ -2128,7 +2130,10 @@ class Ledger:
         :param offset: skip this many first
         """
         c = s.items.c
-        q = select(s.items).where(c.workload == workload, c.state == "review", c.review_action.is_(None))
+        # the state inline: the partial review index (ix_abp_items_review) serves it on SQLite too
+        q = select(s.items).where(
+            c.workload == workload, c.state == _word("review"), c.review_action.is_(None)
+        )
         if error_code is not None:
             q = q.where(c.error_code == error_code)
         q = q.order_by(c.item_key, c.prompt_version).limit(limit).offset(offset)
