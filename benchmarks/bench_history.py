@@ -58,7 +58,7 @@ from airflow_batch_provider.ledger.store import PreparedItem, utcnow  # noqa: E4
 
 #: per size: (nights of history, items a night, repeats of the UI reads)
 SIZES: Final[dict[str, tuple[int, int, int]]] = {
-    "tiny": (3, 300, 1),
+    "tiny": (2, 200, 1),
     "small": (5, 2_000, 3),
     "default": (10, 20_000, 5),
     "large": (20, 100_000, 5),
