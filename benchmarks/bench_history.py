@@ -60,7 +60,7 @@ from airflow_batch_provider.ledger.store import PreparedItem, utcnow  # noqa: E4
 SIZES: Final[dict[str, tuple[int, int, int]]] = {
     "tiny": (2, 200, 1),
     "small": (5, 2_000, 3),
-    "default": (10, 20_000, 5),
+    "default": (8, 5_000, 3),
     "large": (20, 100_000, 5),
 }
 WL: Final = "history"
