@@ -17,6 +17,7 @@ Examples::
     airflow-batch fallback list
     airflow-batch fallback redrive --workload feedback --run-id scheduled__2026-01-01 --reason "run was killed"
     airflow-batch lease release --workload feedback --run-id scheduled__2026-01-01 --reason "run was killed"
+    airflow-batch ledger prune --workload feedback --keep-runs 30 --dry-run
 """
 
 from __future__ import annotations
@@ -183,6 +184,25 @@ def _fallback(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     return 0 if n else 1
 
 
+def _ledger(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
+    from airflow_batch_provider.ledger.retention import RetentionPolicy, describe, prune
+
+    policy = RetentionPolicy(keep_runs=args.keep_runs, keep_days=args.keep_days)
+    report = prune(
+        ledger,
+        args.workload,
+        policy,
+        dry_run=args.dry_run,
+        actor=_actor(args.actor),
+        batch_rows=args.batch_rows,
+    )
+    if args.output == "table":
+        out.write(describe(report))
+    else:
+        _emit(out, [report], args.output, ())
+    return 0
+
+
 def build_parser(prog: str = "airflow-batch") -> argparse.ArgumentParser:
     """The command line (``airflow-batch --help``, or ``airflow batch --help``).
 
@@ -272,6 +292,22 @@ def build_parser(prog: str = "airflow-batch") -> argparse.ArgumentParser:
         common(p)
         p.add_argument("--run-id", required=True, help="the dead run")
         p.add_argument(why, required=True)
+
+    ledger_group = groups.add_parser("ledger", help="the ledger's history").add_subparsers(
+        dest="action", required=True
+    )
+    pruning = ledger_group.add_parser(
+        "prune",
+        help="remove old runs' attempts, jobs and extra lines by a retention policy "
+        "(items, review, audit, deliveries and run reports stay)",
+    )
+    common(pruning)
+    pruning.add_argument("--keep-runs", type=int, help="keep the newest this many runs (at least 1)")
+    pruning.add_argument("--keep-days", type=float, help="keep the runs started in the last this many days")
+    pruning.add_argument("--dry-run", action="store_true", help="print what would go; remove nothing")
+    pruning.add_argument(
+        "--batch-rows", type=int, default=2000, help="rows per transaction at most (default 2000)"
+    )
     return parser
 
 
@@ -287,7 +323,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, prog: str
     try:
         ledger = Ledger.from_url(resolve_ledger_url(args.ledger_url, args.conn_id))
         try:
-            handler = {"review": _review, "jobs": _jobs, "lease": _lease, "fallback": _fallback}[args.group]
+            handler = {
+                "review": _review,
+                "jobs": _jobs,
+                "lease": _lease,
+                "fallback": _fallback,
+                "ledger": _ledger,
+            }[args.group]
             return handler(ledger, args, out)
         finally:
             ledger.engine.dispose()

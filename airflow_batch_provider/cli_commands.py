@@ -22,6 +22,7 @@ GROUPS: dict[str, str] = {
     "jobs": "jobs whose create call is in doubt: in-doubt, resolve",
     "lease": "which run holds a workload: show, release",
     "fallback": "items a dead run left in fallback: list, redrive, resolve",
+    "ledger": "the ledger's history: prune (a retention policy; --dry-run prints what would go)",
 }
 
 
@@ -32,7 +33,7 @@ GLOBAL_OPTIONS = ("--ledger-url", "--conn-id")
 def forwarded(group: str, rest: list[str]) -> list[str]:
     """The ``airflow-batch`` arguments of ``airflow batch GROUP REST...``: global options moved first.
 
-    :param group: ``review``, ``jobs``, ``lease`` or ``fallback``
+    :param group: ``review``, ``jobs``, ``lease``, ``fallback`` or ``ledger``
     :param rest: what followed the group
     """
     front: list[str] = []
@@ -67,7 +68,7 @@ def get_batch_cli_commands() -> list[Any]:
     return [
         GroupCommand(
             name="batch",
-            help="LLM batch ledger: the review queue, jobs in doubt, workload leases, stranded fallback",
+            help="LLM batch ledger: the review queue, jobs in doubt, workload leases, stranded fallback, prune",
             subcommands=[
                 ActionCommand(name=name, help=text, func=_forward(name), args=(rest,))
                 for name, text in GROUPS.items()

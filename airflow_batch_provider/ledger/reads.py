@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, false, func, inspect, or_, select
+from sqlalchemy import and_, false, func, inspect, literal_column, or_, select
 
 from airflow_batch_provider.ledger import schema as s
 
@@ -227,7 +227,9 @@ def review_counts(ledger: Ledger, workload: str) -> dict[str, int]:
     c = s.items.c
     q = (
         select(c.error_code, func.count().label("n"))
-        .where(c.workload == workload, c.state == "review", c.review_action.is_(None))
+        .where(
+            c.workload == workload, c.state == literal_column("'review'"), c.review_action.is_(None)
+        )  # the partial review index
         .group_by(c.error_code)
     )
     with ledger.engine.connect() as conn:

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    text,
 )
 
 #: 1: first release. 2: job claims and in-doubt columns, ``abp_items.review_*``, ``abp_runs.dag_id``,
@@ -34,8 +35,11 @@ from sqlalchemy import (
 #: version; a new table, created when missing like every table), and the
 #: ``abp_prompt_changes`` table (items a run sent again because its prompt's content
 #: changed under the same version; created when missing, like every table).
+#: 6: indexes for the reads of a ledger with a long history (``ix_abp_runs_started``,
+#: ``ix_abp_jobs_state``, ``ix_abp_items_review``, ``ix_abp_results_run``: :data:`ADDED_INDEXES`,
+#: created when missing on open, each on its own).
 #: Older ledgers are upgraded in place on open.
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -188,6 +192,20 @@ items = Table(
     # keyset pages of one run in key order (iter_items)
     Index("ix_abp_items_run_key", "workload", "run_id", "item_key", "prompt_version"),
     Index("ix_abp_items_job", "job_id"),
+    # the open review queue in key order and its counts (review_items, review_counts; schema version 6):
+    # partial, so that no other read of the items weighs it (the queries name the state inline);
+    # the state a column too, so that SQLite without statistics prefers it to the workload's indexes
+    Index(
+        "ix_abp_items_review",
+        "workload",
+        "state",
+        "item_key",
+        "prompt_version",
+        "error_code",
+        "review_action",
+        sqlite_where=text("state = 'review'"),
+        postgresql_where=text("state = 'review'"),
+    ),
 )
 
 jobs = Table(
@@ -233,6 +251,8 @@ jobs = Table(
     # (input_ref is the object URI) or ``inline`` (nothing at the provider; submit posts the chunk)
     Column("input_kind", String(16)),
     Index("ix_abp_jobs_run", "workload", "run_id", "round"),
+    # the jobs in doubt of every workload (jobs_in_doubt; schema version 6)
+    Index("ix_abp_jobs_state", "state", "workload"),
 )
 
 attempts = Table(
@@ -273,6 +293,8 @@ runs = Table(
     # the prompt as prepare rendered it (version and content digest): every later task must render the same
     Column("prompt_version", String(100)),
     Column("prompt_sha256", String(64)),
+    # a workload's runs newest first (the workload page, the retention policy; schema version 6)
+    Index("ix_abp_runs_started", "workload", "started_at"),
 )
 
 published = Table(
@@ -286,6 +308,8 @@ published = Table(
     Column("state", String(32), nullable=False),
     Column("output_json", Text),
     Column("published_at", UTCDateTime(), nullable=False),
+    # one run's published answers in key order (the sinks' and consumers' candidates; schema version 6)
+    Index("ix_abp_results_run", "workload", "run_id", "item_key", "prompt_version"),
 )
 
 leases = Table(
@@ -363,6 +387,15 @@ ADDED_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
     ),
     "abp_runs": ("dag_id", "batch_conn_id", "prompt_version", "prompt_sha256"),
 }
+
+#: Indexes added after their table (schema version 6): an older ledger gets each one that is
+#: missing with ``CREATE INDEX IF NOT EXISTS`` (:func:`airflow_batch_provider.ledger.indexes.add_missing_indexes`).
+ADDED_INDEXES: Final[tuple[str, ...]] = (
+    "ix_abp_runs_started",
+    "ix_abp_jobs_state",
+    "ix_abp_items_review",
+    "ix_abp_results_run",
+)
 
 #: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the
 #: connection's hourly rate. One row per job; a re-run of the pod task overwrites it.

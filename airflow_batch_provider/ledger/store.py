@@ -76,6 +76,7 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger import unharvested
+from airflow_batch_provider.ledger.indexes import add_missing_indexes
 from airflow_batch_provider.ledger.prompt_changes import (
     changed_prompt,
     record_prompt_changes,
@@ -346,6 +347,11 @@ def _stage(
     :param rows: the rows
     :param columns: the columns the tuples fill (default: every column, in order); the others stay NULL
     """
+    if conn.dialect.name == "sqlite":
+        # Take the ledger's write lock first (waiting out the busy timeout): a transaction whose
+        # first write is to a temporary table reads the ledger before it writes it, and SQLite
+        # refuses that write at once if another process committed in between (a stale snapshot).
+        conn.execute(text("DELETE FROM abp_meta WHERE 0"))
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
     _insert_rows(conn, table, [c.name for c in table.c] if columns is None else columns, rows)
@@ -866,6 +872,7 @@ class Ledger:
                 "upgrade airflow-batch-provider on every worker."
             )
         self._add_missing_columns()
+        add_missing_indexes(self.engine)
         with self.engine.begin() as conn:
             if found is None:
                 conn.execute(s.meta.insert().values(key="schema_version", value=str(s.SCHEMA_VERSION)))
@@ -2123,7 +2130,10 @@ class Ledger:
         :param offset: skip this many first
         """
         c = s.items.c
-        q = select(s.items).where(c.workload == workload, c.state == "review", c.review_action.is_(None))
+        # the state inline: the partial review index (ix_abp_items_review) serves it on SQLite too
+        q = select(s.items).where(
+            c.workload == workload, c.state == _word("review"), c.review_action.is_(None)
+        )
         if error_code is not None:
             q = q.where(c.error_code == error_code)
         q = q.order_by(c.item_key, c.prompt_version).limit(limit).offset(offset)

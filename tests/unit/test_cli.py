@@ -239,3 +239,38 @@ def test_a_dead_runs_fallback_items_can_be_resolved_from_the_shell(ledger: Ledge
     assert "resolved 1 item(s)" in done.stdout
     assert ledger.count_states(WL, DEAD).get("review") == 1 and ledger.review_items(WL) == []
     assert ledger.audit_log(WL)[0].action == "resolve_review"
+
+
+def test_ledger_prune_dry_run_prints_what_would_go_and_then_prunes_it(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    from tests.unit.ledger.nights import night
+
+    for number in range(3):
+        night(ledger, WL, f"n{number}", {"a": f"text {number}", "b": "same"})
+    with_history = ledger.attempt_totals(WL, "n0")
+    base = ("--ledger-url", ledger_url, "ledger", "prune", "--workload", WL, "--keep-runs", "1")
+
+    dry = cli(*base, "--dry-run")
+
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[:3] == [
+        f"workload {WL!r}: would remove 3 row(s) of 2 run(s) past the policy (dry run: nothing removed)",
+        "  abp_attempts\t2",
+        "  abp_jobs\t1",
+    ], dry.stdout
+    assert ledger.attempt_totals(WL, "n0") == with_history
+    done = cli(*base, "--actor", "ops", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)[0]["rows"]["abp_attempts"] == 2
+    assert [(e.actor, e.action) for e in ledger.audit_log(WL)] == [("ops", "prune")]
+
+
+def test_ledger_prune_refuses_a_policy_that_keeps_no_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_batch_provider.cli import main
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    assert main(["--ledger-url", url, "ledger", "prune", "--workload", WL, "--keep-runs", "0"]) == 2
+    assert "keep_runs=0 keeps no run; give 1 or more" in capsys.readouterr().err

@@ -40,7 +40,7 @@ def test_airflow_batch_lists_the_review_queue_as_a_table_json_or_yaml(tmp_path: 
         ledger.engine.dispose()
     helped = airflow(tmp_path, "batch", "--help")
     assert helped.returncode == 0, helped.stderr
-    assert all(group in helped.stdout for group in ("review", "jobs", "lease", "fallback"))
+    assert all(group in helped.stdout for group in ("review", "jobs", "lease", "fallback", "ledger"))
     base = ("batch", "review", "list", "--workload", WL, "--ledger-url", url)
     as_json = airflow(tmp_path, *base, "-o", "json")
     assert as_json.returncode == 0, as_json.stderr

@@ -157,8 +157,10 @@ def test_a_ledger_written_by_schema_version_1_is_upgraded_in_place_and_keeps_its
 
     upgraded = Ledger.from_url(ledger_url)
     try:
-        assert upgraded.schema_version == s.SCHEMA_VERSION == 5
+        assert upgraded.schema_version == s.SCHEMA_VERSION == 6
         assert set(inspect(upgraded.engine).get_table_names()) >= TABLES
+        for index in s.ADDED_INDEXES:
+            assert index in {ix["name"] for t in TABLES for ix in inspect(upgraded.engine).get_indexes(t)}
         for table, names in s.ADDED_COLUMNS.items():
             assert set(names) <= {c["name"] for c in inspect(upgraded.engine).get_columns(table)}
         [run] = upgraded.runs("wl")
@@ -192,3 +194,26 @@ def test_a_timestamp_in_any_zone_is_stored_as_its_utc_instant(ledger: Ledger, wr
     [run] = ledger.runs("wl")
     assert run["started_at"] == datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc)
     assert run["started_at"].tzinfo is timezone.utc
+
+
+def test_a_version_5_ledger_gets_the_history_indexes_once_each(ledger_url: str) -> None:
+    from sqlalchemy import text
+
+    from airflow_batch_provider.ledger.indexes import add_missing_indexes
+
+    Ledger.from_url(ledger_url).engine.dispose()
+    engine = create_engine(ledger_url)
+    with engine.begin() as conn:
+        for name in s.ADDED_INDEXES:
+            conn.execute(text(f"DROP INDEX {name}"))
+        conn.execute(update(s.meta).values(value="5"))
+    engine.dispose()
+
+    upgraded = Ledger.from_url(ledger_url)
+    try:
+        assert upgraded.schema_version == 6
+        names = {ix["name"] for t in s.metadata.tables for ix in inspect(upgraded.engine).get_indexes(t)}
+        assert set(s.ADDED_INDEXES) <= names
+        assert add_missing_indexes(upgraded.engine) == []
+    finally:
+        upgraded.engine.dispose()

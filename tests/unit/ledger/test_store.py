@@ -1847,3 +1847,23 @@ def test_a_mixed_batch_over_many_slices_lands_as_line_by_line_application_would(
         to_nusd(cost_of(r.usage))
         for r in [lines[0], lines[2], lines[4], lines[5], invalid, ok("l1"), ok("l2")]
     )
+
+
+def test_a_staged_write_on_sqlite_takes_the_write_lock_before_it_reads(tmp_path: Path) -> None:
+    # A transaction whose first write went to a temporary staging table read the ledger, then
+    # wrote it: a commit by another process in between made SQLite refuse the write at once
+    # ("database is locked", no busy wait: a stale snapshot), seen in apply_results while a prune
+    # ran in another process (tests/unit/ledger/test_retention.py).
+    import sqlite3
+
+    path = tmp_path / "lock.sqlite"
+    ledger = Ledger.from_url(f"sqlite:///{path}")
+    other = sqlite3.connect(path, timeout=0)
+    try:
+        with ledger.engine.begin() as conn:
+            store._stage(conn, store.ITEMS_STAGE, [])
+            with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+                other.execute("BEGIN IMMEDIATE")
+    finally:
+        other.close()
+        ledger.engine.dispose()
