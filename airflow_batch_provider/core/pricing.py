@@ -64,7 +64,9 @@ _SNAPSHOT_SUFFIX: Final = re.compile(r"[-@:](?:\d{3,}|v\d|latest(?:$|[-@:]))")
 #: Bedrock cross-region inference profile prefixes, stripped before lookup.
 _GEO_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
 _PRICE_FIELDS: Final = ("input", "cached_input", "cache_write", "output")
-_MODEL_KEYS: Final = frozenset({*_PRICE_FIELDS, "notes"})
+#: a row may name its own page and date (``source_url``, ``checked``) where it was read apart from
+#: its provider's page; the table is then as old as the oldest of all those dates.
+_MODEL_KEYS: Final = frozenset({*_PRICE_FIELDS, "notes", "source_url", "checked"})
 _PROVIDER_KEYS: Final = frozenset(
     {"batch_discount", "gpu_hour_usd", "source", "source_url", "checked", "notes", "models"}
 )
@@ -187,7 +189,7 @@ class PriceTable:
     """The price of every known model, by provider.
 
     :param as_of: the date the figures were read from the providers' pages: the table's own
-        ``as_of``, else the oldest provider's ``checked`` date
+        ``as_of``, else the oldest ``checked`` date of its providers and rows
     :param providers: provider name -> its pricing
     :param currency: currency of every figure
     :param sources: what was merged to make the table (``shipped``, then each override)
@@ -254,7 +256,7 @@ class PriceTable:
                 source_url=str(praw.get("source_url", "")),
                 checked=str(praw.get("checked", "")),
             )
-        checked = sorted(p.checked for p in providers.values() if p.checked)
+        checked = sorted(_checked_dates(raw["providers"]))
         return cls(
             # a table is as old as its oldest dated row, unless it states one date for all (``as_of``)
             as_of=str(raw.get("as_of", checked[0] if checked else "unknown")),
@@ -465,6 +467,8 @@ def _validate(raw: Mapping[str, Any], label: str, base: Mapping[str, Any] | None
             for fname in _PRICE_FIELDS:
                 if fname in mraw:
                     _decimal(mraw[fname], f"{mkey}.{fname}", label)
+            if "checked" in mraw:
+                _check_date(mraw["checked"], f"{mkey}.checked", label)
             if mname not in base_models:
                 for required in ("input", "output"):
                     if required not in mraw:
@@ -472,6 +476,14 @@ def _validate(raw: Mapping[str, Any], label: str, base: Mapping[str, Any] | None
                             f"{label}: {mkey}.{required} is missing; a model the table does not know yet "
                             "needs at least 'input' and 'output' (USD per million tokens)."
                         )
+
+
+def _checked_dates(providers: Mapping[str, Any]) -> list[str]:
+    """Return every stated ``checked`` date of the providers and of their rows."""
+    dates = [str(praw["checked"]) for praw in providers.values() if praw.get("checked")]
+    for praw in providers.values():
+        dates += [str(m["checked"]) for m in praw.get("models", {}).values() if m.get("checked")]
+    return dates
 
 
 def _check_date(value: Any, key: str, label: str) -> None:

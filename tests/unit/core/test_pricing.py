@@ -5,6 +5,7 @@ import re
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,8 @@ def table() -> PriceTable:
 def test_shipped_table_states_its_date_and_a_source_for_every_provider(table: PriceTable) -> None:
     raw = json.loads(SHIPPED.read_text())
     assert "as_of" not in raw  # the date is each provider's own: the table is as old as the oldest
-    assert table.as_of == min(p["checked"] for p in raw["providers"].values())
+    rows = [m["checked"] for p in raw["providers"].values() for m in p["models"].values() if "checked" in m]
+    assert table.as_of == min([p["checked"] for p in raw["providers"].values()] + rows)
     assert table.as_of[:4].isdigit()
     for name, provider in table.providers.items():
         assert provider.source, name
@@ -324,8 +326,18 @@ def test_every_priced_provider_names_its_public_pricing_page_and_the_date_it_was
             assert re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", provider.source_url), name
 
 
+def _shipped_without_row_dates() -> dict[str, Any]:
+    """The shipped table with only the providers' dates, for tests about those dates."""
+    raw: dict[str, Any] = json.loads(SHIPPED.read_text())
+    for provider in raw["providers"].values():
+        for row in provider["models"].values():
+            row.pop("checked", None)
+            row.pop("source_url", None)
+    return raw
+
+
 def test_the_stale_price_warning_reads_the_oldest_checked_date_of_the_table() -> None:
-    raw = json.loads(SHIPPED.read_text())
+    raw = _shipped_without_row_dates()
     raw["providers"]["openai"]["checked"] = "2026-11-30"
     raw["providers"]["anthropic"]["checked"] = "2026-06-01"
     for name in set(raw["providers"]) - {"openai", "anthropic"}:
@@ -339,3 +351,44 @@ def test_the_stale_price_warning_reads_the_oldest_checked_date_of_the_table() ->
 def test_a_checked_date_that_is_not_an_iso_date_is_refused_with_the_key_and_the_remedy() -> None:
     with pytest.raises(PricingError, match=r"providers\.openai\.checked = 'last week' is not an ISO date"):
         PriceTable.load({"providers": {"openai": {"checked": "last week"}}})
+
+
+def test_a_row_checked_before_its_provider_makes_the_table_as_old_as_that_row() -> None:
+    raw = _shipped_without_row_dates()
+    raw["providers"] = {"anthropic": raw["providers"]["anthropic"]}
+    raw["providers"]["anthropic"]["checked"] = "2026-12-02"
+    row = raw["providers"]["anthropic"]["models"]["claude-haiku-4-5"]
+    row["checked"] = "2026-03-01"
+    row["source_url"] = "https://platform.claude.com/docs/en/about-claude/pricing"
+    table = PriceTable.from_dict(raw)
+    assert table.as_of == "2026-03-01"
+    warning = price_age_warning(table.as_of, date(2026, 12, 2))
+    assert warning and "prices as of 2026-03-01 are 276 days old" in warning
+
+
+def test_a_row_checked_after_its_provider_leaves_the_table_as_old_as_the_provider() -> None:
+    raw = _shipped_without_row_dates()
+    raw["providers"] = {"openai": raw["providers"]["openai"]}
+    raw["providers"]["openai"]["checked"] = "2026-01-15"
+    raw["providers"]["openai"]["models"]["gpt-4o-mini"]["checked"] = "2026-12-02"
+    assert PriceTable.from_dict(raw).as_of == "2026-01-15"
+
+
+def test_a_row_checked_date_that_is_not_an_iso_date_is_refused_with_the_key_and_the_remedy() -> None:
+    with pytest.raises(
+        PricingError,
+        match=r"providers\.openai\.models\.gpt-4o-mini\.checked = 'yesterday' is not an ISO date",
+    ):
+        PriceTable.load({"providers": {"openai": {"models": {"gpt-4o-mini": {"checked": "yesterday"}}}}})
+
+
+def test_every_row_that_names_its_own_source_names_an_https_page_and_an_iso_date() -> None:
+    raw = json.loads(SHIPPED.read_text())
+    dated = 0
+    for pname, provider in raw["providers"].items():
+        for mname, row in provider["models"].items():
+            if "checked" in row or "source_url" in row:
+                dated += 1
+                assert date.fromisoformat(row["checked"]), (pname, mname)
+                assert re.match(r"^https://[a-z0-9.-]+\.[a-z]{2,}/", row["source_url"]), (pname, mname)
+    assert dated  # the re-checked rows say where and when
