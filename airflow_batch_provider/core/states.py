@@ -169,3 +169,6 @@ UNKNOWN_CREATE_JOB_STATES: Final[frozenset[str]] = frozenset({"in_doubt", "submi
 IN_DOUBT_CODE: Final = "in_doubt"
 #: Job states in which every result of the job is in the ledger: a harvest has nothing left to do.
 HARVESTED_JOB_STATES: Final[frozenset[str]] = frozenset({"downloaded", "reconciled"})
+#: Job states whose every line is in the ledger and that nothing moves again (a prune may remove
+#: such a job once nothing points at it).
+PRUNABLE_JOB_STATES: Final[tuple[str, ...]] = ("reconciled", "sync")

@@ -35,15 +35,13 @@ from typing import Any, Final
 from sqlalchemy import and_, delete, exists, select
 from sqlalchemy.engine import Connection
 
-from airflow_batch_provider.core.states import IN_FLIGHT_STATES
+from airflow_batch_provider.core.states import IN_FLIGHT_STATES, PRUNABLE_JOB_STATES
 from airflow_batch_provider.exceptions import LedgerError
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.store import Ledger, _audit, _pairs, utcnow
 
 #: The audit action of a prune.
 PRUNE: Final = "prune"
-#: Job states whose every line is in the ledger and that nothing moves again.
-PRUNABLE_JOB_STATES: Final[tuple[str, ...]] = ("reconciled", "sync")
 #: Rows one prune transaction deletes at most (short transactions: a night running meanwhile waits
 #: for one of them at most).
 BATCH_ROWS: Final = 2000

@@ -93,14 +93,26 @@ def component_pid(state: dict[str, Any], name: str) -> tuple[int, int]:
     return int(info["pid"]), int(info["restarts"])
 
 
+#: Seconds of emulated work each batch of the crashed run holds until the triggerer is restarted
+#: (at the stack's time scale, far longer than any machine takes to defer and restart).
+HELD_S = 20_000.0
+#: The tasks of a chunk that end before its wait task defers.
+UPSTREAM_OF_WAIT = ("lease", "prepare", "upload", "submit")
+
+
 @pytest.fixture(scope="module")
 def finished_run(stack: dict[str, Any]) -> dict[str, Any]:
     """One run of the workload, triggered through the REST API, with the triggerer crashed under it."""
     admin = login(stack, "admin")
 
     # 2% of the items fail for good (HTTP 400): they end in the review queue, worked below
+    # and the run's batches stay in progress (HELD_S of emulated work) until the triggerer has been
+    # killed and restarted: the emulator's clock, not the machine's speed, decides that the crash
+    # comes mid-poll (a trigger firing as the triggerer dies is Airflow's race, not this test's)
     faults = httpx.put(
-        f"{stack['emulator_url']}/_emulator/config", json={"faults": {"rate_400": 0.02}}, timeout=30
+        f"{stack['emulator_url']}/_emulator/config",
+        json={"faults": {"rate_400": 0.02}, "timings": {"in_progress_s": HELD_S}},
+        timeout=30,
     )
     assert faults.status_code == 200, faults.text
     wait_for(
@@ -112,11 +124,16 @@ def finished_run(stack: dict[str, Any]) -> dict[str, Any]:
     run_id = created.json()["dag_run_id"]
 
     def deferred() -> list[str] | None:
+        """Every wait task of the run, once all of them are deferred (its batches are held)."""
         tis = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-        ids = [ti["task_id"] for ti in tis if ti["state"] == "deferred"]
-        return ids or None
+        waits = [ti for ti in tis if ti["task_id"].endswith(".wait")]
+        upstream_done = all(
+            ti["state"] == "success" for ti in tis if ti["task_id"].rsplit(".", 1)[-1] in UPSTREAM_OF_WAIT
+        )
+        ready = waits and upstream_done and all(ti["state"] == "deferred" for ti in waits)
+        return [f"{ti['task_id']}[{ti['map_index']}]" for ti in waits] if ready else None
 
-    waiting = wait_for("a batch task to defer", deferred, 600, every=0.5)
+    waiting = wait_for("every batch task to defer", deferred, 600, every=0.5)
     old_pid, restarts = component_pid(stack, "triggerer")
     os.killpg(old_pid, signal.SIGKILL)  # the triggerer and the trigger runner it started, mid-poll
     new_pid, _ = wait_for(
@@ -125,6 +142,14 @@ def finished_run(stack: dict[str, Any]) -> dict[str, Any]:
         120,
     )
     assert new_pid != old_pid
+    released = httpx.put(
+        f"{stack['emulator_url']}/_emulator/config", json={"timings": {"in_progress_s": 10.0}}, timeout=30
+    )
+    assert released.status_code == 200, released.text
+    # the held batches finish at the emulator's clock: move it past their work (no batch expires by
+    # the clock: expiry is a fault, and none is set)
+    advanced = httpx.post(f"{stack['emulator_url']}/_emulator/clock", json={"advance_s": HELD_S}, timeout=30)
+    assert advanced.status_code == 200, advanced.text
 
     def finished() -> str | None:
         state = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
