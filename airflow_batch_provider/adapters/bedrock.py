@@ -94,9 +94,11 @@ from airflow_batch_provider.adapters.claude import (
     claude_result,
     claude_usage,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
 
 MIN_RECORDS: Final = 100
@@ -361,7 +363,7 @@ def error_result(custom_id: str, error: Mapping[str, Any]) -> ItemResult:
     except (TypeError, ValueError):
         status = None
     message = error.get("errorMessage")
-    outcome = classify_http_error(status, code if isinstance(code, str) else None)
+    outcome = classify_outcome(status, code if isinstance(code, str) else None)
     return ItemResult(
         custom_id,
         outcome,
@@ -448,7 +450,7 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
             headers = {str(k).lower(): str(v) for k, v in (meta.get("HTTPHeaders") or {}).items()}
             code = str(err.get("Code") or meta.get("HTTPStatusCode") or "error")
             status = meta.get("HTTPStatusCode")
-            outcome = classify_http_error(int(status) if status else None, code)
+            outcome = classify_outcome(int(status) if status else None, code)
             result = ItemResult(custom_id, outcome, error_code=code, error_message=err.get("Message"))
             return RealtimeReply(result, retry_after=parse_retry_after(headers))
         except (BotoCoreError, OSError, ValueError) as exc:
@@ -474,13 +476,25 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
 class BedrockBatchAdapter(BatchAdapter):
     """Amazon Bedrock batch inference; see the module docstring for the connection and the limits."""
 
-    name: ClassVar[str] = "bedrock"
-    result_id_field: ClassVar[str] = "recordId"
-    conn_type: ClassVar[str] = "bedrock_batch"
-    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
-    limits: ClassVar[Limits] = Limits(
-        max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="bedrock",
+        conn_type="bedrock_batch",
+        limits=Limits(max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS),
+        retryable_errors=frozenset(
+            {
+                "ThrottlingException",
+                "TooManyRequestsException",
+                "InternalServerException",
+                "ServiceUnavailableException",
+                "ModelTimeoutException",
+                "ModelNotReadyException",
+                "ModelErrorException",
+            }
+        ),
+        compare_model="amazon.nova-lite",
     )
+    result_id_field: ClassVar[str] = "recordId"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -526,6 +540,17 @@ class BedrockBatchAdapter(BatchAdapter):
                 self.settings, "s3", self.settings.extra.get("s3_endpoint_url") or None, self._config()
             )
         return self._s3
+
+    def probe(self) -> str:
+        """List one model invocation job and, when an input prefix is set, check its bucket."""
+        jobs = self._create_bedrock.list_model_invocation_jobs(maxResults=1)
+        found = len(jobs.get("invocationJobSummaries") or [])
+        detail = f"Bedrock listed {found} job(s) on the first page"
+        if self.settings.extra.get("s3_uri") or self.settings.extra.get("input_bucket"):
+            bucket = self.input_uri[len("s3://") :].split("/", 1)[0]
+            self.s3.head_bucket(Bucket=bucket)
+            detail += f"; bucket {bucket} is reachable"
+        return detail
 
     @property
     def min_records(self) -> int:

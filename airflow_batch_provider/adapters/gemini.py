@@ -102,6 +102,8 @@ from airflow_batch_provider.adapters.base import (
     unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
 from airflow_batch_provider.core.requests import (
     CanonicalRequest,
@@ -109,7 +111,7 @@ from airflow_batch_provider.core.requests import (
     canonical_tool_choice,
     canonical_tools,
 )
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage
 from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -551,7 +553,7 @@ def classify_error(code: Any, status: str | None) -> Outcome:
         return "cancelled"
     if name == "DEADLINE_EXCEEDED":
         return "expired"
-    return classify_http_error(http, name or None)
+    return classify_outcome(http, name or None)
 
 
 def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
@@ -799,13 +801,18 @@ class GeminiBatchAdapter(BatchAdapter):
     model); Vertex: ``vertexai``, ``project``, ``location``, ``gcs_prefix``.
     """
 
-    name: ClassVar[str] = "gemini"
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="gemini",
+        conn_type="gemini_batch",
+        # Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
+        # chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
+        limits=Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024),
+        # google.rpc.Code names (Gemini, Vertex AI)
+        retryable_errors=frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}),
+        compare_model="gemini-2.5-flash",
+    )
     result_id_field: ClassVar[str] = "key"
-    conn_type: ClassVar[str] = "gemini_batch"
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
-    #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
-    #: chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
-    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024)
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -837,6 +844,16 @@ class GeminiBatchAdapter(BatchAdapter):
     def vertex(self) -> bool:
         """True for a Vertex AI connection."""
         return bool(self.settings.extra.get("vertexai"))
+
+    def probe(self) -> str:
+        """List one batch (SDK retries off); for Vertex AI also list the GCS prefix."""
+        pager = self._create_client.batches.list(config={"page_size": 1})
+        detail = f"listed {len(pager.page)} batch job(s) on the first page"
+        if self.vertex:
+            bucket = self._gcs_prefix().removeprefix("gs://").split("/", 1)[0]
+            self.gcs.ls(bucket)
+            detail += f"; GCS bucket {bucket} is readable"
+        return detail
 
     @property
     def inline_max_bytes(self) -> int:
