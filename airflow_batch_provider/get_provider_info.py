@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from airflow_batch_provider import __version__
-from airflow_batch_provider.adapters.entries import registrations
+from airflow_batch_provider.adapters.entries import BUILTIN
 
 
 def _option(
@@ -251,11 +251,14 @@ def _forms() -> dict[str, dict[str, Any]]:
 
 
 def _connection_types() -> list[dict[str, Any]]:
-    """The registry's connection types (adapter, hook and name from its one entry each), with their forms."""
+    """The registry's built-in connection types (hook and name from its one entry each), with their forms.
+
+    Adapters registered through the entry-point group belong to their own distribution's metadata.
+    """
     forms = _forms()
     return [
         _connection(conn_type, entry.hook, entry.hook_name, forms.get(conn_type, _DEFAULT_FORM))
-        for conn_type, entry in registrations().items()
+        for conn_type, entry in BUILTIN.items()
     ]
 
 

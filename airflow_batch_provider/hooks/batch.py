@@ -1,9 +1,9 @@
 """Connection -> adapter. Behaviour lives in the adapters; this hook only builds them.
 
 Which hook serves a connection type is the registry's entry
-(:mod:`airflow_batch_provider.adapters.entries`); the connection forms (named fields, relabelled and hidden standard fields) are declared in
-``get_provider_info.py`` under ``conn-fields`` and ``ui-field-behaviour``, where Airflow 3.2+
-reads them without importing the hooks.
+(:mod:`airflow_batch_provider.adapters.entries`); the connection forms (named fields, relabelled
+and hidden standard fields) are declared in ``get_provider_info.py`` under ``conn-fields`` and
+``ui-field-behaviour``, where Airflow 3.2+ reads them without importing the hooks.
 """
 
 from __future__ import annotations

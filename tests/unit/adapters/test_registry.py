@@ -71,15 +71,14 @@ def test_the_console_pages_and_the_planners_models_are_the_declared_ones() -> No
 
 
 def test_airflow_is_told_exactly_the_registered_connection_types_and_every_form_belongs_to_one() -> None:
-    from airflow_batch_provider.adapters.entries import registrations
     from airflow_batch_provider.get_provider_info import _forms, get_provider_info
 
     listed = [
         (e["connection-type"], e["hook-class-name"], e["hook-name"])
         for e in get_provider_info()["connection-types"]
     ]
-    assert listed == [(t, e.hook, e.hook_name) for t, e in registrations().items()]
-    assert set(_forms()) <= set(registrations()), "a form for a connection type nothing serves"
+    assert listed == [(t, e.hook, e.hook_name) for t, e in BUILTIN.items()]
+    assert set(_forms()) <= set(BUILTIN), "a form for a connection type nothing serves"
 
 
 def core_provider_words(core: Path) -> list[str]:
