@@ -32,6 +32,7 @@ import io
 import json
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
@@ -587,20 +588,29 @@ class StatefulWorkload:
 
         from airflow_batch_provider.sensors import batch as sensors
 
-        def sleep(seconds: float) -> None:
-            self.slot_sleeps.append(
-                f"{task_id}[{key[2]}] slept {seconds:.2f}s in its worker slot instead of deferring"
-            )
-            raise SleptInSlot(task_id)
+        workload = self
 
-        saved = sensors.time.sleep
-        sensors.time.sleep = sleep  # type: ignore[assignment]
+        class Clock:
+            """The sensor module's ``time``: its ``sleep`` is recorded and stops the task."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(time, name)
+
+            def sleep(self, seconds: float) -> None:
+                workload.slot_sleeps.append(
+                    f"{task_id}[{key[2]}] slept {seconds:.2f}s in its worker slot instead of deferring"
+                )
+                raise SleptInSlot(task_id)
+
+        module = vars(sensors)
+        saved = module["time"]
+        module["time"] = Clock()
         try:
             return sensor.execute(context)
         except TaskDeferred as exc:
             raise NotYet(f"{task_id}[{key[2]}]: deferred") from exc
         finally:
-            sensors.time.sleep = saved  # type: ignore[assignment]
+            module["time"] = saved
 
     def _check_lease_refusal(self, run: Run) -> None:
         """Record a refusal of the workload when the run holding it is dead (killed, failed, finished).
