@@ -745,7 +745,7 @@ class BatchPrepareOperator(BatchBaseOperator):
                 adapter=self.adapter,
             )
         # the harvested attempts of a dead run's items the read reopened follow them into this run
-        inherit_dead_runs_lines(self, run_id, context)
+        inherit_dead_runs_lines(self, run_id, context, after_read=True)
         summary = {**result.to_dict(), "rejects": str(rejects_path) if result.rejected else None}
         with self.staging.writer(folder / "prepare_summary.json") as fh:
             fh.write(json.dumps(summary, indent=2).encode("utf-8"))
