@@ -128,6 +128,7 @@ def _point(python: Path, model: Path, chunk: int, folder: Path) -> list[dict[str
     start = time.time()
     variables = {"nightly_eval_vllm_chunk": str(chunk)}
     engine = Engine(python, "", Path())  # the lane needs only its interpreter
+    (folder / "lane").mkdir(parents=True)
     lane = run_engine_dag(
         home, folder / "lane", engine, "nightly_eval_vllm", variables, _engine_args(model), MAX_MODEL_LEN
     )
