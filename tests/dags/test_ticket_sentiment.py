@@ -1,7 +1,9 @@
-"""Support tickets in PostgreSQL, classified through the emulator's batch API, labels written back onto each row.
+"""The README's "from a table and back" DAG (``dags/ticket_sentiment.py``), run as shipped.
 
-Real Airflow (``airflow dags test``), the real ``openai`` SDK over HTTP to the emulator, a real
-PostgreSQL behind a ``postgres`` Airflow connection and its hook.
+Support tickets in PostgreSQL, read through a ``SqlSource``, classified through the emulator's
+batch API, the labels written back onto each row by a ``SqlUpsertSink``. Real Airflow (``airflow
+dags test``), the real ``openai`` SDK over HTTP to the emulator, a real PostgreSQL behind a
+``postgres`` Airflow connection and its hook.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from batch_emulator.testing import run_emulator
 from tests.support.airflow_run import batch_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
-DAGS = Path(__file__).parent / "dags"
+DAGS = Path(__file__).resolve().parents[2] / "dags"  # the shipped DAGs, as the README shows them
 WORKLOAD = "ticket_sentiment"
 TICKETS = 60
 BODIES = (
