@@ -248,7 +248,9 @@ def build_parser(prog: str = "airflow-batch") -> argparse.ArgumentParser:
         p.add_argument("--error-code", help="only items with this error code")
 
     review = groups.add_parser("review", help="the review queue").add_subparsers(dest="action", required=True)
-    listing = review.add_parser("list", help="list open review items")
+    listing = review.add_parser(
+        "list", help="list open review items, and rows a sink refused (error code sink_refused)"
+    )
     common(listing)
     listing.add_argument("--error-code")
     listing.add_argument("--limit", type=int, default=100)
