@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import check_size, cli, postgres_url, result, row
+from common import airflow_postgres_conn, check_size, cli, postgres_url, result, row
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -104,16 +104,7 @@ def run(size: str = "default") -> dict[str, Any]:
     if url is None:
         return result("pg_source", size, {"postgres": how}, [], notes=[f"skipped: no PostgreSQL ({how})"])
     pg = make_url(url)
-    conn = json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": pg.host,
-            "port": pg.port,
-            "login": pg.username,
-            "password": pg.password or "",
-            "schema": pg.database,
-        }
-    )
+    conn = airflow_postgres_conn(url)
     plain = pg.set(drivername="postgresql").render_as_string(hide_password=False)
     engine = create_engine(url)
     figures: dict[tuple[str, int], dict[str, Any]] = {}

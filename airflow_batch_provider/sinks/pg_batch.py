@@ -40,6 +40,8 @@ COLUMN_TYPES: Final = (
 def column_types(conn: Any, table: str) -> dict[str, str]:
     """The declared type of each column of ``table`` (``format_type``: ``integer``, ``vector(4)``).
 
+    Read inside the first batch's transaction (before its first write), so nothing is committed here.
+
     :param conn: an open DB-API connection to PostgreSQL
     :param table: the table (``schema.table`` allowed)
     """
@@ -49,7 +51,6 @@ def column_types(conn: Any, table: str) -> dict[str, str]:
         found = {str(name): str(kind) for name, kind in cursor.fetchall()}
     finally:
         cursor.close()
-    conn.commit()
     return found
 
 
@@ -86,27 +87,22 @@ class PgBatchWriter:
 
         :param rows: the batch
         """
-        from airflow_batch_provider.sinks.sql import refused_by_database
+        from airflow_batch_provider.sinks.sql import write_batch
 
         if not self.sink.column_names():
             return self.rows_writer.write(rows)
         unique = last_per_key(self.sink, rows)
         width = len(self.sink.key_columns) + len(self.sink.column_names())
         per_statement = max(1, MAX_PARAMETERS // width)
-        cursor = self.conn.cursor()
-        try:
+
+        def run(cursor: Any) -> None:
             for start in range(0, len(unique), per_statement):
                 part = unique[start : start + per_statement]
                 params = [value for row in part for value in self.sink.params(row)]
                 cursor.execute(self.statement(len(part)), params)
-            self.conn.commit()
+
+        if write_batch(self.conn, run):
             return {}
-        except Exception as exc:
-            self.conn.rollback()
-            if not refused_by_database(exc):
-                raise
-        finally:
-            cursor.close()
         return self.rows_writer.one_by_one(rows)
 
     def statement(self, count: int) -> str:

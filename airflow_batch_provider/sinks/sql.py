@@ -226,6 +226,27 @@ def refused_by_database(exc: BaseException) -> bool:
     return any(cls.__name__ in REFUSALS for cls in type(exc).__mro__)
 
 
+def write_batch(conn: Any, run: Callable[[Any], object]) -> bool:
+    """Run ``run(cursor)`` and commit: ``True``; the database refused a row (rolled back): ``False``.
+
+    :param conn: the DB-API connection
+    :param run: the batch's statements, on a cursor of ``conn``
+    :raises Exception: any other database error, after the rollback
+    """
+    cursor = conn.cursor()
+    try:
+        run(cursor)
+        conn.commit()
+        return True
+    except Exception as exc:
+        conn.rollback()
+        if not refused_by_database(exc):
+            raise
+        return False
+    finally:
+        cursor.close()
+
+
 @dataclass
 class _DbApiWriter:
     """``executemany`` of one statement, one commit per batch; a refused batch goes row by row."""
@@ -238,17 +259,8 @@ class _DbApiWriter:
         if not self.sink.column_names():  # a callable mapping: every row names its own columns
             return self.one_by_one(rows)
         params = [self.sink.params(row) for row in rows]
-        cursor = self.conn.cursor()
-        try:
-            cursor.executemany(self.sql, params)
-            self.conn.commit()
+        if write_batch(self.conn, lambda cursor: cursor.executemany(self.sql, params)):
             return {}
-        except Exception as exc:
-            self.conn.rollback()
-            if not refused_by_database(exc):
-                raise
-        finally:
-            cursor.close()
         return self.one_by_one(rows)
 
     def one_by_one(self, rows: Sequence[SinkRow]) -> dict[int, str]:
