@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger.refused_review import refused_review_rows
 from airflow_batch_provider.ledger.runs import finished_run
 
 
@@ -91,12 +92,29 @@ def _address(args: argparse.Namespace) -> dict[str, Any]:
 def _review(ledger: Ledger, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "list":
         rows = ledger.review_items(args.workload, args.error_code, limit=args.limit, offset=args.offset)
-        _emit(
-            out,
-            rows,
-            args.output,
-            ("item_key", "prompt_version", "app_id", "error_code", "attempts", "run_id"),
+        # the refused rows come with the first page (they are few: each waits for the next delivery)
+        refused = (
+            [] if args.offset else refused_review_rows(ledger, args.workload, args.error_code, args.limit)
         )
+        if args.output != "table":
+            _emit(out, [*rows, *refused], args.output, ())
+            return 0
+        if rows or not refused:
+            _emit(
+                out,
+                rows,
+                "table",
+                ("item_key", "prompt_version", "app_id", "error_code", "attempts", "run_id"),
+            )
+        if refused:
+            gap = "\n" if rows else ""
+            out.write(f"{gap}rows a sink refused (the answer is fine; the next delivery tries again):\n")
+            _emit(
+                out,
+                refused,
+                "table",
+                ("sink", "app_id", "prompt_version", "run_id", "since", "error_message"),
+            )
         return 0
     actor = _actor(args.actor)
     if args.action == "redrive":
@@ -230,7 +248,9 @@ def build_parser(prog: str = "airflow-batch") -> argparse.ArgumentParser:
         p.add_argument("--error-code", help="only items with this error code")
 
     review = groups.add_parser("review", help="the review queue").add_subparsers(dest="action", required=True)
-    listing = review.add_parser("list", help="list open review items")
+    listing = review.add_parser(
+        "list", help="list open review items, and rows a sink refused (error code sink_refused)"
+    )
     common(listing)
     listing.add_argument("--error-code")
     listing.add_argument("--limit", type=int, default=100)

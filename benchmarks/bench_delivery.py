@@ -31,7 +31,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import check_size, cli, floor_insert, mib, per_s, postgres_url, result, row, timed, traced_peak
+from common import (
+    airflow_postgres_conn,
+    check_size,
+    cli,
+    floor_insert,
+    mib,
+    per_s,
+    postgres_url,
+    result,
+    row,
+    timed,
+    traced_peak,
+)
 from sqlalchemy import create_engine, delete, insert, text
 from sqlalchemy.engine import make_url
 
@@ -132,16 +144,7 @@ def run(size: str = "default") -> dict[str, Any]:
     if url is None:
         return result("delivery", size, {"postgres": how}, [], notes=[f"skipped: no PostgreSQL ({how})"])
     pg = make_url(url)
-    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": pg.host,
-            "port": pg.port,
-            "login": pg.username,
-            "password": pg.password or "",
-            "schema": pg.database,
-        }
-    )
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = airflow_postgres_conn(url)
     target = create_engine(url)
     rows_out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="abp-bench-delivery-") as tmp:

@@ -317,3 +317,25 @@ def floor_name(engine: Any) -> str:
     if engine.dialect.name == "postgresql":
         return "psycopg2 COPY FROM STDIN, one transaction"
     return "one prepared executemany INSERT, one transaction"
+
+
+def airflow_postgres_conn(url: str) -> str:
+    """The Airflow connection (JSON, for ``AIRFLOW_CONN_<ID>``) of a PostgreSQL URL.
+
+    :param url: a SQLAlchemy URL of the server's database
+    """
+    import json
+
+    from sqlalchemy.engine import make_url
+
+    pg = make_url(url)
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": pg.host,
+            "port": pg.port,
+            "login": pg.username,
+            "password": pg.password or "",
+            "schema": pg.database,
+        }
+    )

@@ -276,7 +276,7 @@ def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[s
         .exists()
     )
     q = (
-        select(d.sink, d.app_id, d.prompt_version, d.error, d.run_id, d.delivered_at)
+        select(d.sink, d.app_id, d.prompt_version, d.item_key, d.error, d.run_id, d.delivered_at)
         .where(d.workload == workload, d.state == "refused", ~superseded)
         .order_by(d.delivered_at.desc(), d.sink, d.app_id)
         .limit(limit)

@@ -131,6 +131,22 @@ class SqlPaging:
     queries: list[str] = field(default_factory=list)
 
 
+def select_parts(source: SqlSource, id_column: str) -> tuple[str, str]:
+    """What a read of the source selects and from where: ``(columns, table or wrapped query)``.
+
+    :param source: the source (its ``sql`` already rendered)
+    :param id_column: the id column
+    """
+    query = (source.sql or "").strip().rstrip(";")
+    base = source.table if source.table is not None else f"({query}) {ALIAS}"
+    wanted = (
+        "*"
+        if source.columns is None
+        else ", ".join([id_column, *(c for c in source.columns if c != id_column)])
+    )
+    return wanted, base
+
+
 def page_queries(source: SqlSource, id_column: str, placeholder: str) -> tuple[str, str, str, str]:
     """The four statements a SQL source is read with: first page, next page, one id's rows, NULL ids.
 
@@ -142,14 +158,8 @@ def page_queries(source: SqlSource, id_column: str, placeholder: str) -> tuple[s
     :param id_column: the id column
     :param placeholder: the driver's parameter marker (``%s``, ``?``)
     """
-    query = (source.sql or "").strip().rstrip(";")
-    base = source.table if source.table is not None else f"({query}) {ALIAS}"
+    wanted, base = select_parts(source, id_column)
     with_params = base.replace("%", "%%") if placeholder == "%s" else base
-    wanted = (
-        "*"
-        if source.columns is None
-        else ", ".join([id_column, *(c for c in source.columns if c != id_column)])
-    )
     limit = f"ORDER BY {id_column} LIMIT {int(source.page_size)}"
     return (
         f"SELECT {wanted} FROM {base} WHERE {id_column} IS NOT NULL {limit}",

@@ -33,6 +33,8 @@ from airflow_batch_provider.services.delivery import RowWriter, SinkRow
 
 #: The connection types whose dialect writes ``INSERT ... ON CONFLICT`` here.
 ON_CONFLICT_TYPES: Final = frozenset({"postgres", "postgresql", "sqlite"})
+#: The connection types written by one multi-row statement per batch (:mod:`.pg_batch`).
+PG_TYPES: Final = frozenset({"postgres", "postgresql"})
 #: DB-API exception classes that mean "the database refused this row" (not "the database failed").
 REFUSALS: Final = frozenset({"DataError", "IntegrityError"})
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -154,11 +156,17 @@ class SqlUpsertSink:
             return
         dbapi = hook.get_conn()
         try:
-            yield self.writer(dbapi, hook.placeholder)
+            rows_writer = self.writer(dbapi, hook.placeholder)
+            if conn_type in PG_TYPES:  # a batch in one multi-row statement
+                from airflow_batch_provider.sinks.pg_batch import PgBatchWriter
+
+                yield PgBatchWriter(self, dbapi, rows_writer)
+            else:
+                yield rows_writer
         finally:
             dbapi.close()
 
-    def writer(self, dbapi: Any, placeholder: str) -> RowWriter:
+    def writer(self, dbapi: Any, placeholder: str) -> _DbApiWriter:
         """The writer of this sink's statement on an open DB-API connection (the caller closes it).
 
         ``executemany`` of :meth:`statement`, one commit per batch; a batch the database refuses
@@ -218,6 +226,27 @@ def refused_by_database(exc: BaseException) -> bool:
     return any(cls.__name__ in REFUSALS for cls in type(exc).__mro__)
 
 
+def write_batch(conn: Any, run: Callable[[Any], object]) -> bool:
+    """Run ``run(cursor)`` and commit: ``True``; the database refused a row (rolled back): ``False``.
+
+    :param conn: the DB-API connection
+    :param run: the batch's statements, on a cursor of ``conn``
+    :raises Exception: any other database error, after the rollback
+    """
+    cursor = conn.cursor()
+    try:
+        run(cursor)
+        conn.commit()
+        return True
+    except Exception as exc:
+        conn.rollback()
+        if not refused_by_database(exc):
+            raise
+        return False
+    finally:
+        cursor.close()
+
+
 @dataclass
 class _DbApiWriter:
     """``executemany`` of one statement, one commit per batch; a refused batch goes row by row."""
@@ -228,22 +257,17 @@ class _DbApiWriter:
 
     def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
         if not self.sink.column_names():  # a callable mapping: every row names its own columns
-            return self._one_by_one(rows)
+            return self.one_by_one(rows)
         params = [self.sink.params(row) for row in rows]
-        cursor = self.conn.cursor()
-        try:
-            cursor.executemany(self.sql, params)
-            self.conn.commit()
+        if write_batch(self.conn, lambda cursor: cursor.executemany(self.sql, params)):
             return {}
-        except Exception as exc:
-            self.conn.rollback()
-            if not refused_by_database(exc):
-                raise
-        finally:
-            cursor.close()
-        return self._one_by_one(rows)
+        return self.one_by_one(rows)
 
-    def _one_by_one(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+    def one_by_one(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        """Write ``rows`` one statement and one commit each; return the refused ones (index -> message).
+
+        :param rows: the batch
+        """
         refused: dict[int, str] = {}
         cursor = self.conn.cursor()
         try:

@@ -274,3 +274,49 @@ def test_ledger_prune_refuses_a_policy_that_keeps_no_run(
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     assert main(["--ledger-url", url, "ledger", "prune", "--workload", WL, "--keep-runs", "0"]) == 2
     assert "keep_runs=0 keeps no run; give 1 or more" in capsys.readouterr().err
+
+
+def test_review_list_shows_the_rows_a_sink_refused_with_the_sinks_message(
+    ledger: Ledger, ledger_url: str
+) -> None:
+    from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries
+
+    two_in_review(ledger)
+    message = 'IntegrityError: new row violates check constraint "confidence_range"'
+    record_deliveries(
+        ledger,
+        WL,
+        "tickets",
+        "r1",
+        [
+            Delivery(item_key("c"), "c", "v1", "refused", "h", message),
+            Delivery(item_key("d"), "d", "v1", "delivered", "h"),
+        ],
+    )
+    table = cli("--ledger-url", ledger_url, "review", "list", "--workload", WL)
+    listed = cli("--ledger-url", ledger_url, "review", "list", "--workload", WL, "--json")
+    only = cli(
+        "--ledger-url",
+        ledger_url,
+        "review",
+        "list",
+        "--workload",
+        WL,
+        "--error-code",
+        "sink_refused",
+        "-o",
+        "json",
+    )
+    assert (table.returncode, listed.returncode, only.returncode) == (0, 0, 0), table.stderr + listed.stderr
+    assert (
+        "rows a sink refused" in table.stdout and message in table.stdout and "tickets\tc\tv1" in table.stdout
+    )
+    rows = json.loads(listed.stdout)
+    assert sorted(r["app_id"] for r in rows) == ["a", "b", "c"]  # the delivered row is not listed
+    [refused] = [r for r in rows if r["error_code"] == "sink_refused"]
+    assert (refused["sink"], refused["error_message"], refused["item_key"]) == (
+        "tickets",
+        message,
+        item_key("c"),
+    )
+    assert [r["app_id"] for r in json.loads(only.stdout)] == ["c"]

@@ -226,3 +226,51 @@ def test_a_postgresql_query_streams_its_rows_with_json_safe_values(
         assert Decimal(first["price"]) == Decimal("1.25")
     finally:
         postgres_server.drop_database(name)
+
+
+def test_a_postgresql_source_is_read_through_one_server_side_cursor_a_page_per_fetch(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    name = postgres_server.create_database(f"src_{uuid.uuid4().hex[:12]}")
+    try:
+        postgres_server.execute("CREATE TABLE tickets (ticket_id int, text text)", dbname=name)
+        postgres_server.execute(
+            "INSERT INTO tickets SELECT i, 'ticket ' || i FROM generate_series(1, 25) i"
+            " UNION ALL SELECT 4, 'a second 4' UNION ALL SELECT NULL, 'no id'",
+            dbname=name,
+        )
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_TICKETS_DB",
+            f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/{name}",
+        )
+        source = SqlSource(
+            conn_id="tickets_db", sql="SELECT * FROM tickets", id_column="ticket_id", page_size=10
+        )
+        paging = SqlPaging()
+        reader = read_sql_source(source, "id", paging)
+        next(reader)
+        # the reading session's last statement is a FETCH from its named (server-side) cursor
+        [(last,)] = postgres_server.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'",
+            dbname=name,
+        )
+        assert last.upper().startswith("FETCH"), last
+        ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+        rejects: list[Reject] = []
+        result = load_records(
+            ledger=ledger,
+            workload="w",
+            run_id=RUN,
+            template=PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ text }}"),
+            records=read_sql_source(source, "id"),
+            write_reject=rejects.append,
+        )
+        rest = list(reader)
+        assert [(r.value or {}).get("ticket_id") for r in rest][:4] == [2, 3, 4, 4]
+        assert len(paging.queries) == 1 and (paging.pages, paging.largest_page) == (3, 10)
+        assert (result.read, result.items, result.rejected) == (27, 25, 2)
+        assert sorted(r.code for r in rejects) == ["duplicate_id", "missing_id"]
+        assert any("with a NULL id" in r.message for r in rejects)
+    finally:
+        postgres_server.drop_database(name)
