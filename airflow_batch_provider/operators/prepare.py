@@ -151,7 +151,7 @@ class BatchPrepareOperator(BatchBaseOperator):
         adopt_dead_runs_jobs(self, run_id, context)
         result = self.read_records(context, template)
         # the harvested attempts of a dead run's items the read reopened follow them into this run
-        inherit_dead_runs_lines(self, run_id, context)
+        inherit_dead_runs_lines(self, run_id, context, after_read=True)
         failpoint("prepare.after_upsert")
         if result.source_error:
             raise RecordSourceError(

@@ -16,6 +16,7 @@ from typing import Any
 from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
 from airflow_batch_provider.ledger.inheritance import inherit_harvested_lines
 from airflow_batch_provider.ledger.records import JobRow
+from airflow_batch_provider.ledger.stranded_attempts import inherit_stranded_attempts
 from airflow_batch_provider.task_glue import MOVED as MOVED
 from airflow_batch_provider.task_glue import PASS_THROUGH_ROUTES as PASS_THROUGH_ROUTES
 from airflow_batch_provider.task_glue import attempt_owner
@@ -50,18 +51,33 @@ def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> 
     return adopted
 
 
-def inherit_dead_runs_lines(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+def inherit_dead_runs_lines(
+    task: Any, run_id: str, context: Mapping[str, Any], after_read: bool = False
+) -> list[dict[str, Any]]:
     """Take on what the dead runs whose workload this run took over harvested and never reported.
 
     Called before the items are read (the dead runs' settled items become this run's as they are)
-    and after (the harvested attempts of items the read reopened follow them); see
-    :mod:`~airflow_batch_provider.ledger.inheritance`. This run's report prices them once.
+    and after (the harvested attempts of items the read reopened follow them, and those of items
+    that stay with the dead run, in ``fallback`` or no longer in the input, are this run's to
+    price); see :mod:`~airflow_batch_provider.ledger.inheritance` and
+    :mod:`~airflow_batch_provider.ledger.stranded_attempts`. This run's report prices them once.
 
     :param task: the prepare task (its ledger and workload)
     :param run_id: the Airflow run id
     :param context: the task context
+    :param after_read: the run has read its input
     """
     moved = inherit_harvested_lines(task.ledger, task.workload, run_id, attempt_owner(context))
+    if after_read:
+        for left in inherit_stranded_attempts(task.ledger, task.workload, run_id, attempt_owner(context)):
+            log.warning(
+                "run %s lost workload %r to this run holding %d billed answers of items that stay with "
+                "it (in fallback, or no longer in the input; jobs %s): this run's report prices them, once",
+                left["from_run"],
+                task.workload,
+                left["attempts"],
+                ", ".join(left["jobs"]),
+            )
     for part in moved:
         log.warning(
             "run %s lost workload %r to this run after it harvested %d answers (%d items, jobs %s) and "

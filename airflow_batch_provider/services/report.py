@@ -19,6 +19,7 @@ from airflow_batch_provider.ledger.inheritance import inherited as inherited_lin
 from airflow_batch_provider.ledger.late_harvest import late_harvests
 from airflow_batch_provider.ledger.prompt_changes import prompt_changed_section
 from airflow_batch_provider.ledger.reads import review_counts
+from airflow_batch_provider.ledger.stranded_attempts import stranded, stranded_records
 from airflow_batch_provider.services.submit import IN_DOUBT
 from airflow_batch_provider.settings import load_prices
 
@@ -188,9 +189,9 @@ def build_report(
 
     prices = load_prices(pricing_override)
     infra = infrastructure_cost(ledger, workload, run_id)
-    report = compute_run_cost(
-        records(), prices, infrastructure_cost=infra, extra_lines=extra_records(ledger, workload, run_id)
-    )
+    # billed lines beyond the items' answers, and the answers of items a dead run kept (stranded)
+    extra = [*extra_records(ledger, workload, run_id), *stranded_records(ledger, workload, run_id)]
+    report = compute_run_cost(records(), prices, infrastructure_cost=infra, extra_lines=extra)
     out = report.to_dict()
     jobs = job_outcomes(ledger, workload, run_id)
     table = report.render_table()
@@ -230,6 +231,13 @@ def build_report(
             f"  run {j['from_run']}: {j['attempts']} answers, {j['extra_lines']} other lines, {j['items']} items"
         ),
     )
+    left = stranded(ledger, workload, run_id)
+    # a dead run's billed answers whose items stay with it (fallback, no longer in the input)
+    table += moved_section(
+        "stranded (billed answers of items left with dead runs whose workload this run took over)",
+        left,
+        lambda j: f"  run {j['from_run']}: {j['attempts']} answers, jobs {', '.join(j['jobs'])}",
+    )
     if paid_twice:
         table += (
             f"\nreal-time requests possibly paid twice: {paid_twice} (a crash lost the answer after the "
@@ -251,6 +259,7 @@ def build_report(
     out["late_harvest"] = late
     out["adopted"] = adopted
     out["inherited"] = inherited
+    out["stranded"] = left
     out["possibly_paid_twice"] = paid_twice
     out["prompt_changed"] = prompt_changed_section(ledger, workload, run_id)
     if out["prompt_changed"]["items"]:

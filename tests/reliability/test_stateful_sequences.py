@@ -235,6 +235,16 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("start_another_run", {}),
         FINISH_1,
     ],
+    # a wait on a job in doubt before the deadline: it defers between look-ups (the trigger's
+    # recheck), never sleeps in its worker slot
+    "bug7_a_wait_on_a_job_in_doubt_defers_and_holds_no_worker_slot": [
+        ("setup", ANTHROPIC),
+        ("inject_a_fault", {"fault": "lost_create_reply"}),
+        ("run_up_to", {"run": 0, "task": "wait"}),
+        ("next_task", {"run": 0}),
+        ("time_passes_at_the_provider", {}),
+        FINISH_0,
+    ],
     "bug10_sync_fallback_over_budget": [
         ("setup", {**OPENAI, "budget": "0.00006"}),
         ("inject_a_fault", {"fault": "stuck_next"}),

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
@@ -77,6 +78,10 @@ class Killed(BaseException):
 
 class NotYet(Exception):
     """The wait task's poke said the batch is not done yet (the task stays where it is)."""
+
+
+class SleptInSlot(Exception):
+    """A task called ``time.sleep`` where it should have deferred (the task is left failed)."""
 
 
 @contextmanager
@@ -264,6 +269,8 @@ class StatefulWorkload:
         self.redriven: dict[str, int] = {}
         #: a run's lease task refused the workload while only a dead run held it (one line each)
         self.lease_refusals: list[str] = []
+        #: waits that slept in their worker slot instead of deferring (bug 7), for the invariants
+        self.slot_sleeps: list[str] = []
         extra: dict[str, Any] = {}
         if provider == "anthropic":
             extra = {
@@ -565,6 +572,46 @@ class StatefulWorkload:
             run.published_after_change = False
         return key
 
+    def _wait_deferrable(self, sensor: Any, context: dict[str, Any], task_id: str, key: TaskKey) -> Any:
+        """Run a deferrable wait once: its result, or :class:`NotYet` when it defers.
+
+        A deferral is the trigger's turn: the next step runs the wait again, as the trigger's
+        ``recheck`` resumes it. A ``time.sleep`` in the task is a worker slot held while nothing
+        happens: it is recorded (:attr:`StatefulWorkload.slot_sleeps`) and the task stopped.
+
+        :param sensor: the wait task, deferrable
+        :param context: the task context
+        :param task_id: the task, for the record
+        :param key: the task key
+        """
+        from airflow.sdk.exceptions import TaskDeferred
+
+        from airflow_batch_provider.sensors import batch as sensors
+
+        workload = self
+
+        class Clock:
+            """The sensor module's ``time``: its ``sleep`` is recorded and stops the task."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(time, name)
+
+            def sleep(self, seconds: float) -> None:
+                workload.slot_sleeps.append(
+                    f"{task_id}[{key[2]}] slept {seconds:.2f}s in its worker slot instead of deferring"
+                )
+                raise SleptInSlot(task_id)
+
+        module = vars(sensors)
+        saved = module["time"]
+        module["time"] = Clock()
+        try:
+            return sensor.execute(context)
+        except TaskDeferred as exc:
+            raise NotYet(f"{task_id}[{key[2]}]: deferred") from exc
+        finally:
+            module["time"] = saved
+
     def _check_lease_refusal(self, run: Run) -> None:
         """Record a refusal of the workload when the run holding it is dead (killed, failed, finished).
 
@@ -613,6 +660,7 @@ class StatefulWorkload:
             BatchDeadlineHarvestOperator,
         )
         from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
+        from airflow_batch_provider.operators.takeover import PASS_THROUGH_ROUTES
         from airflow_batch_provider.sensors.batch import BatchStatusSensor
 
         task, round_, _ = key
@@ -652,14 +700,20 @@ class StatefulWorkload:
                 task_id=task_id, job=self._input(run, key), prompt=self.prompt, budget=self.budget, **common
             )
         elif task == "wait":
+            waited = self._input(run, key)
+            # a job in doubt (no batch id) waits as the group's deferrable sensor does, so a wait
+            # that sleeps in its worker slot instead of deferring is seen (bug 7)
+            in_doubt = not waited.get("batch_id") and waited.get("route") not in PASS_THROUGH_ROUTES
             sensor = BatchStatusSensor(
                 task_id=task_id,
-                batch=self._input(run, key),
+                batch=waited,
                 batch_conn_id=CONN_ID,
                 poll=FAST_POLL,
                 deadline=deadline.at(),
-                deferrable=False,
+                deferrable=in_doubt,
             )
+            if in_doubt:
+                return self._wait_deferrable(sensor, context, task_id, key)
             poked = sensor.poke(context)  # type: ignore[arg-type]
             if poked is False or (hasattr(poked, "is_done") and not poked.is_done):
                 raise NotYet(f"{task_id}[{key[2]}]: not done yet")

@@ -258,6 +258,9 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
     # a run whose workload only a dead run holds takes it over (a killed run keeps nothing)
     out += workload.lease_refusals
     workload.lease_refusals.clear()
+    # a wait never holds its worker slot asleep: a job in doubt defers between look-ups (bug 7)
+    out += workload.slot_sleeps
+    workload.slot_sleeps.clear()
 
     if workload.runs and all(r.finished or r.killed for r in workload.runs) and workload.runs[-1].finished:
         out += _at_rest(workload, record, snap)
