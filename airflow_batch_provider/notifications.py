@@ -115,8 +115,9 @@ def budget_refused(
     needed: Decimal,
     items: int,
     dag_id: str | None = None,
+    went_to: str = "review",
 ) -> BatchEvent:
-    """A round was not started: it would have passed the budget; its items went to review.
+    """A round was not started: it would have passed the budget; its items went to review (or ``went_to``).
 
     :param workload: the workload
     :param run_id: the run
@@ -125,13 +126,14 @@ def budget_refused(
     :param needed: the refused round's estimate
     :param items: items the round would have sent
     :param dag_id: the DAG
+    :param went_to: the state the refused items are in (the deadline fallback skips them)
     """
     return BatchEvent(
         "budget_refused",
         workload,
         run_id,
         f"{workload}: a round of {items:,} items (about ${needed}) was not sent: ${spent} of the ${budget} "
-        "budget is spent. The items are in review; raise the budget or re-drive them.",
+        f"budget is spent. The items are in {went_to}; raise the budget or re-drive them.",
         "warning",
         {"budget": str(budget), "spent": str(spent), "needed": str(needed), "items": items},
         dag_id,

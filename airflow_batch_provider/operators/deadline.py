@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from airflow.sdk import BaseBranchOperator, BaseOperator
 
+from airflow_batch_provider import notifications
 from airflow_batch_provider.adapters.base import BatchRef
 from airflow_batch_provider.core.deadline import DeadlinePolicy, DeadlineSpec, check_policy, deadline_passed
 from airflow_batch_provider.core.options import HARVEST_TIMEOUT_S, DeadlineOptions
@@ -36,9 +37,11 @@ from airflow_batch_provider.core.states import UNSETTLED_STATES
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.operators.batch import BatchBaseOperator, batch_ended, emit_alert, known_job
+from airflow_batch_provider.ledger.records import JobRow
+from airflow_batch_provider.operators.base import BatchBaseOperator
 from airflow_batch_provider.services import harvest
 from airflow_batch_provider.settings import default_poll_policy
+from airflow_batch_provider.task_glue import batch_ended, emit_alert, known_job
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -132,19 +135,7 @@ class BatchDeadlineOperator(BaseOperator):
                 self.policy,
             )
             return {"deadline": "", "stop_at": "", "policy": self.policy, "margin_s": self.margin_s}
-        if isinstance(rule, DeadlineSpec):
-            dag_run = context.get("dag_run")
-            start = _aware(getattr(dag_run, "start_date", None)) or now
-            logical = (
-                _aware(context.get("logical_date"))
-                or _aware(getattr(dag_run, "logical_date", None))
-                or _aware(getattr(dag_run, "run_after", None))
-            )
-            deadline = rule.resolve(start, logical)
-            described = rule.describe()
-        else:
-            deadline = rule
-            described = f"deadline {rule.isoformat()}, then {self.policy}"
+        deadline, described = self.resolve(rule, context, now)
         stop_at = deadline - timedelta(seconds=self.margin_s)
         self.log.info(
             "%s: this run's deadline is %s (waiting stops at %s, %.0fs from now)",
@@ -159,6 +150,26 @@ class BatchDeadlineOperator(BaseOperator):
             "policy": self.policy,
             "margin_s": self.margin_s,
         }
+
+    def resolve(self, rule: DeadlineSpec | datetime, context: Context, now: datetime) -> tuple[datetime, str]:
+        """The run's deadline as a moment, and a sentence saying what it was made from.
+
+        A rule is resolved from the run's start and logical date (``now`` when it has no start).
+
+        :param rule: a rule (``DeadlineSpec``) or a moment
+        :param context: the task context (the DAG run)
+        :param now: the current time
+        """
+        if not isinstance(rule, DeadlineSpec):
+            return rule, f"deadline {rule.isoformat()}, then {self.policy}"
+        dag_run = context.get("dag_run")
+        start = _aware(getattr(dag_run, "start_date", None)) or now
+        logical = (
+            _aware(context.get("logical_date"))
+            or _aware(getattr(dag_run, "logical_date", None))
+            or _aware(getattr(dag_run, "run_after", None))
+        )
+        return rule.resolve(start, logical), rule.describe()
 
 
 class BatchDeadlineHarvestOperator(BatchBaseOperator):
@@ -205,6 +216,18 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
         before = known_job(self.ledger, batch["job_id"])
         waited = harvest.cancel_and_wait(self.ledger, self.adapter, batch["job_id"], ref, policy)
         status = waited.status
+        self.tell(context, ref, before, waited)
+        return {**batch, "state": status.state if status else None, "harvested": True}
+
+    def tell(self, context: Context, ref: BatchRef, before: JobRow | None, waited: harvest.Waited) -> None:
+        """Count a batch first seen ended here (a failed one is an alert); log what the wait found.
+
+        :param context: the task context
+        :param ref: the batch
+        :param before: its job as the ledger had it before the cancel (``None``: a batch it does not know)
+        :param waited: what the cancel and the wait found
+        """
+        status = waited.status
         if (
             before is not None
             and status is not None
@@ -232,7 +255,6 @@ class BatchDeadlineHarvestOperator(BatchBaseOperator):
                 status.failed,
                 status.total,
             )
-        return {**batch, "state": status.state if status else None, "harvested": True}
 
 
 class BatchDeadlineBranchOperator(BaseBranchOperator):
@@ -301,8 +323,6 @@ class BatchDeadlineBranchOperator(BaseBranchOperator):
             still_open,
             self.policy,
         )
-        from airflow_batch_provider import notifications
-
         event = notifications.deadline_missed(
             self.workload,
             context["run_id"],

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_batch_provider.core.options import BudgetOptions, FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.ledger.records import OpenItem
-from airflow_batch_provider.operators.batch import BatchBaseOperator, PromptSource
+from airflow_batch_provider.operators.base import BatchBaseOperator, PromptSource
 from airflow_batch_provider.services.fallback import FALLBACK_FROM, FallbackSettings
-from airflow_batch_provider.services.realtime import realtime_limits, send_realtime
-from airflow_batch_provider.settings import load_prices
+from airflow_batch_provider.services.realtime import realtime_limits
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -87,28 +86,17 @@ class BatchSyncFallbackOperator(BatchBaseOperator):
         if not rows:
             self.log.info("no open items: nothing to send synchronously")
             return {"items": 0}
-        summary = send_realtime(
-            ledger=self.ledger,
-            adapter=self.adapter,
-            quota_key=self.batch_conn_id,
-            workload=self.workload,
-            run_id=run_id,
-            rows=rows,
-            template=template,
+        summary = self.send_in_real_time(
+            context,
+            rows,
+            template,
             limits=self.limits,
             budget=self.budget,
-            prices=load_prices(self.budget.pricing_override),
             refused_state="skipped",
             over_budget=self.over_budget,
             window_s=self.window_s,
             retry=self.retry,
         )
-        if summary.get("possibly_paid_twice"):
-            self.log.warning(
-                "%d items had been sent before a crash without their answer being recorded; they were sent "
-                "again and may have been paid twice (error code possibly_paid_twice in the ledger)",
-                summary["possibly_paid_twice"],
-            )
         self.log.info("fallback done: %s", summary)
         return summary
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from airflow.providers.common.compat.sdk import conf
+
 log = logging.getLogger(__name__)
 
 #: Task-instance states of work that is not over (the run may still act on its items).
@@ -91,8 +93,6 @@ def live_task_instances(
 
 def heartbeat_timeout_s() -> float:
     """Airflow's ``[scheduler] task_instance_heartbeat_timeout`` (seconds), as the scheduler reads it."""
-    from airflow.providers.common.compat.sdk import conf
-
     return float(
         conf.getfloat("scheduler", "task_instance_heartbeat_timeout", fallback=DEFAULT_HEARTBEAT_TIMEOUT_S)
     )
@@ -110,6 +110,7 @@ def _signs_from_database(dag_id: str, run_id: str) -> list[TaskInstanceSign]:
     :param run_id: the run
     :raises Exception: this process may not read the database (a supervised worker)
     """
+    # Airflow's ORM models open its database: only a process that may read it gets this far
     from airflow.jobs.job import Job
     from airflow.models.taskinstance import TaskInstance as TI
     from airflow.models.trigger import Trigger
@@ -164,6 +165,7 @@ def _signs_from_task_sdk(dag_id: str, run_id: str) -> list[TaskInstanceSign]:
     :param dag_id: the DAG
     :param run_id: the run
     """
+    # the supervised worker's API to Airflow: imported only when a lease is contended
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
     states = RuntimeTaskInstance.get_task_states(dag_id, run_ids=[run_id]).get(run_id, {})

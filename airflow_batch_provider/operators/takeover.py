@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
+from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
+from airflow_batch_provider.ledger.inheritance import inherit_harvested_lines
 from airflow_batch_provider.ledger.records import JobRow
+from airflow_batch_provider.ledger.stranded_attempts import inherit_stranded_attempts
+from airflow_batch_provider.task_glue import MOVED as MOVED
+from airflow_batch_provider.task_glue import PASS_THROUGH_ROUTES as PASS_THROUGH_ROUTES
+from airflow_batch_provider.task_glue import attempt_owner
 
 log = logging.getLogger(__name__)
-
-#: The route of a job a cleared task of its old run left to the run that owns it now (the wait and
-#: the deadline harvest pass it through, as a real-time ``sync`` one).
-MOVED: Final = "moved"
-#: The routes whose job the wait task passes through without polling a batch.
-PASS_THROUGH_ROUTES: Final = frozenset({"sync", MOVED})
 
 
 def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -34,10 +34,7 @@ def adopt_dead_runs_jobs(task: Any, run_id: str, context: Mapping[str, Any]) -> 
     :param run_id: the Airflow run id
     :param context: the task context
     """
-    from airflow_batch_provider.ledger.adoption import adopt_in_flight_jobs
-    from airflow_batch_provider.operators.batch import attempt_owner
-
-    adopted = adopt_in_flight_jobs(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
+    adopted = adopt_in_flight_jobs(task.ledger, task.workload, run_id, attempt_owner(context))
     for job in adopted:
         log.warning(
             "adopted job %s (%s, batch %s, %d items) of run %s, which lost workload %r to this run: "
@@ -70,13 +67,9 @@ def inherit_dead_runs_lines(
     :param context: the task context
     :param after_read: the run has read its input
     """
-    from airflow_batch_provider.ledger.inheritance import inherit_harvested_lines
-    from airflow_batch_provider.ledger.stranded_attempts import inherit_stranded_attempts
-    from airflow_batch_provider.operators.batch import attempt_owner
-
-    moved = inherit_harvested_lines(task.ledger, task.workload, run_id, attempt_owner(context))  # type: ignore[arg-type]
+    moved = inherit_harvested_lines(task.ledger, task.workload, run_id, attempt_owner(context))
     if after_read:
-        for left in inherit_stranded_attempts(task.ledger, task.workload, run_id, attempt_owner(context)):  # type: ignore[arg-type]
+        for left in inherit_stranded_attempts(task.ledger, task.workload, run_id, attempt_owner(context)):
             log.warning(
                 "run %s lost workload %r to this run holding %d billed answers of items that stay with "
                 "it (in fallback, or no longer in the input; jobs %s): this run's report prices them, once",

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import pendulum
 from airflow.providers.common.compat.sdk import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
@@ -19,11 +20,19 @@ from airflow_batch_provider.hooks.batch import BatchHook
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
-from airflow_batch_provider.operators.batch import batch_ended, kill_claim, known_job, persist_links
-from airflow_batch_provider.operators.takeover import PASS_THROUGH_ROUTES
-from airflow_batch_provider.services import harvest
+from airflow_batch_provider.services import harvest, submit
 from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.settings import default_poll_policy
+from airflow_batch_provider.staging import Staging
+from airflow_batch_provider.task_glue import (
+    PASS_THROUGH_ROUTES,
+    attempt_owner,
+    batch_ended,
+    in_doubt_alert,
+    kill_claim,
+    known_job,
+    persist_links,
+)
 from airflow_batch_provider.triggers.batch import TRIGGER_STATUSES, BatchStatusTrigger, count_poll_error
 
 if TYPE_CHECKING:
@@ -123,8 +132,6 @@ class BatchStatusSensor(BaseSensorOperator):
     @cached_property
     def staging(self) -> Staging:
         """The staging area."""
-        from airflow_batch_provider.staging import Staging
-
         return Staging(self.staging_root, self.staging_conn_id)
 
     def pre_execute(self, context: Any) -> None:
@@ -141,8 +148,6 @@ class BatchStatusSensor(BaseSensorOperator):
         """The poll policy with this run's deadline applied."""
         deadline = self.deadline
         if isinstance(deadline, str) and deadline:
-            import pendulum
-
             deadline = pendulum.parse(deadline)  # type: ignore[assignment]
         stamp = deadline.timestamp() if isinstance(deadline, datetime) else None
         data = {**self.poll.to_dict(), "deadline": stamp, "deadline_margin": self.deadline_margin}
@@ -297,7 +302,7 @@ class BatchStatusSensor(BaseSensorOperator):
         """Stop a creation after doubt before its next provider call; release its claim if nothing is in flight.
 
         The wait itself holds nothing in the ledger; see
-        :func:`~airflow_batch_provider.operators.batch.kill_claim`.
+        :func:`~airflow_batch_provider.task_glue.kill_claim`.
         """
         kill_claim(self)
 
@@ -343,9 +348,6 @@ class BatchStatusSensor(BaseSensorOperator):
         self, context: Context, batch: dict[str, Any], policy: PollPolicy, state: PollState
     ) -> tuple[dict[str, Any] | None, PollState, float]:
         """Try once to resolve an in-doubt job: the batch to wait for, the final result, or ``None`` (wait)."""
-        from airflow_batch_provider.operators.batch import attempt_owner, in_doubt_alert
-        from airflow_batch_provider.services import submit
-
         job_id = batch["job_id"]
         owner = attempt_owner(context)
         how, batch_id = submit.resolve_in_doubt(self.ledger, self.adapter, job_id, owner)

@@ -21,19 +21,17 @@ Three tasks send items in real time, at full price: the deadline's ``sync_fallba
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow_batch_provider.core.cost import estimate_cost
 from airflow_batch_provider.core.options import BudgetOptions, FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
-from airflow_batch_provider.core.requests import CanonicalRequest, PromptTemplate
+from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import OpenItem
+from airflow_batch_provider.services.budget import BudgetVerdict, estimate_items, verdict_of
 from airflow_batch_provider.services.fallback import FallbackSettings, fallback_settings, run_fallback
 
 if TYPE_CHECKING:
@@ -44,35 +42,6 @@ log = logging.getLogger(__name__)
 
 #: error code of an item not sent in real time because the budget would not cover it
 OVER_BUDGET: Final = "over_budget"
-
-
-@dataclass(frozen=True)
-class BudgetVerdict:
-    """The one budget check of a real-time send.
-
-    :param budget: the run's budget (``None``: none)
-    :param spent: what the run has paid so far
-    :param needed: the real-time estimate of the items to send
-    """
-
-    budget: Decimal | None
-    spent: Decimal
-    needed: Decimal
-
-    @property
-    def over(self) -> bool:
-        """Whether sending would take the run past its budget."""
-        return self.budget is not None and self.spent + self.needed > self.budget
-
-    def describe(self, items: int) -> str:
-        """A sentence for the log and the items' error message.
-
-        :param items: how many items the send holds
-        """
-        return (
-            f"sending {items} items through the real-time API (about ${self.needed.quantize(Decimal('0.000001'))}) "
-            f"would take the run past its budget of ${self.budget} (${self.spent} paid)"
-        )
 
 
 def realtime_limits(
@@ -112,7 +81,7 @@ def check_realtime_budget(
     prices: PriceTable,
     provider: str,
 ) -> BudgetVerdict:
-    """Estimate the rows at real-time prices and compare with the run's budget.
+    """Estimate the rows at real-time prices and compare with the run's budget (:mod:`.budget`'s check).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -124,9 +93,8 @@ def check_realtime_budget(
     """
     if budget is None:
         return BudgetVerdict(None, Decimal(0), Decimal(0))
-    requests = (CanonicalRequest.from_dict(json.loads(r.request_json)) for r in rows)
-    estimate = estimate_cost(requests, prices, "sync", provider=provider)
-    return BudgetVerdict(budget, ledger.run_cost(workload, run_id), estimate.cost)
+    estimate = estimate_items(rows, prices, "sync", provider)
+    return verdict_of(estimate, budget, ledger.run_cost(workload, run_id))
 
 
 def send_realtime(
@@ -225,3 +193,20 @@ def send_realtime(
         )
     )
     return {**summary, **overrun}
+
+
+def job_to_realtime(ledger: Ledger, workload: str, run_id: str, job_id: str) -> list[OpenItem]:
+    """Mark a below-minimum job as sent in real time (``sync``) and return its items still to send.
+
+    The items are those staged for it, and those a crash left mid-send (``fallback``), which the
+    send resumes.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run
+    :param job_id: the job
+    """
+    ledger.update_job(job_id, state="sync")
+    return list(
+        ledger.iter_item_rows(workload, run_id, states=["staged", "fallback"], shape=OpenItem, job_id=job_id)
+    )

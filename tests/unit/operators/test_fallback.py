@@ -239,3 +239,20 @@ def test_the_deadline_fallback_told_to_win_over_the_budget_sends_and_shows_the_o
     assert sync_requests(emulator) == ITEMS
     assert ledger.count_states(WORKLOAD, RUN) == {"succeeded": ITEMS}
     assert Decimal(out["over_budget_by"]) > 0
+
+
+def test_the_deadline_fallback_over_the_budget_is_a_budget_alert_like_every_real_time_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emulator: str
+) -> None:
+    from airflow_batch_provider.core.options import BudgetOptions
+    from airflow_batch_provider.notifications import BatchAlerts, BatchEvent
+
+    told: list[BatchEvent] = []
+    seeded_ledger(tmp_path, monkeypatch, emulator, {})
+    alerts = BatchAlerts(notifiers=[lambda context, event: told.append(event)])
+    task = fallback_task(budget=BudgetOptions(budget_usd="0.0000001"), alerts=alerts)
+    out = task.execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert out["refused"] == ITEMS and sync_requests(emulator) == 0
+    assert [e.kind for e in told] == ["budget_refused"]
+    assert told[0].details["items"] == ITEMS and Decimal(told[0].details["needed"]) > Decimal("0.0000001")
+    assert "The items are in skipped" in told[0].message  # where the fallback's refused items went
