@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES, BatchAdapter
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.options import (
     BudgetOptions,
@@ -36,7 +37,6 @@ from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import ItemOutcome, JobRow, OpenItem
 from airflow_batch_provider.ledger.runs import FinishedRun, finished_run, reopen_newest_run
-from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators.sources import RecordSource as RecordSource
 from airflow_batch_provider.operators.sources import describe_source

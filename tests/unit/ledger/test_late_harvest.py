@@ -14,7 +14,7 @@ import pytest
 
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.late_harvest import move_job_to_run, resolved_jobs_of_finished_runs
-from tests.unit.ledger.test_store import WL
+from tests.unit.ledger.store_support import WL
 from tests.unit.ledger.test_unharvested import IDS, in_doubt_at_the_deadline
 
 NEXT = "r2"

@@ -11,7 +11,7 @@ import pytest
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.quota import STALE_ADMISSION_S, EnqueuedQuotaStore, SharedRateStore
 from tests.unit.ledger import quota_worker
-from tests.unit.ledger.test_store import staged_job
+from tests.unit.ledger.store_support import staged_job
 
 MODEL = "gpt-4o-mini"
 

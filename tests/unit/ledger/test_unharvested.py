@@ -15,7 +15,7 @@ import pytest
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.exceptions import BatchNotHarvestedError
 from airflow_batch_provider.ledger import Ledger
-from tests.unit.ledger.test_store import WL, cost_of, item, ok, prep, stage
+from tests.unit.ledger.store_support import WL, cost_of, item, ok, prep, stage
 
 IDS = ("a", "b", "c")
 
