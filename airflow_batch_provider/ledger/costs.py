@@ -25,7 +25,10 @@ from airflow_batch_provider.ledger.item_reads import ItemReadRoom
 
 
 class CostRoom(ItemReadRoom):
-    """Costs and the published results (a room of :class:`~airflow_batch_provider.ledger.Ledger`; it reads the run's items through :class:`~airflow_batch_provider.ledger.item_reads.ItemReadRoom`)."""
+    """Costs and the published results (a room of :class:`~airflow_batch_provider.ledger.Ledger`).
+
+    It reads the run's items through :class:`~airflow_batch_provider.ledger.item_reads.ItemReadRoom`.
+    """
 
     def record_infra_cost(self, row: Mapping[str, Any]) -> None:
         """Record (or replace) the infrastructure cost of one self-hosted job.

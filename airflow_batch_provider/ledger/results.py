@@ -62,7 +62,10 @@ APPLY_SLICE = 5000
 
 
 class ResultRoom(JobRoom):
-    """A job's results (a room of :class:`~airflow_batch_provider.ledger.Ledger`; it reads the job through :class:`~airflow_batch_provider.ledger.jobs.JobRoom`)."""
+    """A job's results (a room of :class:`~airflow_batch_provider.ledger.Ledger`).
+
+    It reads the job through :class:`~airflow_batch_provider.ledger.jobs.JobRoom`.
+    """
 
     def apply_results(
         self,

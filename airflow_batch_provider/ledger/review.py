@@ -1,6 +1,6 @@
-"""The ledger's review and audit room: the review queue, a person's re-drive, resolve and skip, the audit table.
+"""The ledger's review and audit room: the review queue, a person's actions, the audit table.
 
-Every action a person takes (and every automatic decision that settles a job or moves a lease) is
+A person re-drives, resolves or skips review items. Every action a person takes (and every automatic decision that settles a job or moves a lease) is
 written to ``abp_audit`` by :func:`write_audit`, in the caller's transaction.
 """
 

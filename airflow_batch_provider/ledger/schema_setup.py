@@ -30,7 +30,7 @@ SCHEMA_LOCK_KEY: Final = 0x6162703A6C6564
 
 
 class SchemaRoom(Room):
-    """Creating and upgrading the ledger's schema (a room of :class:`~airflow_batch_provider.ledger.Ledger`)."""
+    """Creating and upgrading the schema (a room of :class:`~airflow_batch_provider.ledger.Ledger`)."""
 
     def ensure_schema(self) -> None:
         """Create missing tables and check the schema version.
