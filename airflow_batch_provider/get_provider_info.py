@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 from airflow_batch_provider import __version__
+from airflow_batch_provider.adapters.entries import BUILTIN
 
 
 def _option(
@@ -57,36 +59,40 @@ _MAX_RETRIES = _field(
 _API_HOST = {"host": "API base URL (optional)", "password": "API key"}
 
 
-def _connection(
-    conn_type: str,
-    hook: str,
-    hook_name: str,
+def _connection(conn_type: str, hook: str, hook_name: str, form: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "hook-class-name": hook,
+        "hook-name": hook_name,
+        "connection-type": conn_type,
+        "conn-fields": form["fields"],
+        "ui-field-behaviour": {
+            "hidden-fields": form["hidden"],
+            "relabeling": form["relabeling"],
+            "placeholders": form["placeholders"],
+        },
+    }
+
+
+def _form(
     *,
     hidden: list[str],
     relabeling: dict[str, str],
     placeholders: dict[str, str],
     fields: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
+    return {"hidden": hidden, "relabeling": relabeling, "placeholders": placeholders, "fields": fields}
+
+
+#: The form of a registered connection type that declares none here: API base URL and key.
+_DEFAULT_FORM: Final = _form(
+    hidden=["schema", "login", "port"], relabeling=_API_HOST, placeholders={}, fields={"timeout": _TIMEOUT}
+)
+
+
+def _forms() -> dict[str, dict[str, Any]]:
+    """The connection forms by connection type: named fields instead of free JSON (the extra stays for the rest)."""
     return {
-        "hook-class-name": f"airflow_batch_provider.hooks.{hook}",
-        "hook-name": hook_name,
-        "connection-type": conn_type,
-        "conn-fields": fields,
-        "ui-field-behaviour": {
-            "hidden-fields": hidden,
-            "relabeling": relabeling,
-            "placeholders": placeholders,
-        },
-    }
-
-
-def _connection_types() -> list[dict[str, Any]]:
-    """The connection forms: named fields instead of free JSON (the extra stays for the rest)."""
-    return [
-        _connection(
-            "openai_batch",
-            "batch.OpenAIBatchHook",
-            "OpenAI Batch",
+        "openai_batch": _form(
             hidden=["schema", "login", "port"],
             relabeling=_API_HOST,
             placeholders={"host": "https://api.openai.com/v1", "password": "sk-..."},
@@ -104,10 +110,7 @@ def _connection_types() -> list[dict[str, Any]]:
                 "max_retries": _MAX_RETRIES,
             },
         ),
-        _connection(
-            "anthropic_batch",
-            "anthropic.AnthropicBatchHook",
-            "Anthropic Batch",
+        "anthropic_batch": _form(
             hidden=["schema", "login", "port"],
             relabeling=_API_HOST,
             placeholders={"host": "https://api.anthropic.com", "password": "sk-ant-..."},
@@ -128,10 +131,7 @@ def _connection_types() -> list[dict[str, Any]]:
                 "max_retries": _MAX_RETRIES,
             },
         ),
-        _connection(
-            "gemini_batch",
-            "gemini.GeminiBatchHook",
-            "Gemini Batch",
+        "gemini_batch": _form(
             hidden=["schema", "login", "port"],
             relabeling={"host": "API base URL (optional)", "password": "API key (Developer API)"},
             placeholders={"host": "https://generativelanguage.googleapis.com", "password": "AIza..."},
@@ -164,10 +164,7 @@ def _connection_types() -> list[dict[str, Any]]:
                 "max_retries": _MAX_RETRIES,
             },
         ),
-        _connection(
-            "bedrock_batch",
-            "bedrock.BedrockBatchHook",
-            "Amazon Bedrock Batch",
+        "bedrock_batch": _form(
             hidden=["schema", "login", "password", "port"],
             relabeling={"host": "Bedrock endpoint URL (optional)"},
             placeholders={"host": "https://bedrock.us-east-1.amazonaws.com"},
@@ -207,10 +204,7 @@ def _connection_types() -> list[dict[str, Any]]:
                 ),
             },
         ),
-        _connection(
-            "vllm_kubernetes",
-            "vllm_kubernetes.VllmKubernetesHook",
-            "vLLM on Kubernetes",
+        "vllm_kubernetes": _form(
             hidden=["host", "schema", "login", "password", "port"],
             relabeling={},
             placeholders={},
@@ -253,6 +247,18 @@ def _connection_types() -> list[dict[str, Any]]:
                 ),
             },
         ),
+    }
+
+
+def _connection_types() -> list[dict[str, Any]]:
+    """The registry's built-in connection types (hook and name from its one entry each), with their forms.
+
+    Adapters registered through the entry-point group belong to their own distribution's metadata.
+    """
+    forms = _forms()
+    return [
+        _connection(conn_type, entry.hook, entry.hook_name, forms.get(conn_type, _DEFAULT_FORM))
+        for conn_type, entry in BUILTIN.items()
     ]
 
 

@@ -80,9 +80,11 @@ from airflow_batch_provider.adapters.base import (
     utcnow,
 )
 from airflow_batch_provider.adapters.claude import claude_body, claude_result
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -133,7 +135,7 @@ def error_outcome(error_type: str | None, status: int | None = None) -> Outcome:
     :param error_type: ``overloaded_error``, ``invalid_request_error`` ...
     :param status: the HTTP status, when known
     """
-    return classify_http_error(status, error_type)
+    return classify_outcome(status, error_type)
 
 
 def _error_object(body: Any) -> Mapping[str, Any]:
@@ -323,12 +325,14 @@ class AnthropicBatchAdapter(BatchAdapter):
     create refused with 429/529/503, which creates nothing).
     """
 
-    name: ClassVar[str] = "anthropic"
-    conn_type: ClassVar[str] = "anthropic_batch"
-    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
-    limits: ClassVar[Limits] = Limits(
-        max_requests=100_000, max_bytes=256 * 1024 * 1024, custom_id_pattern=CUSTOM_ID_PATTERN
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="anthropic",
+        conn_type="anthropic_batch",
+        limits=Limits(max_requests=100_000, max_bytes=256 * 1024 * 1024, custom_id_pattern=CUSTOM_ID_PATTERN),
+        retryable_errors=frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}),
+        compare_model="claude-haiku-4-5",
     )
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -344,6 +348,12 @@ class AnthropicBatchAdapter(BatchAdapter):
 
             self._client_obj = anthropic.Anthropic(**_client_kwargs(self.settings))
         return self._client_obj
+
+    def probe(self) -> str:
+        """List one message batch (``GET /v1/messages/batches?limit=1``), SDK retries off."""
+        client = self.client.with_options(max_retries=0)
+        page = client.messages.batches.list(limit=1)
+        return f"{client.base_url} listed {len(page.data)} message batch(es) on the first page"
 
     # -- formatting ------------------------------------------------------------------------
 

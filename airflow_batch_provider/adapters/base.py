@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import IO, Any, ClassVar, Final, Literal, TypeVar
 
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.entries import providers_accepting
 from airflow_batch_provider.core.batch import BATCH_ERROR_CODES as BATCH_ERROR_CODES
 from airflow_batch_provider.core.batch import BatchErrorCode as BatchErrorCode
 from airflow_batch_provider.core.batch import BatchStatus as BatchStatus
@@ -151,20 +153,49 @@ class AsyncRealtimeClient(ABC):
 class BatchAdapter(ABC):
     """One provider's batch API behind the shared contract.
 
+    A subclass declares its provider once, in :attr:`declaration`; :attr:`name`,
+    :attr:`conn_type`, :attr:`limits` and :attr:`runs_in_pod` are read from it.
+
     :param settings: credentials and endpoint, built by a hook from an Airflow connection
     """
 
+    #: The provider's facts (connection type, limits, retryable words, console page, planner model).
+    declaration: ClassVar[ProviderDeclaration]
     name: ClassVar[str]
     conn_type: ClassVar[str]
     limits: ClassVar[Limits]
+    #: The adapter's batches run in pods of the self-hosted lane (``declaration.lane == "pod"``).
+    runs_in_pod: ClassVar[bool] = False
     #: The request kinds this adapter formats and submits; prepare refuses any other kind before
     #: anything is staged or paid, and :meth:`check_kind` refuses it again at formatting.
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat"})
     #: The key of a result line that holds the custom id (``custom_id``, ``key``, ``recordId``).
     result_id_field: ClassVar[str] = "custom_id"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("declaration")
+        if isinstance(declared, ProviderDeclaration):
+            cls.name = declared.name
+            cls.conn_type = declared.conn_type
+            cls.limits = declared.limits
+            cls.runs_in_pod = declared.lane == "pod"
+
     def __init__(self, settings: AdapterSettings) -> None:
         self.settings = settings
+
+    def probe(self) -> str:
+        """Make one cheap authenticated read against the API and describe what answered.
+
+        What a connection's "Test" button runs; it never creates, uploads or pays for anything.
+
+        :raises NotImplementedError: the adapter has no probe
+        :raises Exception: whatever the SDK raises when the API is unreachable or refuses the key
+        """
+        raise NotImplementedError(
+            f"the {self.name!r} adapter has no probe; implement {type(self).__name__}.probe() with one "
+            "read-only call (list one batch) to let the connection be tested."
+        )
 
     @classmethod
     def kind_refusal(cls, kind: str, workload: str | None = None) -> str | None:
@@ -175,8 +206,6 @@ class BatchAdapter(ABC):
         """
         if kind in cls.kinds:
             return None
-        from airflow_batch_provider.adapters.registry import providers_accepting
-
         others = providers_accepting(kind)
         where = f"workload {workload!r} asks" if workload else "the request asks"
         return (

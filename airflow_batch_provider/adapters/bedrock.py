@@ -75,28 +75,34 @@ from airflow_batch_provider.adapters.base import (
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
-    BatchState,
     BatchStatus,
     CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
     create_once,
-    failure_code,
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.bedrock_clients import _bedrock_endpoint, _runtime_endpoint, _split_s3
+from airflow_batch_provider.adapters.bedrock_clients import aio_client as aio_client
+from airflow_batch_provider.adapters.bedrock_clients import boto_client as boto_client
+from airflow_batch_provider.adapters.bedrock_results import STATES as STATES
+from airflow_batch_provider.adapters.bedrock_results import _is_manifest, _line_result, _status
+from airflow_batch_provider.adapters.bedrock_results import error_result as error_result
+from airflow_batch_provider.adapters.bedrock_results import model_family as model_family
+from airflow_batch_provider.adapters.bedrock_results import output_result as output_result
 from airflow_batch_provider.adapters.claude import (
     BEDROCK_ANTHROPIC_VERSION,
     claude_body,
-    claude_result,
-    claude_usage,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.exceptions import ConfigurationError, SubmitError
 
 MIN_RECORDS: Final = 100
@@ -106,41 +112,8 @@ ANTHROPIC_VERSION: Final = BEDROCK_ANTHROPIC_VERSION
 DEFAULT_MAX_TOKENS: Final = 1024
 RECORDS_METADATA: Final = "abp-records"
 
-#: Bedrock job status -> neutral state.
-STATES: Final[Mapping[str, BatchState]] = {
-    "Submitted": "validating",
-    "Validating": "validating",
-    "Scheduled": "validating",
-    "InProgress": "in_progress",
-    "Stopping": "cancelling",
-    "Stopped": "cancelled",
-    "Completed": "completed",
-    "PartiallyCompleted": "expired",
-    "Failed": "failed",
-    "Expired": "expired",
-}
-_REGION_PREFIXES: Final = ("us.", "eu.", "apac.", "global.", "us-gov.", "jp.", "au.", "ca.")
 _JOB_NAME_BAD: Final = re.compile(r"[^a-zA-Z0-9+.-]")
 _TOKEN: Final = re.compile(r"^[a-zA-Z0-9]{1,256}(-*[a-zA-Z0-9]){0,256}$")
-
-
-def model_family(model_id: str) -> str | None:
-    """Return ``anthropic``, ``nova`` or ``titan-embed`` for a Bedrock model id, else ``None``.
-
-    :param model_id: e.g. ``anthropic.claude-3-5-haiku-20241022-v1:0``, ``us.amazon.nova-lite-v1:0``
-    """
-    name = model_id.rsplit("/", 1)[-1]
-    for prefix in _REGION_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    if name.startswith("anthropic."):
-        return "anthropic"
-    if name.startswith("amazon.nova-"):
-        return "nova"
-    if name.startswith("amazon.titan-embed"):
-        return "titan-embed"
-    return None
 
 
 def job_name(key: str) -> str:
@@ -174,113 +147,6 @@ def job_id(batch_id: str) -> str:
     return batch_id.rsplit("/", 1)[-1]
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ConfigurationError(f"{uri!r} is not an s3:// URI; give s3://bucket/prefix.")
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    return bucket, key.strip("/")
-
-
-def _session_kwargs(settings: AdapterSettings) -> dict[str, Any]:
-    extra = settings.extra
-    key_id = extra.get("aws_access_key_id") or extra.get("login")
-    secret = settings.api_key or extra.get("aws_secret_access_key")
-    kwargs: dict[str, Any] = {}
-    if key_id or secret:
-        if not (key_id and secret):
-            raise ConfigurationError(
-                "the Bedrock connection has only half of an AWS key pair; set both the login (access key "
-                "id, or extra aws_access_key_id) and the password (secret access key), or neither to use "
-                "the default credential chain."
-            )
-        kwargs["aws_access_key_id"] = key_id
-        kwargs["aws_secret_access_key"] = secret
-        if extra.get("aws_session_token"):
-            kwargs["aws_session_token"] = extra["aws_session_token"]
-    if extra.get("region_name"):
-        kwargs["region_name"] = extra["region_name"]
-    return kwargs
-
-
-def boto_client(settings: AdapterSettings, service: str, endpoint_url: str | None, config: Any) -> Any:
-    """Return a blocking boto3 client; credentials from the hook's ``AwsBaseHook`` when there is one.
-
-    :param settings: the connection settings (``credentials``: an object with ``get_session``)
-    :param service: ``bedrock``, ``bedrock-runtime`` or ``s3``
-    :param endpoint_url: endpoint override, or ``None``
-    :param config: a botocore ``Config``
-    """
-    source = settings.credentials
-    if source is not None:
-        session = source.get_session(region_name=settings.extra.get("region_name") or None)
-        return session.client(service, endpoint_url=endpoint_url, config=config)
-    import boto3
-
-    return boto3.session.Session().client(
-        service, endpoint_url=endpoint_url, config=config, **_session_kwargs(settings)
-    )
-
-
-async def aio_client(
-    stack: contextlib.AsyncExitStack,
-    settings: AdapterSettings,
-    service: str,
-    endpoint_url: str | None,
-    config: Any,
-) -> Any:
-    """Return an aiobotocore client entered on ``stack``; credentials as in :func:`boto_client`.
-
-    The hook's session is built in a thread: assume-role fetches credentials from STS, blocking.
-
-    :param stack: owns the client's lifetime
-    :param settings: the connection settings
-    :param service: ``bedrock`` or ``bedrock-runtime``
-    :param endpoint_url: endpoint override, or ``None``
-    :param config: an aiobotocore ``AioConfig``
-    """
-    import asyncio
-
-    source = settings.credentials
-    region = settings.extra.get("region_name") or None
-    if source is not None:
-        session = await asyncio.to_thread(source.get_session, region_name=region, deferrable=True)
-        kwargs: dict[str, Any] = {"region_name": region} if region else {}
-    else:
-        from aiobotocore.session import get_session
-
-        session = get_session()
-        kwargs = _session_kwargs(settings)
-    return await stack.enter_async_context(
-        session.create_client(service, endpoint_url=endpoint_url, config=config, **kwargs)
-    )
-
-
-def _bedrock_endpoint(settings: AdapterSettings) -> str | None:
-    value = settings.extra.get("bedrock_endpoint_url") or settings.base_url
-    return str(value) if value else None
-
-
-def _runtime_endpoint(settings: AdapterSettings) -> str | None:
-    value = settings.extra.get("bedrock_runtime_endpoint_url") or _bedrock_endpoint(settings)
-    return str(value) if value else None
-
-
-def _status(job: Mapping[str, Any]) -> BatchStatus:
-    raw = str(job.get("status") or "Submitted")
-    state = STATES.get(raw, "in_progress")
-    message = job.get("message") or None
-    return BatchStatus(
-        state=state,
-        total=int(job.get("totalRecordCount") or 0),
-        completed=int(job.get("successRecordCount") or 0),
-        failed=int(job.get("errorRecordCount") or 0),
-        reason=message,
-        raw_state=raw,
-        error_code=failure_code(message) if state == "failed" else None,
-        error_message=message if state == "failed" else None,
-    )
-
-
 def _classify(exc: Exception) -> CreateFailure | None:
     """Read a failed create: throttling refused, 5xx/timeout/connection ambiguous, other 4xx raised."""
     from botocore.exceptions import ClientError, HTTPClientError
@@ -296,78 +162,6 @@ def _classify(exc: Exception) -> CreateFailure | None:
     if isinstance(exc, (HTTPClientError, BotoConnectionError)):
         return http_failure(None)
     return None
-
-
-def _usage(family: str | None, output: Mapping[str, Any]) -> Usage:
-    usage = output.get("usage")
-    if isinstance(usage, Mapping) and "input_tokens" in usage:  # Claude Messages
-        return claude_usage(usage)
-    if isinstance(usage, Mapping):  # Nova / Converse
-        return Usage(
-            input_tokens=int(usage.get("inputTokens") or 0),
-            output_tokens=int(usage.get("outputTokens") or 0),
-            cached_input_tokens=int(usage.get("cacheReadInputTokenCount") or 0),
-            cache_write_tokens=int(usage.get("cacheWriteInputTokenCount") or 0),
-        )
-    del family
-    return Usage(input_tokens=int(output.get("inputTextTokenCount") or 0))
-
-
-def output_result(custom_id: str, output: Mapping[str, Any]) -> ItemResult:
-    """Turn one ``InvokeModel`` response body (a ``modelOutput``) into a neutral result.
-
-    :param custom_id: the record's id
-    :param output: the response body
-    """
-    if "embedding" in output:
-        return ItemResult(custom_id, "succeeded", output=output.get("embedding"), usage=_usage(None, output))
-    if output.get("type") == "message" or "content" in output:  # Claude Messages
-        return claude_result(custom_id, output)
-    if "output" in output:  # Nova messages-v1
-        message = (output.get("output") or {}).get("message") or {}
-        text = "".join(str(b.get("text", "")) for b in message.get("content") or [] if isinstance(b, Mapping))
-        return ItemResult(
-            custom_id,
-            "succeeded",
-            output=text,
-            usage=_usage("nova", output),
-            raw={"finish_reason": output.get("stopReason")},
-        )
-    if "results" in output:  # Titan text
-        results = output.get("results") or [{}]
-        return ItemResult(
-            custom_id,
-            "succeeded",
-            output=results[0].get("outputText"),
-            usage=Usage(
-                input_tokens=int(output.get("inputTextTokenCount") or 0),
-                output_tokens=int(results[0].get("tokenCount") or 0),
-            ),
-            raw={"finish_reason": results[0].get("completionReason")},
-        )
-    raise ValueError(f"modelOutput has no shape this adapter knows (keys {sorted(output)[:8]})")
-
-
-def error_result(custom_id: str, error: Mapping[str, Any]) -> ItemResult:
-    """Turn a batch line's ``error`` (``errorCode``, ``errorMessage``) into a neutral result.
-
-    :param custom_id: the record's id
-    :param error: the error object
-    """
-    code = error.get("errorCode")
-    status: int | None = None
-    try:
-        status = int(code) if code is not None else None
-    except (TypeError, ValueError):
-        status = None
-    message = error.get("errorMessage")
-    outcome = classify_http_error(status, code if isinstance(code, str) else None)
-    return ItemResult(
-        custom_id,
-        outcome,
-        error_code=str(code) if code is not None else "error",
-        error_message=str(message) if message is not None else None,
-    )
 
 
 class _AsyncBedrockStatus(AsyncStatusClient):
@@ -448,7 +242,7 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
             headers = {str(k).lower(): str(v) for k, v in (meta.get("HTTPHeaders") or {}).items()}
             code = str(err.get("Code") or meta.get("HTTPStatusCode") or "error")
             status = meta.get("HTTPStatusCode")
-            outcome = classify_http_error(int(status) if status else None, code)
+            outcome = classify_outcome(int(status) if status else None, code)
             result = ItemResult(custom_id, outcome, error_code=code, error_message=err.get("Message"))
             return RealtimeReply(result, retry_after=parse_retry_after(headers))
         except (BotoCoreError, OSError, ValueError) as exc:
@@ -474,13 +268,25 @@ class _AsyncBedrockRealtime(AsyncRealtimeClient):
 class BedrockBatchAdapter(BatchAdapter):
     """Amazon Bedrock batch inference; see the module docstring for the connection and the limits."""
 
-    name: ClassVar[str] = "bedrock"
-    result_id_field: ClassVar[str] = "recordId"
-    conn_type: ClassVar[str] = "bedrock_batch"
-    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
-    limits: ClassVar[Limits] = Limits(
-        max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="bedrock",
+        conn_type="bedrock_batch",
+        limits=Limits(max_requests=MAX_RECORDS, max_bytes=MAX_FILE_BYTES, min_requests=MIN_RECORDS),
+        retryable_errors=frozenset(
+            {
+                "ThrottlingException",
+                "TooManyRequestsException",
+                "InternalServerException",
+                "ServiceUnavailableException",
+                "ModelTimeoutException",
+                "ModelNotReadyException",
+                "ModelErrorException",
+            }
+        ),
+        compare_model="amazon.nova-lite",
     )
+    result_id_field: ClassVar[str] = "recordId"
+    kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -526,6 +332,17 @@ class BedrockBatchAdapter(BatchAdapter):
                 self.settings, "s3", self.settings.extra.get("s3_endpoint_url") or None, self._config()
             )
         return self._s3
+
+    def probe(self) -> str:
+        """List one model invocation job and, when an input prefix is set, check its bucket."""
+        jobs = self._create_bedrock.list_model_invocation_jobs(maxResults=1)
+        found = len(jobs.get("invocationJobSummaries") or [])
+        detail = f"Bedrock listed {found} job(s) on the first page"
+        if self.settings.extra.get("s3_uri") or self.settings.extra.get("input_bucket"):
+            bucket = self.input_uri[len("s3://") :].split("/", 1)[0]
+            self.s3.head_bucket(Bucket=bucket)
+            detail += f"; bucket {bucket} is reachable"
+        return detail
 
     @property
     def min_records(self) -> int:
@@ -824,19 +641,3 @@ class BedrockBatchAdapter(BatchAdapter):
             if code in ("ValidationException", "ConflictException") and self.status(ref).terminal:
                 return  # it ended before the stop arrived: completed work stays downloadable
             raise
-
-
-def _is_manifest(line: Mapping[str, Any]) -> bool:
-    return "recordId" not in line and "totalRecordCount" in line
-
-
-def _line_result(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
-    error = line.get("error")
-    if error is not None:
-        if not isinstance(error, Mapping):
-            error = {"errorCode": None, "errorMessage": str(error)}
-        return error_result(custom_id, error)
-    output = line["modelOutput"]
-    if not isinstance(output, Mapping):
-        raise TypeError("modelOutput is not an object")
-    return output_result(custom_id, output)

@@ -73,7 +73,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 import shutil
 import tempfile
 import warnings
@@ -89,27 +88,40 @@ from airflow_batch_provider.adapters.base import (
     AsyncStatusClient,
     BatchAdapter,
     BatchRef,
-    BatchState,
     BatchStatus,
     CreateFailure,
     InputRef,
     Limits,
     RealtimeReply,
     create_once,
-    failure_code,
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.gemini_clients import DEFAULT_API_VERSION as DEFAULT_API_VERSION
+from airflow_batch_provider.adapters.gemini_clients import client_kwargs as client_kwargs
+from airflow_batch_provider.adapters.gemini_clients import gcs_filesystem as gcs_filesystem
+from airflow_batch_provider.adapters.gemini_clients import http_options as http_options
+from airflow_batch_provider.adapters.gemini_clients import vertex_create_args as vertex_create_args
+from airflow_batch_provider.adapters.gemini_format import _EMBED_PARAMS, _model_path, _text_of
+from airflow_batch_provider.adapters.gemini_format import gemini_tool_config as gemini_tool_config
+from airflow_batch_provider.adapters.gemini_format import gemini_tools as gemini_tools
+from airflow_batch_provider.adapters.gemini_format import generation_config as generation_config
+from airflow_batch_provider.adapters.gemini_results import GRPC_TO_HTTP as GRPC_TO_HTTP
+from airflow_batch_provider.adapters.gemini_results import STATE_MAP as STATE_MAP
+from airflow_batch_provider.adapters.gemini_results import _rest_stats, _rest_stats_async, _status
+from airflow_batch_provider.adapters.gemini_results import batch_stats as batch_stats
+from airflow_batch_provider.adapters.gemini_results import classify_error as classify_error
+from airflow_batch_provider.adapters.gemini_results import result_from_line as result_from_line
+from airflow_batch_provider.adapters.gemini_results import state_of as state_of
 from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
 from airflow_batch_provider.core.requests import (
     CanonicalRequest,
     RequestKind,
-    canonical_tool_choice,
-    canonical_tools,
 )
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -117,144 +129,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_API_VERSION: Final = "v1beta"
 INLINE_CEILING_BYTES: Final = 20 * 1024 * 1024
-
-#: Provider state (``JOB_STATE_*`` or ``BATCH_STATE_*`` suffix) -> neutral state.
-STATE_MAP: Final[dict[str, BatchState]] = {
-    "UNSPECIFIED": "validating",
-    "QUEUED": "validating",
-    "PENDING": "validating",
-    "RUNNING": "in_progress",
-    "UPDATING": "in_progress",
-    "PAUSED": "in_progress",
-    "SUCCEEDED": "completed",
-    "PARTIALLY_SUCCEEDED": "completed",
-    "FAILED": "failed",
-    "CANCELLING": "cancelling",
-    "CANCELLED": "cancelled",
-    "EXPIRED": "expired",
-}
-
-#: ``google.rpc.Code`` number -> HTTP status.
-GRPC_TO_HTTP: Final[dict[int, int]] = {
-    1: 499,
-    2: 500,
-    3: 400,
-    4: 504,
-    5: 404,
-    6: 409,
-    7: 403,
-    8: 429,
-    9: 400,
-    10: 409,
-    11: 400,
-    12: 501,
-    13: 500,
-    14: 503,
-    15: 500,
-    16: 401,
-}
-#: Canonical (OpenAI-style) generation parameters -> Gemini ``generationConfig`` fields.
-_GENERATION_PARAMS: Final[dict[str, str]] = {
-    "max_tokens": "maxOutputTokens",
-    "max_completion_tokens": "maxOutputTokens",
-    "max_output_tokens": "maxOutputTokens",
-    "temperature": "temperature",
-    "top_p": "topP",
-    "top_k": "topK",
-    "seed": "seed",
-    "n": "candidateCount",
-    "candidate_count": "candidateCount",
-    "presence_penalty": "presencePenalty",
-    "frequency_penalty": "frequencyPenalty",
-}
-_EMBED_PARAMS: Final[dict[str, str]] = {
-    "dimensions": "outputDimensionality",
-    "output_dimensionality": "outputDimensionality",
-    "outputDimensionality": "outputDimensionality",
-    "task_type": "taskType",
-    "taskType": "taskType",
-    "title": "title",
-}
-_BLOCKED_FINISH: Final = frozenset(
-    {"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "LANGUAGE"}
-)
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
-
-
-def _model_path(model: str) -> str:
-    return model if model.startswith(("models/", "tunedModels/")) else f"models/{model}"
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(p.get("text", "")) if isinstance(p, Mapping) else str(p) for p in content if p
-        ).strip()
-    return "" if content is None else str(content)
-
-
-def generation_config(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Translate canonical generation parameters into a Gemini ``generationConfig``.
-
-    OpenAI-style names (``max_tokens``, ``top_p``, ``stop``, ``response_format``) are mapped;
-    other names pass through camel-cased (``response_mime_type`` -> ``responseMimeType``), so
-    Gemini-only settings (``thinking_config`` ...) can be given too.
-
-    :param params: the prompt's parameters
-    """
-    out: dict[str, Any] = {}
-    for name, value in params.items():
-        if name in _GENERATION_PARAMS:
-            out[_GENERATION_PARAMS[name]] = value
-        elif name == "stop":
-            out["stopSequences"] = [value] if isinstance(value, str) else list(value)
-        elif name == "response_format":
-            kind = value.get("type") if isinstance(value, Mapping) else None
-            if kind in ("json_object", "json_schema"):
-                out["responseMimeType"] = "application/json"
-            if kind == "json_schema":
-                schema = (value.get("json_schema") or {}).get("schema")
-                if schema is not None:
-                    out["responseJsonSchema"] = schema
-        else:
-            out[_camel(name)] = value
-    return out
-
-
-def gemini_tools(tools: Any) -> list[dict[str, Any]]:
-    """Gemini ``tools``: one tool holding every function declaration.
-
-    :param tools: the prompt's ``tools`` param, in any form the canonical reader accepts
-    """
-    declarations = []
-    for tool in canonical_tools(tools):
-        declaration: dict[str, Any] = {"name": tool.name, "parameters": dict(tool.parameters)}
-        if tool.description:
-            declaration["description"] = tool.description
-        declarations.append(declaration)
-    return [{"functionDeclarations": declarations}] if declarations else []
-
-
-def gemini_tool_config(choice: Any) -> dict[str, Any] | None:
-    """Gemini ``toolConfig`` for a canonical ``tool_choice``.
-
-    :param choice: the prompt's ``tool_choice`` param
-    """
-    value = canonical_tool_choice(choice)
-    if value is None:
-        return None
-    modes = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
-    if value in modes:
-        return {"functionCallingConfig": {"mode": modes[value]}}
-    return {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [value]}}
 
 
 def rest_request(request: CanonicalRequest) -> dict[str, Any]:
@@ -312,192 +187,6 @@ def rest_request(request: CanonicalRequest) -> dict[str, Any]:
     return body
 
 
-def http_options(settings: AdapterSettings, *, attempts: int | None = None) -> dict[str, Any]:
-    """Return the SDK's ``HttpOptions`` (as a dict) for a connection.
-
-    The Developer API is pinned to ``v1beta`` (extra ``api_version``), the version that serves
-    Batch Mode; ``base_url`` is the connection host (the emulator in tests).
-
-    :param settings: the connection settings
-    :param attempts: total attempts per call (``1``: no SDK retries); default ``max_retries + 1``
-    """
-    extra = settings.extra
-    tries = attempts if attempts is not None else int(extra.get("max_retries", 3)) + 1
-    options: dict[str, Any] = {
-        "timeout": int(float(extra.get("timeout", 120.0)) * 1000),
-        "retry_options": {"attempts": max(1, tries)},
-    }
-    if settings.base_url:
-        options["base_url"] = settings.base_url
-    if not extra.get("vertexai"):
-        options["api_version"] = extra.get("api_version", DEFAULT_API_VERSION)
-    elif extra.get("api_version"):
-        options["api_version"] = extra["api_version"]
-    return options
-
-
-def client_kwargs(settings: AdapterSettings, *, attempts: int | None = None) -> dict[str, Any]:
-    """Return ``genai.Client`` keyword arguments for a connection (Developer API or Vertex AI).
-
-    :param settings: the connection settings
-    :param attempts: total attempts per call (see :func:`http_options`)
-    :raises ConfigurationError: a Vertex connection without project or location
-    """
-    extra = settings.extra
-    kwargs: dict[str, Any] = {"http_options": http_options(settings, attempts=attempts)}
-    if extra.get("vertexai"):
-        missing = [k for k in ("project", "location") if not extra.get(k)]
-        if missing:
-            raise ConfigurationError(
-                f"a Vertex AI Gemini connection needs {missing} in its extras, e.g. "
-                '{"vertexai": true, "project": "my-project", "location": "us-central1", '
-                '"gcs_prefix": "gs://bucket/llm-batch"}.'
-            )
-        kwargs.update(vertexai=True, project=extra["project"], location=extra["location"])
-        if settings.credentials is not None:
-            kwargs["credentials"] = settings.credentials  # from the connection's gcp_conn_id
-    else:
-        if not settings.api_key:
-            raise ConfigurationError(
-                "the Gemini connection has no API key; put the key in the connection's password field."
-            )
-        kwargs["api_key"] = settings.api_key
-    return kwargs
-
-
-def gcs_filesystem(credentials: Any, project: str | None, endpoint_url: str | None) -> Any:
-    """Return a ``gcsfs`` filesystem (its plain JSON-API class: batch staging needs no zonal buckets).
-
-    :param credentials: ``google.auth`` credentials, or ``None`` for Application Default Credentials
-    :param project: the billing project
-    :param endpoint_url: a GCS endpoint override (an emulator), or ``None``
-    :raises ConfigurationError: gcsfs is not installed
-    """
-    try:
-        from gcsfs.core import GCSFileSystem
-    except ImportError as exc:
-        raise ConfigurationError(
-            "gs:// staging needs gcsfs; install airflow-batch-provider[vertex]."
-        ) from exc
-    from google.auth.credentials import AnonymousCredentials
-
-    token: Any = "anon" if isinstance(credentials, AnonymousCredentials) else credentials
-    return GCSFileSystem(project=project, token=token, endpoint_url=endpoint_url)
-
-
-def state_of(raw: str) -> BatchState:
-    """Map a provider state (``JOB_STATE_*`` or ``BATCH_STATE_*``) to the neutral state.
-
-    Unknown states count as ``in_progress`` (the trigger keeps polling and logs the raw state).
-
-    :param raw: the provider's state
-    """
-    suffix = re.sub(r"^(JOB|BATCH)_STATE_", "", raw.upper())
-    return STATE_MAP.get(suffix, "in_progress")
-
-
-def batch_stats(body: Mapping[str, Any] | None) -> tuple[int, int, int] | None:
-    """Read ``(successful, failed, pending)`` from a Developer API batch's REST answer.
-
-    ``GET /v1beta/batches/{id}`` answers an operation whose ``metadata`` (the batch) holds
-    ``batchStats`` (``requestCount``, ``successfulRequestCount``, ``failedRequestCount``,
-    ``pendingRequestCount``; int64 values written as strings), which the SDK's ``BatchJob`` drops.
-
-    :param body: the parsed answer (the operation, or the batch itself)
-    :return: the counts, or ``None`` when the answer carries none
-    """
-    if not isinstance(body, Mapping):
-        return None
-    metadata = body.get("metadata")
-    batch: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else body
-    stats = batch.get("batchStats")
-    if not isinstance(stats, Mapping):
-        return None
-    try:
-        total = int(stats.get("requestCount") or 0)
-        succeeded = int(stats.get("successfulRequestCount") or 0)
-        failed = int(stats.get("failedRequestCount") or 0)
-        pending = int(stats.get("pendingRequestCount") or max(0, total - succeeded - failed))
-    except (TypeError, ValueError):
-        return None
-    return succeeded, failed, pending
-
-
-def _batch_path(batch_id: str) -> str:
-    return batch_id if batch_id.startswith("batches/") else f"batches/{batch_id}"
-
-
-def _rest_stats(client: Any, batch_id: str) -> tuple[int, int, int] | None:
-    """The batch's ``batchStats``, read by a GET through the SDK's own API client.
-
-    The client brings its base URL, API version, credentials and retries. ``None`` on Vertex (the
-    SDK reports ``completion_stats`` there) or when the answer cannot be read (counts stay unknown).
-    """
-    api = getattr(client, "_api_client", None)
-    if api is None or getattr(api, "vertexai", False):
-        return None
-    try:
-        response = api.request("get", _batch_path(batch_id), {}, None)
-        return batch_stats(json.loads(response.body or "{}"))
-    except Exception as exc:  # counts are progress only: never fail a status read for them
-        log.info(
-            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
-        )
-        return None
-
-
-async def _rest_stats_async(client: Any, batch_id: str) -> tuple[int, int, int] | None:
-    """:func:`_rest_stats` on the SDK's async transport."""
-    api = getattr(client, "_api_client", None)
-    if api is None or getattr(api, "vertexai", False):
-        return None
-    try:
-        response = await api.async_request("get", _batch_path(batch_id), {}, None)
-        return batch_stats(json.loads(response.body or "{}"))
-    except Exception as exc:  # counts are progress only: never fail a status read for them
-        log.info(
-            "could not read batchStats of %s (%s: %s); counts stay unknown", batch_id, type(exc).__name__, exc
-        )
-        return None
-
-
-def _status(job: Any, rest_stats: tuple[int, int, int] | None = None) -> BatchStatus:
-    state = job.state
-    raw = str(getattr(state, "value", state) or "JOB_STATE_UNSPECIFIED")
-    neutral = state_of(raw)
-    stats = getattr(job, "completion_stats", None)
-    completed = int(getattr(stats, "successful_count", 0) or 0) if stats else 0
-    failed = int(getattr(stats, "failed_count", 0) or 0) if stats else 0
-    incomplete = int(getattr(stats, "incomplete_count", 0) or 0) if stats else 0
-    if stats is None and rest_stats is not None:
-        completed, failed, incomplete = rest_stats
-    error = getattr(job, "error", None)
-    reason = None
-    error_code = error_message = None
-    if error is not None and (error.message or error.code):
-        reason = f"{error.code}: {error.message}" if error.code else str(error.message)
-    elif neutral in ("failed", "expired"):
-        reason = f"Gemini reported {raw} for {job.name} without an error message"
-    if neutral == "failed":
-        code = getattr(error, "code", None)
-        error_message = getattr(error, "message", None) or reason
-        error_code = failure_code(_RPC_CODES.get(code) if isinstance(code, int) else code, error_message)
-    return BatchStatus(
-        state=neutral,
-        total=completed + failed + max(incomplete, 0),
-        completed=completed,
-        failed=failed,
-        reason=reason,
-        raw_state=raw,
-        error_code=error_code,
-        error_message=error_message,
-    )
-
-
-#: ``google.rpc.Code`` numbers a failed batch's error may carry, by name
-_RPC_CODES: Final = {3: "INVALID_ARGUMENT", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 13: "INTERNAL"}
-
-
 def _classify(exc: Exception) -> CreateFailure | None:
     """Read a failed create: 429 refused, 5xx/timeout/connection ambiguous, other 4xx raised."""
     from google.genai import errors
@@ -519,127 +208,6 @@ def _transport_errors() -> tuple[type[Exception], ...]:
         except (ImportError, AttributeError):
             continue
     return tuple(found)
-
-
-def _usage(meta: Mapping[str, Any] | None, fallback_prompt: int = 0) -> Usage:
-    meta = meta or {}
-    prompt = int(meta.get("promptTokenCount") or fallback_prompt or 0)
-    cached = int(meta.get("cachedContentTokenCount") or 0)
-    thoughts = int(meta.get("thoughtsTokenCount") or 0)
-    output = int(meta.get("candidatesTokenCount") or 0) + thoughts
-    return Usage(
-        input_tokens=max(prompt - cached, 0),
-        output_tokens=output,
-        cached_input_tokens=cached,
-        reasoning_tokens=thoughts,
-    )
-
-
-def classify_error(code: Any, status: str | None) -> Outcome:
-    """Map a per-item error (HTTP or gRPC ``code``, ``google.rpc.Code`` name) to an outcome.
-
-    :param code: the error's ``code`` (HTTP status or gRPC number)
-    :param status: the error's ``status`` name, if any
-    """
-    name = (status or "").upper()
-    try:
-        number = int(code) if code is not None else None
-    except (TypeError, ValueError):
-        number = None
-    http = GRPC_TO_HTTP.get(number, number) if number is not None and number < 100 else number
-    if name == "CANCELLED" or http == 499:
-        return "cancelled"
-    if name == "DEADLINE_EXCEEDED":
-        return "expired"
-    return classify_http_error(http, name or None)
-
-
-def result_from_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
-    """Turn one parsed result line (``response`` or ``error``/``status``) into a neutral result.
-
-    :param custom_id: the line's key
-    :param line: the parsed line
-    """
-    error = line.get("error")
-    status = line.get("status")
-    if not error and isinstance(status, Mapping) and status:
-        error = status
-    if not error and isinstance(status, str) and status:  # Vertex: a non-empty status string
-        error = {"message": status}
-    if error:
-        err = error if isinstance(error, Mapping) else {"message": str(error)}
-        code = err.get("code")
-        name = err.get("status")
-        return ItemResult(
-            custom_id,
-            classify_error(code, name),
-            error_code=str(name or code or "error"),
-            error_message=err.get("message"),
-            raw={"code": code},
-        )
-    response = line.get("response")
-    if not isinstance(response, Mapping):
-        return ItemResult(
-            custom_id,
-            "failed_retryable",
-            error_code="no_response",
-            error_message="line has neither response nor error",
-        )
-    if "embedding" in response or "embeddings" in response:
-        emb = response.get("embedding") or (response.get("embeddings") or [{}])[0]
-        values = emb.get("values") if isinstance(emb, Mapping) else None
-        tokens = int(response.get("tokenCount") or 0)
-        return ItemResult(
-            custom_id, "succeeded", output=values, usage=_usage(response.get("usageMetadata"), tokens)
-        )
-    usage = _usage(response.get("usageMetadata"))
-    candidates = response.get("candidates") or []
-    feedback = response.get("promptFeedback") or {}
-    if not candidates:
-        reason = feedback.get("blockReason") or "NO_CANDIDATES"
-        return ItemResult(
-            custom_id,
-            "failed_permanent",
-            usage=usage,
-            error_code=f"blocked:{reason}",
-            error_message=f"the prompt was blocked ({reason}); change the input or the safety settings",
-        )
-    first = candidates[0]
-    parts = (first.get("content") or {}).get("parts") or []
-    text = "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and not p.get("thought"))
-    calls: list[Mapping[str, Any]] = [
-        p["functionCall"]
-        for p in parts
-        if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
-    ]
-    output: Any = text
-    if not text and calls:
-        args = [c.get("args") if isinstance(c, Mapping) else c for c in calls]
-        output = (
-            args[0]
-            if len(args) == 1
-            else [{"name": c.get("name"), "arguments": c.get("args")} for c in calls]
-        )
-    finish = first.get("finishReason")
-    if finish in _BLOCKED_FINISH and not text:
-        return ItemResult(
-            custom_id,
-            "failed_permanent",
-            usage=usage,
-            error_code=f"finish:{finish}",
-            error_message=f"generation stopped ({finish}) without output",
-        )
-    return ItemResult(
-        custom_id,
-        "succeeded",
-        output=output,
-        usage=usage,
-        raw={
-            "finish_reason": finish,
-            "response_id": response.get("responseId"),
-            "model_version": response.get("modelVersion"),
-        },
-    )
 
 
 class _CountingWriter(io.RawIOBase):
@@ -677,26 +245,6 @@ def _peek(chunk: IO[bytes]) -> tuple[str | None, bool]:
         return None, False
     model = request.get("model")
     return (str(model) if model else None), "contents" in request
-
-
-def vertex_create_args(model: str, uri: str, key: str, gcs_prefix: str) -> dict[str, Any]:
-    """Return ``client.batches.create`` arguments of a Vertex AI batch prediction job.
-
-    :param model: the model (``gemini-2.5-flash`` or ``models/...``)
-    :param uri: the ``gs://`` input file
-    :param key: the idempotency key (display name and output folder)
-    :param gcs_prefix: the connection's ``gs://`` prefix
-    """
-    if not uri.startswith("gs://") or not gcs_prefix.startswith("gs://"):
-        raise ConfigurationError(
-            f"Vertex AI batch input and output must be gs:// URIs (got {uri!r} and {gcs_prefix!r}); "
-            'set the connection extra "gcs_prefix" to a gs:// folder.'
-        )
-    return {
-        "model": model.removeprefix("models/"),
-        "src": uri,
-        "config": {"display_name": key, "dest": f"{gcs_prefix.rstrip('/')}/output/{key}/"},
-    }
 
 
 class _AsyncGeminiStatus(AsyncStatusClient):
@@ -799,13 +347,18 @@ class GeminiBatchAdapter(BatchAdapter):
     model); Vertex: ``vertexai``, ``project``, ``location``, ``gcs_prefix``.
     """
 
-    name: ClassVar[str] = "gemini"
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="gemini",
+        conn_type="gemini_batch",
+        # Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
+        # chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
+        limits=Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024),
+        # google.rpc.Code names (Gemini, Vertex AI)
+        retryable_errors=frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}),
+        compare_model="gemini-2.5-flash",
+    )
     result_id_field: ClassVar[str] = "key"
-    conn_type: ClassVar[str] = "gemini_batch"
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding"})
-    #: Batch Mode takes input files up to 2 GB; no published request count ceiling, so the
-    #: chunker uses OpenAI's 50,000 to keep jobs (and their retries) a manageable size.
-    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=2 * 1024 * 1024 * 1024)
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -837,6 +390,16 @@ class GeminiBatchAdapter(BatchAdapter):
     def vertex(self) -> bool:
         """True for a Vertex AI connection."""
         return bool(self.settings.extra.get("vertexai"))
+
+    def probe(self) -> str:
+        """List one batch (SDK retries off); for Vertex AI also list the GCS prefix."""
+        pager = self._create_client.batches.list(config={"page_size": 1})
+        detail = f"listed {len(pager.page)} batch job(s) on the first page"
+        if self.vertex:
+            bucket = self._gcs_prefix().removeprefix("gs://").split("/", 1)[0]
+            self.gcs.ls(bucket)
+            detail += f"; GCS bucket {bucket} is readable"
+        return detail
 
     @property
     def inline_max_bytes(self) -> int:

@@ -42,13 +42,15 @@ from airflow_batch_provider.adapters.base import (
     unsupported_reply,
     utcnow,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.core.requests import (
     CanonicalRequest,
     RequestKind,
     canonical_tool_choice,
     canonical_tools,
 )
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -466,7 +468,7 @@ class _AsyncOpenAIRealtime(AsyncRealtimeClient):
         inner = body.get("error")
         err: Mapping[str, Any] = inner if isinstance(inner, Mapping) else body
         code = str(err.get("code") or err.get("type") or status)
-        outcome = classify_http_error(status, code)
+        outcome = classify_outcome(status, code)
         headers = exc.response.headers
         retry_after = parse_retry_after(headers) if outcome == "failed_retryable" else None
         message = err.get("message") or str(exc)
@@ -500,10 +502,16 @@ class OpenAIBatchAdapter(BatchAdapter):
     ``create_retry_initial_s``, ``create_retry_max_s``.
     """
 
-    name: ClassVar[str] = "openai"
-    conn_type: ClassVar[str] = "openai_batch"
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="openai",
+        conn_type="openai_batch",
+        limits=Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024),
+        retryable_errors=frozenset({"rate_limit_exceeded", "server_error", "timeout", "internal_error"}),
+        console_url="https://platform.openai.com/batches/{batch_id}",
+        console_hosts=frozenset({"api.openai.com"}),
+        compare_model="gpt-4.1-nano",
+    )
     kinds: ClassVar[frozenset[RequestKind]] = frozenset({"chat", "embedding", "response", "moderation"})
-    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024)
 
     def __init__(self, settings: AdapterSettings) -> None:
         super().__init__(settings)
@@ -520,6 +528,12 @@ class OpenAIBatchAdapter(BatchAdapter):
                 openai.AzureOpenAI(**kwargs) if "azure_endpoint" in kwargs else openai.OpenAI(**kwargs)
             )
         return self._client_obj
+
+    def probe(self) -> str:
+        """List one batch (``GET /batches?limit=1``), SDK retries off."""
+        client = self.client.with_options(max_retries=0)
+        page = client.batches.list(limit=1)
+        return f"{client.base_url} listed {len(page.data)} batch(es) on the first page"
 
     @property
     def _azure(self) -> bool:
@@ -678,7 +692,7 @@ class OpenAIBatchAdapter(BatchAdapter):
             code = str(error.get("code") or "error")
             return ItemResult(
                 custom_id,
-                classify_http_error(None, code),
+                classify_outcome(None, code),
                 error_code=code,
                 error_message=error.get("message"),
             )
@@ -689,7 +703,7 @@ class OpenAIBatchAdapter(BatchAdapter):
             code = str(err.get("code") or err.get("type") or status)
             return ItemResult(
                 custom_id,
-                classify_http_error(status, code),
+                classify_outcome(status, code),
                 usage=_usage(body),
                 error_code=code,
                 error_message=err.get("message"),
@@ -705,7 +719,7 @@ class OpenAIBatchAdapter(BatchAdapter):
                 code = str(err.get("code") or "server_error")
                 return ItemResult(
                     custom_id,
-                    classify_http_error(None, code),
+                    classify_outcome(None, code),
                     usage=_usage(body),
                     error_code=code,
                     error_message=err.get("message"),

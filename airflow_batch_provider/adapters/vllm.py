@@ -47,9 +47,11 @@ from airflow_batch_provider.adapters.base import (
     Limits,
     parse_jsonl_results,
 )
+from airflow_batch_provider.adapters.declaration import ProviderDeclaration
+from airflow_batch_provider.adapters.registry import classify_outcome
 from airflow_batch_provider.adapters.vllm_input import CHAT_URL, EMBEDDINGS_URL, engine_refusal
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
-from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage, classify_http_error
+from airflow_batch_provider.core.results import ItemResult, MalformedLine, Usage
 from airflow_batch_provider.exceptions import ConfigurationError, ItemError
 
 __all__ = ["CHAT_URL", "EMBEDDINGS_URL", "VllmKubernetesAdapter", "parse_vllm_line"]
@@ -123,7 +125,7 @@ def parse_vllm_line(custom_id: str, line: Mapping[str, Any]) -> ItemResult:
             message, code = f"status {status} with no body", str(status or "error")
         return ItemResult(
             custom_id,
-            classify_http_error(status or None, code),
+            classify_outcome(status or None, code),
             usage=_usage(body if isinstance(body, Mapping) else None),
             error_code=code,
             error_message=message,
@@ -159,11 +161,14 @@ class VllmKubernetesAdapter(BatchAdapter):
     Connection extras: see :class:`~airflow_batch_provider.kubernetes.settings.VllmPodSettings`.
     """
 
-    name: ClassVar[str] = "vllm"
-    conn_type: ClassVar[str] = "vllm_kubernetes"
-    limits: ClassVar[Limits] = Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024)
-    #: The lane runs each chunk as a pod task instead of submit + wait (read by the pipeline).
-    runs_in_pod: ClassVar[bool] = True
+    #: ``lane="pod"``: the lane runs each chunk as a pod task instead of submit + wait (the
+    #: pipeline reads it as :attr:`runs_in_pod`).
+    declaration: ClassVar[ProviderDeclaration] = ProviderDeclaration(
+        name="vllm",
+        conn_type="vllm_kubernetes",
+        limits=Limits(max_requests=50_000, max_bytes=200 * 1024 * 1024),
+        lane="pod",
+    )
     #: What ``vllm run-batch`` serves that the lane formats: ``/v1/chat/completions`` and
     #: ``/v1/embeddings`` (score, rerank and audio have no request kind here; ``/v1/responses``,
     #: ``/v1/completions`` and ``/v1/moderations`` the engine does not serve).

@@ -75,14 +75,6 @@ GPUS: Final[dict[str, GpuSpec]] = {
     "L4": GpuSpec("L4 24GB", 24, 0.3, 121, 242.5, "NVIDIA L4 datasheet"),
 }
 
-#: The model each provider is compared at by default (its cheap batch tier).
-DEFAULT_COMPARE: Final[dict[str, str]] = {
-    "openai": "gpt-4.1-nano",
-    "anthropic": "claude-haiku-4-5",
-    "gemini": "gemini-2.5-flash",
-    "bedrock": "amazon.nova-lite",
-}
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -250,18 +242,19 @@ def gpu_spec(name: str) -> GpuSpec:
 
 
 def provider_quotes(
-    usage: Usage, items: int, prices: PriceTable, models: Mapping[str, str] | None = None
+    usage: Usage, items: int, prices: PriceTable, models: Mapping[str, str]
 ) -> tuple[ProviderQuote, ...]:
     """The same tokens at each provider's batch price.
 
     :param usage: the tokens
     :param items: requests (for the per-item figure)
     :param prices: the price table
-    :param models: provider -> model to price at (default :data:`DEFAULT_COMPARE`)
+    :param models: provider -> model to price at (each adapter declares its own as
+        ``compare_model``; the registry's ``compare_models()`` gathers them)
     """
     tokens = usage.total_tokens
     out = []
-    for provider, model in (models or DEFAULT_COMPARE).items():
+    for provider, model in models.items():
         total = cost(usage, prices.price(provider, model), "batch")
         out.append(
             ProviderQuote(
@@ -301,7 +294,8 @@ def plan(
     :param usd_per_gpu_hour: your cost of one GPU-hour
     :param gpus: GPUs per replica (tensor parallel)
     :param prices: price table for the comparison (default: the shipped one)
-    :param compare: provider -> model to compare with (default :data:`DEFAULT_COMPARE`)
+    :param compare: provider -> model to compare with (the registry's ``compare_models()``, what
+        the adapters declare); ``None``: no comparison
     :param max_num_seqs: vLLM's cap on concurrent sequences
     :param gpu_memory_utilization: share of GPU memory vLLM may use
     :param kv_bytes_per_token: KV cache bytes per token (default: :func:`default_kv_bytes_per_token`)
@@ -344,7 +338,7 @@ def plan(
     gpu_hours = run / 3600 * gpus
     total = gpu_hours * usd_per_gpu_hour
     tokens = usage.total_tokens
-    quotes = provider_quotes(usage, workload.items, prices or PriceTable.load(), compare)
+    quotes = provider_quotes(usage, workload.items, prices or PriceTable.load(), compare or {})
     cheapest = min(quotes, key=lambda q: q.total_usd, default=None)
     return Plan(
         gpu=spec.name,
@@ -370,13 +364,14 @@ def plan(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m airflow_batch_provider.core.gpu_planner --params-b 8 ...``.
+def main(argv: Sequence[str] | None = None, compare: Mapping[str, str] | None = None) -> int:
+    """Command line: ``python -m airflow_batch_provider.gpu_planner --params-b 8 ...``.
 
     :param argv: arguments (default: ``sys.argv[1:]``)
+    :param compare: provider -> model to compare with (the entry point passes the adapters' own)
     """
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_batch_provider.core.gpu_planner",
+        prog="python -m airflow_batch_provider.gpu_planner",
         description="Estimate a self-hosted vLLM batch's run time and cost against provider batch prices.",
     )
     parser.add_argument("--params-b", type=float, required=True, help="parameters, in billions")
@@ -399,13 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             workload=Workload(args.items, args.input_tokens, args.output_tokens),
             usd_per_gpu_hour=args.usd_per_gpu_hour,
             prices=PriceTable.load(args.pricing_override),
+            compare=compare,
         )
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.render())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

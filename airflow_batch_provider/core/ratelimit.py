@@ -50,28 +50,10 @@ RETRYABLE_OUTCOMES: Final[frozenset[str]] = frozenset({"failed_retryable"})
 #: HTTP statuses that mean "not processed now, send it again later", for every provider (529 is
 #: Anthropic's "overloaded").
 RETRYABLE_STATUS: Final[frozenset[int]] = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-#: Provider error types and codes that mean the same, whatever the HTTP status, by provider.
-RETRYABLE_ERRORS_BY_PROVIDER: Final[Mapping[str, frozenset[str]]] = {
-    "openai": frozenset({"rate_limit_exceeded", "server_error", "timeout", "internal_error"}),
-    "anthropic": frozenset({"overloaded_error", "rate_limit_error", "api_error", "timeout_error"}),
-    # google.rpc.Code names (Gemini, Vertex AI)
-    "gemini": frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "ABORTED", "UNKNOWN"}),
-    "bedrock": frozenset(
-        {
-            "ThrottlingException",
-            "TooManyRequestsException",
-            "InternalServerException",
-            "ServiceUnavailableException",
-            "ModelTimeoutException",
-            "ModelNotReadyException",
-            "ModelErrorException",
-        }
-    ),
-    # what this package's own clients report for a call that got no answer
-    "transport": frozenset({"connection_error", "timeout"}),
-}
-#: Every retryable error type of :data:`RETRYABLE_ERRORS_BY_PROVIDER`, in one set.
-RETRYABLE_ERRORS: Final[frozenset[str]] = frozenset().union(*RETRYABLE_ERRORS_BY_PROVIDER.values())
+#: What this package's own clients report for a call that got no answer: retryable for every
+#: provider. The providers' own words (``overloaded_error``, ``RESOURCE_EXHAUSTED`` ...) are declared
+#: by their adapters and passed in (``words``); core knows no provider.
+TRANSPORT_ERRORS: Final[frozenset[str]] = frozenset({"connection_error", "timeout"})
 #: How a provider counts a reply's output tokens against its TPM limit (see the module docstring).
 OutputCharge = Literal["ceiling", "actual"]
 OUTPUT_CHARGES: Final[tuple[OutputCharge, ...]] = ("ceiling", "actual")
@@ -505,16 +487,18 @@ class RateLimiter:
         return len(self._log), sum(r.tokens for r in self._log)
 
 
-def is_retryable(status: int | None = None, code: str | None = None) -> bool:
-    """Whether a failed call is worth sending again: the one table for every adapter and the limiter.
+def is_retryable(
+    status: int | None = None, code: str | None = None, words: frozenset[str] = TRANSPORT_ERRORS
+) -> bool:
+    """Whether a failed call is worth sending again: the one rule for every adapter and the limiter.
 
     :param status: the HTTP status, when known
     :param code: the provider's error type or code (``overloaded_error``, ``RESOURCE_EXHAUSTED``,
         ``ThrottlingException`` ...), when known
+    :param words: the error words that mean "send it again later" (the adapters pass the registry's
+        :func:`~airflow_batch_provider.adapters.registry.retryable_errors`; default: the transport's)
     """
-    return (code is not None and code in RETRYABLE_ERRORS) or (
-        status is not None and status in RETRYABLE_STATUS
-    )
+    return (code is not None and code in words) or (status is not None and status in RETRYABLE_STATUS)
 
 
 def _int(value: str | None) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
 
-from airflow_batch_provider.core.ratelimit import RETRYABLE_STATUS, is_retryable
+from airflow_batch_provider.core.ratelimit import RETRYABLE_STATUS, TRANSPORT_ERRORS, is_retryable
 
 Outcome = Literal[
     "succeeded",
@@ -78,20 +78,24 @@ class ItemResult:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
-def classify_http_error(status: int | None, code: str | None = None) -> Outcome:
+def classify_http_error(
+    status: int | None, code: str | None = None, words: frozenset[str] = TRANSPORT_ERRORS
+) -> Outcome:
     """Map an HTTP status and error code to retryable or permanent, for every provider.
 
-    Retryable: the statuses and provider error types of the one table
+    Retryable: the statuses of the one rule and the error words passed in
     (:func:`~airflow_batch_provider.core.ratelimit.is_retryable`).
 
     :param status: HTTP status code of the item's response, if any
     :param code: provider error code or type, if any
+    :param words: the retryable error words (the adapters pass the registry's union of every
+        provider's declared words)
     """
     if code == "batch_expired":
         return "expired"
     if code == "batch_cancelled":
         return "cancelled"
-    return "failed_retryable" if is_retryable(status, code) else "failed_permanent"
+    return "failed_retryable" if is_retryable(status, code, words) else "failed_permanent"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batch_provider.adapters.base import BatchAdapter
+from airflow_batch_provider.adapters.anthropic import AnthropicBatchAdapter
+from airflow_batch_provider.adapters.entries import registration
 from airflow_batch_provider.hooks.batch import BatchHook
 
 
@@ -20,18 +21,9 @@ class AnthropicBatchHook(BatchHook):
     :param batch_conn_id: the connection id
     """
 
-    default_conn_name = "anthropic_batch_default"
-    conn_type = "anthropic_batch"
-    hook_name = "Anthropic Batch"
+    conn_type = AnthropicBatchAdapter.conn_type
+    default_conn_name = f"{conn_type}_default"
+    hook_name = registration(conn_type).hook_name
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
-
-    def probe(self, adapter: BatchAdapter) -> str:
-        """List one message batch (``GET /v1/messages/batches?limit=1``), SDK retries off.
-
-        :param adapter: an ``AnthropicBatchAdapter``
-        """
-        client = adapter.client.with_options(max_retries=0)  # type: ignore[attr-defined]
-        page = client.messages.batches.list(limit=1)
-        return f"{client.base_url} listed {len(page.data)} message batch(es) on the first page"

@@ -1,8 +1,9 @@
 """Connection -> adapter. Behaviour lives in the adapters; this hook only builds them.
 
-The connection forms (named fields, relabelled and hidden standard fields) are declared in
-``get_provider_info.py`` under ``conn-fields`` and ``ui-field-behaviour``, where Airflow 3.2+
-reads them without importing the hooks.
+Which hook serves a connection type is the registry's entry
+(:mod:`airflow_batch_provider.adapters.entries`); the connection forms (named fields, relabelled
+and hidden standard fields) are declared in ``get_provider_info.py`` under ``conn-fields`` and
+``ui-field-behaviour``, where Airflow 3.2+ reads them without importing the hooks.
 """
 
 from __future__ import annotations
@@ -24,15 +25,14 @@ from airflow_batch_provider.adapters.base import (
     BatchRef,
     BatchStatus,
 )
-from airflow_batch_provider.adapters.registry import adapter_class
-from airflow_batch_provider.get_provider_info import get_provider_info
+from airflow_batch_provider.adapters.entries import known_conn_types, registration
+from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.adapters.registry import adapter_class, hook_path
+from airflow_batch_provider.exceptions import ConfigurationError
 
-#: connection type -> the hook class that turns it into adapter settings (the provider metadata's)
-HOOKS: dict[str, str] = {
-    entry["connection-type"]: entry["hook-class-name"] for entry in get_provider_info()["connection-types"]
-}
-# the OpenAI provider's own connection type is read (and tested) as an ``openai_batch`` one
-HOOKS["openai"] = HOOKS["openai_batch"]
+#: connection type -> the hook class that turns it into adapter settings (the registry's; an
+#: alias such as the OpenAI provider's own ``openai`` type is read as the type it stands for)
+HOOKS: dict[str, str] = {conn_type: hook_path(conn_type) for conn_type in known_conn_types()}
 
 
 def settings_from_connection(conn: Any) -> AdapterSettings:
@@ -61,8 +61,9 @@ def hook_class(conn_type: str) -> type[BatchHook]:
 
     :param conn_type: e.g. ``bedrock_batch``
     """
-    path = HOOKS.get(conn_type)
-    if path is None:
+    try:
+        path = hook_path(conn_type)
+    except ConfigurationError:
         return BatchHook  # the adapter registry refuses an unknown type by name
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
@@ -156,10 +157,13 @@ class BatchHook(BaseHook):
     def probe(self, adapter: BatchAdapter) -> str:
         """Make one cheap authenticated read against the API and describe what answered.
 
+        The adapter's public :meth:`~airflow_batch_provider.adapters.base.BatchAdapter.probe`; a hook
+        whose check needs more than the API (the self-hosted lane's pod settings) overrides this.
+
         :param adapter: the adapter of this connection
         :raises Exception: whatever the SDK raises when the API is unreachable or refuses the key
         """
-        raise NotImplementedError(f"{type(self).__name__} has no probe")
+        return adapter.probe()
 
     def test_connection(self) -> tuple[bool, str]:
         """Check the connection with one read-only API call (the UI's "Test" button).
@@ -181,21 +185,12 @@ class BatchHook(BaseHook):
 class OpenAIBatchHook(BatchHook):
     """OpenAI, Azure OpenAI and OpenAI-compatible batch endpoints (``openai_batch``)."""
 
-    default_conn_name = "openai_batch_default"
-    conn_type = "openai_batch"
-    hook_name = "OpenAI Batch"
+    conn_type = OpenAIBatchAdapter.conn_type
+    default_conn_name = f"{conn_type}_default"
+    hook_name = registration(conn_type).hook_name
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
-
-    def probe(self, adapter: BatchAdapter) -> str:
-        """List one batch (``GET /batches?limit=1``), SDK retries off.
-
-        :param adapter: an ``OpenAIBatchAdapter``
-        """
-        client = adapter.client.with_options(max_retries=0)  # type: ignore[attr-defined]
-        page = client.batches.list(limit=1)
-        return f"{client.base_url} listed {len(page.data)} batch(es) on the first page"
 
 
 def _new_status_client(conn_type: str, settings: AdapterSettings) -> AsyncStatusClient:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
+from airflow_batch_provider.adapters.base import AdapterSettings
+from airflow_batch_provider.adapters.bedrock import BedrockBatchAdapter
+from airflow_batch_provider.adapters.entries import registration
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.batch import BatchHook, settings_from_connection
 
@@ -80,9 +82,9 @@ class BedrockBatchHook(BatchHook):
     :param batch_conn_id: the connection id
     """
 
-    default_conn_name = "bedrock_batch_default"
-    conn_type = "bedrock_batch"
-    hook_name = "Amazon Bedrock Batch"
+    conn_type = BedrockBatchAdapter.conn_type
+    default_conn_name = f"{conn_type}_default"
+    hook_name = registration(conn_type).hook_name
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
@@ -90,17 +92,3 @@ class BedrockBatchHook(BatchHook):
     @classmethod
     def adapter_settings(cls, conn: Any) -> AdapterSettings:
         return bedrock_settings(conn)
-
-    def probe(self, adapter: BatchAdapter) -> str:
-        """List one model invocation job and, when an input prefix is set, check its bucket.
-
-        :param adapter: a ``BedrockBatchAdapter``
-        """
-        jobs = adapter._create_bedrock.list_model_invocation_jobs(maxResults=1)  # type: ignore[attr-defined]
-        found = len(jobs.get("invocationJobSummaries") or [])
-        detail = f"Bedrock listed {found} job(s) on the first page"
-        if adapter.settings.extra.get("s3_uri") or adapter.settings.extra.get("input_bucket"):
-            bucket = adapter.input_uri[len("s3://") :].split("/", 1)[0]  # type: ignore[attr-defined]
-            adapter.s3.head_bucket(Bucket=bucket)  # type: ignore[attr-defined]
-            detail += f"; bucket {bucket} is reachable"
-        return detail

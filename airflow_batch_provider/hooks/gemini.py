@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from airflow_batch_provider.adapters.base import AdapterSettings, BatchAdapter
+from airflow_batch_provider.adapters.base import AdapterSettings
+from airflow_batch_provider.adapters.entries import registration
+from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter
 from airflow_batch_provider.hooks.batch import BatchHook, settings_from_connection
 
 
@@ -46,9 +48,9 @@ class GeminiBatchHook(BatchHook):
     :param batch_conn_id: the connection id
     """
 
-    default_conn_name = "gemini_batch_default"
-    conn_type = "gemini_batch"
-    hook_name = "Gemini Batch"
+    conn_type = GeminiBatchAdapter.conn_type
+    default_conn_name = f"{conn_type}_default"
+    hook_name = registration(conn_type).hook_name
 
     def __init__(self, batch_conn_id: str = default_conn_name, **kwargs: Any) -> None:
         super().__init__(batch_conn_id=batch_conn_id, **kwargs)
@@ -56,19 +58,3 @@ class GeminiBatchHook(BatchHook):
     @classmethod
     def adapter_settings(cls, conn: Any) -> AdapterSettings:
         return gemini_settings(conn)
-
-    def probe(self, adapter: BatchAdapter) -> str:
-        """List one batch (SDK retries off); for Vertex AI also list the GCS prefix.
-
-        :param adapter: a ``GeminiBatchAdapter``
-        """
-        client = adapter._create_client  # type: ignore[attr-defined]
-        pager = client.batches.list(config={"page_size": 1})
-        found = len(pager.page)
-        detail = f"listed {found} batch job(s) on the first page"
-        if adapter.vertex:  # type: ignore[attr-defined]
-            prefix = adapter._gcs_prefix()  # type: ignore[attr-defined]
-            bucket = prefix.removeprefix("gs://").split("/", 1)[0]
-            adapter.gcs.ls(bucket)  # type: ignore[attr-defined]
-            detail += f"; GCS bucket {bucket} is readable"
-        return detail

@@ -9,6 +9,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from airflow_batch_provider.adapters.registry import compare_models
 from airflow_batch_provider.core.gpu_planner import provider_quotes
 from airflow_batch_provider.core.pricing import PriceTable, format_usd
 from airflow_batch_provider.core.results import Usage
@@ -57,7 +58,7 @@ def self_hosted_section(
         }
         for r in rows
     ]
-    quotes = provider_quotes(usage, items, prices)
+    quotes = provider_quotes(usage, items, prices, compare_models())
     lines = [
         f"self-hosted GPU time: {gpu_seconds:,} GPU-seconds in {len(rows)} pod(s), {format_usd(total, 4)}"
     ]

@@ -5,9 +5,11 @@ pushes one at the end of every try, but a deferred task has not ended. So the su
 tasks call :meth:`BatchConsoleLink.persist` and :meth:`LedgerRunLink.persist` themselves as soon
 as they know the batch, *before* they defer; the UI then shows the links while the batch runs.
 
-Console pages, by provider (``{batch_id}``, ``{region}`` are filled in; ``[batch_provider]
+Console pages, by provider: each adapter declares its own (``console_url``, with ``{batch_id}``
+and ``{region}`` filled in, and the ``console_hosts`` it belongs to; see
+:class:`~airflow_batch_provider.adapters.declaration.ProviderDeclaration`); ``[batch_provider]
 console_urls`` — a JSON object of provider name to such a template — adds or replaces them, e.g.
-to point at a gateway or the emulator)::
+to point at a gateway or the emulator. Shipped today::
 
     openai   https://platform.openai.com/batches/{batch_id}   (only for api.openai.com)
 
@@ -29,23 +31,19 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
+from airflow_batch_provider.adapters.registry import console_hosts, console_urls
+
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
 
-#: Console page templates by provider (``[batch_provider] console_urls`` adds or replaces them).
-CONSOLE_URLS: Final[Mapping[str, str]] = {
-    "openai": "https://platform.openai.com/batches/{batch_id}",
-}
-#: The API hosts whose batches the shipped :data:`CONSOLE_URLS` template shows (no host: the SDK's default).
-CONSOLE_HOSTS: Final[Mapping[str, frozenset[str]]] = {"openai": frozenset({"api.openai.com"})}
 #: Where the plugin mounts the LLM batch page (see ``plugins.batch_progress.URL_PREFIX``).
 PAGE_PREFIX: Final = "/llm-batch"
 _REGION_IN_ARN = re.compile(r"^arn:[^:]+:[^:]+:([a-z0-9-]+):")
 
 
 def console_templates() -> dict[str, str]:
-    """The console templates: :data:`CONSOLE_URLS` with ``[batch_provider] console_urls`` over them."""
+    """The console templates the adapters declare, with ``[batch_provider] console_urls`` over them."""
     from airflow_batch_provider.settings import get_setting
 
     raw = get_setting("console_urls", "")
@@ -58,7 +56,7 @@ def console_templates() -> dict[str, str]:
                 f"with {{batch_id}} (and optionally {{region}}); got {raw[:120]!r}"
             )
         extra = {str(k): v for k, v in loaded.items()}
-    return {**CONSOLE_URLS, **extra}
+    return {**console_urls(), **extra}
 
 
 def _shipped_host(provider: str, base_url: str | None) -> bool:
@@ -66,7 +64,7 @@ def _shipped_host(provider: str, base_url: str | None) -> bool:
     if not base_url:
         return True
     host = urlsplit(base_url if "://" in base_url else f"https://{base_url}").hostname or ""
-    return host in CONSOLE_HOSTS.get(provider, frozenset())
+    return host in console_hosts().get(provider, frozenset())
 
 
 def console_url(
@@ -90,7 +88,7 @@ def console_url(
     template = known.get(provider)
     if not template or not batch_id:
         return None
-    if template == CONSOLE_URLS.get(provider) and not _shipped_host(provider, base_url):
+    if template == console_urls().get(provider) and not _shipped_host(provider, base_url):
         return None  # another host's batch: the shipped console would show someone else's account
     found = _REGION_IN_ARN.match(batch_id)
     region = region or (found.group(1) if found else "")

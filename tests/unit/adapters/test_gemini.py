@@ -34,8 +34,10 @@ from airflow_batch_provider.core.results import ItemResult, MalformedLine
 from airflow_batch_provider.exceptions import BatchInDoubtError, ConfigurationError
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
+from batch_emulator.store import Clock
 from batch_emulator.testing import run_emulator
 from tests.support.gcs import start_gcs, vertex_connections
+from tests.unit.adapters.test_contract import FrozenTime
 
 from .faults import FAST_CREATE, arm, batches
 
@@ -68,7 +70,8 @@ class Emu:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with run_emulator(EmulatorConfig(seed=3)) as base_url:
+    # a frozen clock: a batch moves on only through ``Emu.advance``, never because the machine is slow
+    with run_emulator(EmulatorConfig(seed=3), clock=Clock(FrozenTime())) as base_url:
         yield base_url
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from airflow_batch_provider.adapters.registry import compare_models
 from airflow_batch_provider.core.gpu_planner import (
     GPUS,
     Workload,
@@ -59,14 +60,29 @@ def test_faster_memory_gives_a_lower_floor_in_the_order_of_bandwidth() -> None:
 def test_the_cost_comparison_names_the_cheaper_lane_both_ways() -> None:
     prices = PriceTable.load()
     work = Workload(1_000_000, 500, 100)
+    compare = compare_models()  # what each adapter declares; core names no provider
     cheap_gpu = plan(
-        params_b=8, precision="fp8", gpu="H100", workload=work, usd_per_gpu_hour=2.0, prices=prices
+        params_b=8,
+        precision="fp8",
+        gpu="H100",
+        workload=work,
+        usd_per_gpu_hour=2.0,
+        prices=prices,
+        compare=compare,
     )
     assert cheap_gpu.cheaper == "self-hosted"
     assert cheap_gpu.self_hosted_usd == pytest.approx(cheap_gpu.gpu_hours * 2.0)
     assert cheap_gpu.usd_per_item == pytest.approx(cheap_gpu.self_hosted_usd / 1_000_000)
     small = Workload(1_000, 500, 100)  # the model load alone costs more than the provider's batch
-    dear = plan(params_b=8, precision="fp8", gpu="H100", workload=small, usd_per_gpu_hour=50.0, prices=prices)
+    dear = plan(
+        params_b=8,
+        precision="fp8",
+        gpu="H100",
+        workload=small,
+        usd_per_gpu_hour=50.0,
+        prices=prices,
+        compare=compare,
+    )
     assert dear.cheaper != "self-hosted"
     assert {q.provider for q in dear.providers} == {"openai", "anthropic", "gemini", "bedrock"}
 

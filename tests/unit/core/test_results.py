@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_batch_provider.adapters.registry import retryable_errors
 from airflow_batch_provider.core.results import (
     OUTCOMES,
     RETRYABLE_HTTP,
@@ -63,7 +64,8 @@ from airflow_batch_provider.core.results import (
 def test_http_errors_are_classified_as_retryable_or_permanent(
     status: int | None, code: str | None, outcome: str
 ) -> None:
-    assert classify_http_error(status, code) == outcome
+    # core knows no provider: the words come from the adapters' declarations, through the registry
+    assert classify_http_error(status, code, retryable_errors()) == outcome
 
 
 def test_every_retryable_status_is_a_timeout_conflict_rate_limit_or_server_error() -> None:
