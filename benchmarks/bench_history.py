@@ -50,13 +50,14 @@ ensure_repo_on_path()
 
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 
+from airflow_batch_provider.core.clock import utcnow  # noqa: E402
 from airflow_batch_provider.core.custom_ids import item_key, make_custom_id  # noqa: E402
 from airflow_batch_provider.core.requests import CanonicalRequest  # noqa: E402
 from airflow_batch_provider.core.results import ItemResult, Usage  # noqa: E402
 from airflow_batch_provider.ledger import Ledger  # noqa: E402
 from airflow_batch_provider.ledger import schema as s  # noqa: E402
 from airflow_batch_provider.ledger.retention import RetentionPolicy, prune  # noqa: E402
-from airflow_batch_provider.ledger.store import PreparedItem, utcnow  # noqa: E402
+from airflow_batch_provider.ledger.store import PreparedItem  # noqa: E402
 
 #: per size: (nights of history, items a night, repeats of the UI reads, runs of night N+1 on fresh copies)
 SIZES: Final[dict[str, tuple[int, int, int, int]]] = {

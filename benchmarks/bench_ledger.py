@@ -49,10 +49,11 @@ from common import (
 )
 from sqlalchemy import select, text
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import BATCH, NEW_ITEM_COLUMNS, PreparedItem, utcnow
+from airflow_batch_provider.ledger.store import BATCH, NEW_ITEM_COLUMNS, PreparedItem
 
 #: size -> (item counts, fresh runs per count); two counts show how the rates scale with N
 SIZES: dict[str, tuple[tuple[int, ...], int]] = {

@@ -52,12 +52,14 @@ from sqlalchemy import Column, MetaData, Table, and_, bindparam
 
 from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.custom_ids import make_custom_id
+from airflow_batch_provider.core.money import to_nusd
 from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import APPLY_SLICE, BATCH, to_nusd, utcnow
+from airflow_batch_provider.ledger.store import APPLY_SLICE, BATCH
 
 #: size -> (job lines, timing repeats)
 SIZES: dict[str, tuple[int, int]] = {
@@ -377,7 +379,7 @@ def floor_in_place(ledger: Ledger, results: list[ItemResult], cost_of: Callable[
     import io
 
     from airflow_batch_provider.core.custom_ids import parse_custom_id
-    from airflow_batch_provider.ledger.store import _OUTCOME_STATE
+    from airflow_batch_provider.ledger.result_rules import OUTCOME_STATE as _OUTCOME_STATE
 
     now = utcnow()
     pg = ledger.engine.dialect.name == "postgresql"

@@ -48,6 +48,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_name, output_name
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
@@ -57,7 +58,6 @@ from airflow_batch_provider.kubernetes.refused_line import named_line, settle_na
 from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
-from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.services.runs import check_run_connection
 from airflow_batch_provider.staging import PRESIGNABLE_PROTOCOLS, Staging, presign
 

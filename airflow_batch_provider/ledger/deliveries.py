@@ -21,9 +21,11 @@ from typing import Any, Final, Literal
 from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import Ledger, _dialect_insert, utcnow
+from airflow_batch_provider.ledger.bulk import dialect_insert
+from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged"]
 #: For each state written, the states the row may hold before (``None``: no row yet). A sink's row
@@ -211,7 +213,7 @@ def _write(
                 .values(state=state, run_id=run_id, delivered_at=now, writes=d.writes + 1)
             )
         return
-    ins = _dialect_insert(conn)(s.deliveries)
+    ins = dialect_insert(conn)(s.deliveries)
     changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
     # the states are this module's constants, inlined: an executemany takes no expanding IN
     before = or_(

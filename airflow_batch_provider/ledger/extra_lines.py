@@ -15,9 +15,10 @@ from typing import Any, Final, Literal
 
 from sqlalchemy import RowMapping, delete, select
 
+from airflow_batch_provider.core.money import from_nusd, to_nusd
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import Ledger, from_nusd, to_nusd
+from airflow_batch_provider.ledger.store import Ledger
 
 ExtraKind = Literal["duplicate", "superseded", "unreadable"]
 EXTRA_KINDS: Final[tuple[str, ...]] = ("duplicate", "superseded", "unreadable")

@@ -33,12 +33,13 @@ from typing import Any, Final
 
 from sqlalchemy import and_, exists, select
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import INHERITED_ITEM_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.adoption import dead_runs_taken_over
 from airflow_batch_provider.ledger.late_harvest import moved_jobs
-from airflow_batch_provider.ledger.store import _audit, utcnow
+from airflow_batch_provider.ledger.review import write_audit as _audit
 
 #: The audit action of a dead run's harvested answers and billed lines taken on by the lease holder.
 INHERITED: Final = "inherit_harvested"

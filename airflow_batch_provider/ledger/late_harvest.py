@@ -18,11 +18,12 @@ from typing import Any, Final
 
 from sqlalchemy import and_, exists, func, select
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import UNKNOWN_CREATE_JOB_STATES
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.records import JobRow
-from airflow_batch_provider.ledger.store import _audit, utcnow
+from airflow_batch_provider.ledger.review import write_audit as _audit
 
 #: The audit action of a job moved to the run that harvests it.
 LATE_HARVEST: Final = "late_harvest"

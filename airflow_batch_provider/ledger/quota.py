@@ -37,7 +37,7 @@ from airflow_batch_provider.core.states import (
     TERMINAL_BATCH_STATES,
 )
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import _dialect_insert
+from airflow_batch_provider.ledger.bulk import dialect_insert
 
 #: Rows of the rate log are kept at least this long (a caller with a longer window keeps them longer).
 KEEP_S: Final = 120.0
@@ -54,7 +54,7 @@ STALE_ADMISSION_S: Final = 3600.0
 
 def _lock(conn: Connection, quota_key: str, paused_until: float = 0.0) -> float:
     """Lock the key's row for this transaction (creating it); raise its pause; return the pause."""
-    insert = _dialect_insert(conn)
+    insert = dialect_insert(conn)
     conn.execute(
         insert(s.quota_keys).values(quota_key=quota_key, paused_until=0.0, seq=0).on_conflict_do_nothing()
     )
@@ -272,7 +272,7 @@ class EnqueuedQuotaStore:
                 return Admission(True, tokens, held, limit)
             if others and held + tokens > limit:
                 return Admission(False, tokens, held, limit, tuple(others))
-            insert = _dialect_insert(conn)
+            insert = dialect_insert(conn)
             stmt = insert(s.enqueued).values(
                 quota_key=self.quota_key, job_id=job_id, model=model, tokens=tokens, admitted_at=now
             )

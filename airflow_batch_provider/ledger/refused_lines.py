@@ -17,9 +17,11 @@ from typing import Final
 
 from sqlalchemy import and_, update
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import _audit, _transition, utcnow
+from airflow_batch_provider.ledger.review import write_audit as _audit
+from airflow_batch_provider.ledger.transitions import guarded_transition as _transition
 
 #: Error code of the item whose line the engine refused (as the lane's own pre-pod check names it).
 REFUSED_CODE: Final = "engine_invalid_request"

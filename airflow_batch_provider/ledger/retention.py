@@ -35,10 +35,13 @@ from typing import Any, Final
 from sqlalchemy import and_, delete, exists, select
 from sqlalchemy.engine import Connection
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import IN_FLIGHT_STATES, PRUNABLE_JOB_STATES
 from airflow_batch_provider.exceptions import LedgerError
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import Ledger, _audit, _pairs, utcnow
+from airflow_batch_provider.ledger.bulk import pair_filter as _pairs
+from airflow_batch_provider.ledger.review import write_audit as _audit
+from airflow_batch_provider.ledger.store import Ledger
 
 #: The audit action of a prune.
 PRUNE: Final = "prune"

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from sqlalchemy import and_, exists, select
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.cost import AttemptRecord
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
@@ -29,7 +30,7 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.adoption import dead_runs_taken_over
 from airflow_batch_provider.ledger.inheritance import unreported
 from airflow_batch_provider.ledger.late_harvest import moved_jobs
-from airflow_batch_provider.ledger.store import _audit, utcnow
+from airflow_batch_provider.ledger.review import write_audit as _audit
 
 #: The audit action of a dead run's billed answers taken on, for pricing, with its items left behind.
 STRANDED: Final = "inherit_stranded"

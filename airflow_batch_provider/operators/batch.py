@@ -19,6 +19,7 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
 from airflow_batch_provider import metrics, notifications
 from airflow_batch_provider.adapters.base import TERMINAL_BATCH_STATES
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.deadline import deadline_passed
 from airflow_batch_provider.core.options import BudgetOptions, ChunkOptions, DeadlineOptions, FallbackLimits
 from airflow_batch_provider.core.requests import PromptTemplate
@@ -27,7 +28,6 @@ from airflow_batch_provider.exceptions import ConfigurationError, WorkloadLeased
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow, OpenItem
 from airflow_batch_provider.ledger.runs import FinishedRun
-from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.links.batch import BatchConsoleLink, LedgerRunLink
 from airflow_batch_provider.operators import liveness
 from airflow_batch_provider.operators.base import (

@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Final
 
+from airflow_batch_provider.core.money import from_nusd
 from airflow_batch_provider.core.pricing import decimal_str, format_usd
 from airflow_batch_provider.core.states import ATTENTION_STATES, OPEN_STATES, USABLE_STATES
 from airflow_batch_provider.ledger.reads import RunRecord
-from airflow_batch_provider.ledger.store import from_nusd
 
 if TYPE_CHECKING:
     from airflow_batch_provider.ledger.records import AuditRow, ItemRow, JobRow

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_batch_provider.core.failpoints import failpoint
+from airflow_batch_provider.core.money import from_nusd, to_nusd
 from airflow_batch_provider.core.pricing import ModelPrice, PriceTable, cost
 from airflow_batch_provider.core.ratelimit import (
     OUTPUT_CHARGES,
@@ -60,7 +61,6 @@ from airflow_batch_provider.core.tokens import estimate_request_tokens
 from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.records import OpenItem, sync_job_id
-from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 
 if TYPE_CHECKING:
     from airflow_batch_provider.adapters.base import AsyncRealtimeClient, RealtimeReply

@@ -31,6 +31,7 @@ from decimal import Decimal
 from typing import IO, Any, Final, Literal
 
 from airflow_batch_provider.adapters.base import BatchAdapter, BatchRef, BatchStatus
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.policy import PollPolicy, decide, start
 from airflow_batch_provider.core.requests import PromptTemplate
@@ -40,7 +41,6 @@ from airflow_batch_provider.core.validation import check_output
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.extra_lines import record_extra_lines
 from airflow_batch_provider.ledger.records import ItemRef, JobRow
-from airflow_batch_provider.ledger.store import utcnow
 from airflow_batch_provider.services.finished_jobs import finished_run_refusal
 from airflow_batch_provider.services.result_files import (
     INVALID_FILE,

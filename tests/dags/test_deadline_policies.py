@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from airflow_batch_provider.core.money import from_nusd, to_nusd
 from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import from_nusd, to_nusd
 from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator

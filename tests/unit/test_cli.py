@@ -15,7 +15,7 @@ import pytest
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
-from tests.unit.ledger.test_store import WL, prep, stage, submit
+from tests.unit.ledger.store_support import WL, prep, stage, submit
 
 REPO = Path(__file__).resolve().parents[2]
 

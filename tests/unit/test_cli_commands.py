@@ -12,7 +12,7 @@ import yaml
 from airflow_batch_provider.cli_commands import forwarded
 from airflow_batch_provider.ledger import Ledger
 from tests.support.airflow_run import airflow_command
-from tests.unit.ledger.test_store import WL
+from tests.unit.ledger.store_support import WL
 from tests.unit.test_cli import two_in_review
 
 

@@ -13,12 +13,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.custom_ids import make_custom_id
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import UpsertStats, utcnow
-from tests.unit.ledger.test_store import cost_of, prep
+from airflow_batch_provider.ledger.store import UpsertStats
+from tests.unit.ledger.store_support import cost_of, prep
 
 
 def stage_pending(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-import pytest
 from sqlalchemy import select
 
 from airflow_batch_provider.core.custom_ids import item_key, make_custom_id
@@ -20,15 +19,6 @@ from airflow_batch_provider.ledger.store import PreparedItem, UpsertStats
 
 WL = "feedback"
 OLD, NEW = "a" * 64, "b" * 64
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def prep(app_id: str, system: str = "label it", text: str = "hello", version: str = "v1") -> PreparedItem:

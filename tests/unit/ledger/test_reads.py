@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, inspect
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger, reads
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.store import PreparedItem, utcnow
+from airflow_batch_provider.ledger.store import PreparedItem
 
 WL = "feedback"
 HOSTILE = "x' OR '1'='1"

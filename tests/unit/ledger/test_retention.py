@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,16 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.exceptions import LedgerError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.deliveries import acknowledge, pending_for
 from airflow_batch_provider.ledger.late_harvest import move_job_to_run, resolved_jobs_of_finished_runs
 from airflow_batch_provider.ledger.retention import PRUNE, RetentionPolicy, prune
-from airflow_batch_provider.ledger.store import utcnow
 from tests.unit.ledger import prune_worker
 from tests.unit.ledger.nights import night, stage_pending, what_a_night_reads
-from tests.unit.ledger.test_store import prep, snapshot
+from tests.unit.ledger.store_support import prep, snapshot
 from tests.unit.ledger.test_unharvested import IDS, in_doubt_at_the_deadline
 
 WL = "feedback"
@@ -38,15 +37,6 @@ _names = itertools.count()
 NIGHT = st.lists(
     st.one_of(st.none(), st.tuples(st.integers(0, 2), st.booleans())), min_size=len(POOL), max_size=len(POOL)
 )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def inputs_of(plan: list[tuple[int, bool] | None]) -> tuple[dict[str, str], set[str]]:
@@ -215,7 +205,7 @@ def test_a_run_whose_job_is_in_doubt_is_kept_whole_and_its_batch_is_harvested_an
 
 def answer_late(ledger: Ledger, job_id: str, cids: dict[str, str]) -> None:
     from airflow_batch_provider.core.results import ItemResult, Usage
-    from tests.unit.ledger.test_store import cost_of
+    from tests.unit.ledger.store_support import cost_of
 
     ledger.apply_results(
         job_id,

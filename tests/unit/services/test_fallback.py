@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
+from airflow_batch_provider.core.money import to_nusd
 from airflow_batch_provider.core.pricing import PriceTable, cost
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
@@ -25,7 +26,7 @@ from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.records import OpenItem
-from airflow_batch_provider.ledger.store import PreparedItem, sync_job_id, to_nusd
+from airflow_batch_provider.ledger.store import PreparedItem, sync_job_id
 from airflow_batch_provider.operators.batch import build_report
 from airflow_batch_provider.services.fallback import (
     ANSWER_LOST,
