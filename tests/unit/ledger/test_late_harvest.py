@@ -8,8 +8,6 @@ run that harvests it with every item it still holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from airflow_batch_provider.ledger import Ledger
@@ -18,15 +16,6 @@ from tests.unit.ledger.test_store import WL
 from tests.unit.ledger.test_unharvested import IDS, in_doubt_at_the_deadline
 
 NEXT = "r2"
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def published_in_doubt(ledger: Ledger, skip: bool) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,15 +13,6 @@ from tests.unit.ledger import quota_worker
 from tests.unit.ledger.test_store import staged_job
 
 MODEL = "gpt-4o-mini"
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def in_processes(target: Any, url: str, args: list[tuple[Any, ...]]) -> list[Any]:

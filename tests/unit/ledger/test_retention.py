@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -38,15 +37,6 @@ _names = itertools.count()
 NIGHT = st.lists(
     st.one_of(st.none(), st.tuples(st.integers(0, 2), st.booleans())), min_size=len(POOL), max_size=len(POOL)
 )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def inputs_of(plan: list[tuple[int, bool] | None]) -> tuple[dict[str, str], set[str]]:

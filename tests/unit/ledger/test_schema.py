@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -23,15 +22,6 @@ TABLES = {
     "abp_extra_lines",
     "abp_prompt_changes",
 }
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def test_a_new_ledger_creates_every_table_and_records_the_schema_version(ledger: Ledger) -> None:

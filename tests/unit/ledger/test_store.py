@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import FrozenInstanceError
 from datetime import datetime, timedelta, timezone
@@ -41,6 +41,7 @@ from airflow_batch_provider.ledger.store import (
     utcnow,
 )
 from tests.unit.ledger import race_worker
+from tests.unit.ledger.jobs import job_row
 
 WL = "feedback"
 SOME_USAGE = Usage(100, 10)
@@ -74,15 +75,6 @@ def ok(custom_id: str, output: Any = None, usage: Usage = SOME_USAGE) -> ItemRes
 
 def fail(custom_id: str, outcome: str = "failed_retryable", usage: Usage = NO_USAGE) -> ItemResult:
     return ItemResult(custom_id, outcome, usage=usage, error_code="500", error_message="server error")  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def item(ledger: Ledger, app_id: str, version: str = "v1") -> dict[str, Any]:
@@ -136,23 +128,7 @@ def stage(
         cid = make_custom_id(item_key(app_id), attempt, chunk)
         cids[app_id] = cid
         placements.append((item_key(app_id), version, cid, attempt))
-    ledger.record_job(
-        {
-            "job_id": job_id,
-            "workload": WL,
-            "run_id": run_id,
-            "round": round_,
-            "chunk_index": chunk,
-            "provider": "openai",
-            "model": "gpt-4o-mini",
-            "idempotency_key": f"key-{job_id}",
-            "staged_path": f"/staging/{job_id}.jsonl",
-            "input_sha256": "0" * 64,
-            "lines": len(placements),
-            "size_bytes": 100 * len(placements),
-        },
-        placements,
-    )
+    ledger.record_job(job_row(WL, run_id, len(placements), round_=round_, chunk=chunk), placements)
     return job_id, cids
 
 
@@ -1004,20 +980,9 @@ def test_a_job_id_for_a_run_id_too_long_for_the_column_is_recorded_on_both_datab
     ledger.upsert_items(WL, run_id, [prep("a")])
     placements = [(item_key("a"), "v1", make_custom_id(item_key("a"), 1, 0), 1)]
     ledger.record_job(
-        {
-            "job_id": job_id,
-            "workload": WL,
-            "run_id": run_id,
-            "round": 1,
-            "chunk_index": 0,
-            "provider": "openai",
-            "model": "gpt-4o-mini",
-            "idempotency_key": "k-long",
-            "staged_path": "/s/long.jsonl",
-            "input_sha256": "0" * 64,
-            "lines": 1,
-            "size_bytes": 10,
-        },
+        job_row(
+            WL, run_id, 1, job_id=job_id, size_bytes=10, idempotency_key="k-long", staged_path="/s/long.jsonl"
+        ),
         placements,
     )
     assert ledger.get_job(job_id).run_id == run_id
@@ -1659,20 +1624,7 @@ def two_attempts_in_one_job(ledger: Ledger) -> tuple[str, str, str]:
     cid1, cid2 = make_custom_id(key, 1, 0), make_custom_id(key, 2, 0)
     job_id = f"{WL}:r1:r1:c00000"
     ledger.record_job(
-        {
-            "job_id": job_id,
-            "workload": WL,
-            "run_id": "r1",
-            "round": 1,
-            "chunk_index": 0,
-            "provider": "openai",
-            "model": "gpt-4o-mini",
-            "idempotency_key": f"key-{job_id}",
-            "staged_path": "/staging/x.jsonl",
-            "input_sha256": "0" * 64,
-            "lines": 2,
-            "size_bytes": 200,
-        },
+        job_row(WL, "r1", 2, job_id=job_id, staged_path="/staging/x.jsonl"),
         [(key, "v1", cid2, 2)],
     )
     now = utcnow()

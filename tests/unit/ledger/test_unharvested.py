@@ -7,7 +7,6 @@ run's prepare (:meth:`Ledger.upsert_items`), and :meth:`Ledger.resolve_job`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,15 +17,6 @@ from airflow_batch_provider.ledger import Ledger
 from tests.unit.ledger.test_store import WL, cost_of, item, ok, prep, stage
 
 IDS = ("a", "b", "c")
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def in_doubt_at_the_deadline(ledger: Ledger, run_id: str = "r1") -> tuple[str, dict[str, str]]:
