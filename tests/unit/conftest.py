@@ -1,4 +1,4 @@
-"""The ledger tests' one ledger: opened on the ``ledger_url`` fixture's fresh database (SQLite, PostgreSQL)."""
+"""The unit tests' one ledger: opened on the ``ledger_url`` fixture's fresh database (SQLite, PostgreSQL)."""
 
 from __future__ import annotations
 
