@@ -63,10 +63,13 @@ help: ## list the targets
 
 venv: $(STAMP) ## create ./.venv: the package with all its extras and the `test` dependency group, pinned by constraints.txt
 
+# pip installs uv (pinned in constraints.txt) and uv installs the rest: pip took minutes for the same
+# packages, and compiled every module of them to bytecode on the way (docs/benchmarks.md, "The test
+# suite itself"); pip stays in the venv at >=25.1 for `pip install --group` by hand
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(PIP_FLAGS) --upgrade "pip>=25.1"  # 25.1: `--group` (PEP 735 dependency groups)
-	$(PIP) install $(PIP_FLAGS) -c constraints.txt -e '.[all]' --group test
+	$(PIP) install $(PIP_FLAGS) -c constraints.txt --upgrade "pip>=25.1" uv  # 25.1: `--group` (PEP 735 dependency groups)
+	VIRTUAL_ENV="$(CURDIR)/$(VENV)" $(BIN)/uv pip install --quiet -c constraints.txt -e '.[all]' --group test
 	@if $(PIP) show --quiet torch 2>/dev/null; then echo "torch got installed: nothing here needs it" >&2; exit 1; fi
 	touch $@
 

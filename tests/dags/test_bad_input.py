@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_batch_provider.ledger import Ledger
-from batch_emulator.config import EmulatorConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 DAGS = Path(__file__).parent / "dags"
@@ -56,19 +54,8 @@ def run_dag(
 ) -> tuple[Any, dict[str, str]]:
     source = tmp / name
     (write_csv if name.endswith(".csv") else write_input)(source)
-    with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
-        env = batch_env(
-            airflow_home,
-            tmp,
-            {"openai_batch_default": {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "k"}},
-        )
-        env.update(
-            {
-                "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-                "ABP_BAD_INPUT_PATH": str(source),
-                "ABP_MAX_REJECT_RATIO": ratio,
-            }
-        )
+    with openai_dag_env(airflow_home, tmp, dags=DAGS) as (_, env):
+        env.update({"ABP_BAD_INPUT_PATH": str(source), "ABP_MAX_REJECT_RATIO": ratio})
         return run_airflow(env, "dags", "test", "bad_input_classification"), env
 
 

@@ -18,10 +18,8 @@ from sqlalchemy import create_engine, text
 
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.deliveries import delivery_rows
-from batch_emulator.config import EmulatorConfig
 from batch_emulator.model import embed
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = [pytest.mark.airflow_e2e, pytest.mark.postgres]
 DAGS = Path(__file__).parent / "dags"
@@ -72,20 +70,11 @@ def test_comment_vectors_land_once_in_an_hnsw_indexed_table_and_their_neighbours
                 [{"i": i, "b": b} for i, (_, b) in COMMENTS.items()],
             )
         db = {"conn_type": "postgres", "host": "127.0.0.1", "port": pgvector_server.port, "login": "postgres"}
-        with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
-            env = batch_env(
-                airflow_home,
-                tmp_path,
-                {
-                    "openai_batch_default": {
-                        "conn_type": "openai_batch",
-                        "host": f"{url}/v1",
-                        "password": "k",
-                    },
-                    "vector_db": {**db, "schema": name},
-                },
-            )
-            env["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+        vector_db = {**db, "schema": name}
+        with openai_dag_env(airflow_home, tmp_path, dags=DAGS, connections={"vector_db": vector_db}) as (
+            _,
+            env,
+        ):
             proc = run_airflow(env, "dags", "test", DAG_ID)
             assert proc.returncode == 0, tail(proc)
             ledger = Ledger.from_url(env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"])

@@ -11,7 +11,7 @@ import pytest
 from airflow_batch_provider.ledger import Ledger
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_connection, openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 DAGS = Path(__file__).parent / "dags"
@@ -20,16 +20,12 @@ DAGS = Path(__file__).parent / "dags"
 def test_a_connection_variable_changed_during_the_run_stops_the_next_task_and_nothing_reaches_the_other(
     airflow_home: dict[str, str], tmp_path: Path
 ) -> None:
-    with run_emulator(EmulatorConfig(time_scale=0.05)) as first, run_emulator(EmulatorConfig()) as other:
-        env = batch_env(
-            airflow_home,
-            tmp_path,
-            {
-                "openai_batch_default": {"conn_type": "openai_batch", "host": f"{first}/v1", "password": "k"},
-                "openai_batch_other": {"conn_type": "openai_batch", "host": f"{other}/v1", "password": "k"},
-            },
-        )
-        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+    with (
+        run_emulator(EmulatorConfig()) as other,
+        openai_dag_env(
+            airflow_home, tmp_path, dags=DAGS, connections={"openai_batch_other": openai_connection(other)}
+        ) as (first, env),
+    ):
         proc = run_airflow(env, "dags", "test", "conn_changed_midrun")
         seen = {url: httpx.get(f"{url}/_emulator/stats").json() for url in (first, other)}
     output = proc.stdout + proc.stderr

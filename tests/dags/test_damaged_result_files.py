@@ -10,8 +10,6 @@ equals the emulator's bill for every readable line exactly.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 from airflow_batch_provider.ledger import Ledger
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
-from batch_emulator.testing import run_emulator
+from tests.support.airflow_run import openai_dag_env, run_airflow
 from tests.support.chaos import expected_bill
 
 pytestmark = pytest.mark.airflow_e2e
@@ -80,31 +78,13 @@ def test_with_damaged_result_files_the_reports_billed_tokens_equal_the_emulators
     text = textwrap.dedent(DAG_FILE).replace("ITEMS", str(ITEMS)).replace("WORKLOAD", WORKLOAD)
     (dags / f"{WORKLOAD}.py").write_text(text, encoding="utf-8")
     config = EmulatorConfig(time_scale=0.02, faults=FAULTS)
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    with run_emulator(config) as url:
-        env = {
-            **airflow_home,
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW_CONN_OPENAI_BATCH_DEFAULT": json.dumps(
-                {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "sk-test"}
-            ),
-            "AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL": "0.2",
-            "AIRFLOW__BATCH_PROVIDER__POLL_FACTOR": "1.2",
-            "AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL": "1",
-            "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": ledger_url,
-            "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
-        }
-        airflow = Path(sys.executable).parent / "airflow"
-        result = subprocess.run(
-            [str(airflow), "dags", "test", WORKLOAD],
-            env=env,
-            cwd=tmp_path,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+    polling = {"poll_initial_interval": "0.2", "poll_factor": "1.2", "poll_max_interval": "1"}
+    with openai_dag_env(airflow_home, tmp_path, config, dags=dags, password="sk-test", **polling) as (
+        url,
+        env,
+    ):
+        ledger_url = env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"]
+        result = run_airflow(env, "dags", "test", WORKLOAD, timeout=300)
         record = httpx.get(f"{url}/_emulator/record").json()
         served = httpx.get(f"{url}/_emulator/config").json()["faults"]["html_downloads"]
     log = result.stdout + result.stderr

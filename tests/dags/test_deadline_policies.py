@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from decimal import Decimal
 from pathlib import Path
@@ -30,7 +29,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.faults import FaultConfig
-from batch_emulator.testing import run_emulator
+from tests.support.airflow_run import openai_dag_env, run_airflow
 
 # ``airflow dags test`` of a 40 s deadline runs about a minute alone; the bounds below only guard
 # against a hang (seen: 300 s passed under two CPU burners and other work, the run itself a success)
@@ -87,32 +86,11 @@ def _run_dag(policy: str, airflow_home: dict[str, str], tmp_path: Path) -> tuple
         timings=Timings(validating_s=1.0, in_progress_s=6.0, finalizing_s=1.0, cancelling_s=2.0),
         faults=FaultConfig(stuck_batches=(0,), stuck_after_fraction=0.5),
     )
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    with run_emulator(config) as url:
-        env = {
-            **airflow_home,
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW_CONN_OPENAI_BATCH_DEFAULT": json.dumps(
-                {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "sk-test"}
-            ),
-            "AIRFLOW__BATCH_PROVIDER__POLL_INITIAL_INTERVAL": "0.5",
-            "AIRFLOW__BATCH_PROVIDER__POLL_FACTOR": "1.2",
-            "AIRFLOW__BATCH_PROVIDER__POLL_MAX_INTERVAL": "2",
-            "AIRFLOW__BATCH_PROVIDER__LEDGER_URL": ledger_url,
-            "AIRFLOW__BATCH_PROVIDER__STAGING_ROOT": f"file://{tmp_path / 'staging'}",
-        }
-        airflow = Path(sys.executable).parent / "airflow"
+    polling = {"poll_initial_interval": "0.5", "poll_factor": "1.2", "poll_max_interval": "2"}
+    with openai_dag_env(airflow_home, tmp_path, config, dags=dags, password="sk-test", **polling) as (_, env):
+        ledger_url = env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"]
         try:
-            result = subprocess.run(
-                [str(airflow), "dags", "test", f"deadline_{policy}"],
-                env=env,
-                cwd=tmp_path,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=DAGS_TEST_TIMEOUT_S,
-                check=False,
-            )
+            result = run_airflow(env, "dags", "test", f"deadline_{policy}", timeout=DAGS_TEST_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             # the partial output of a timed-out run is bytes whatever ``text`` says
             partial = b"".join(o for o in (exc.stdout, exc.stderr) if isinstance(o, bytes)).decode(

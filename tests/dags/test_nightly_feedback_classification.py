@@ -19,8 +19,7 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 
@@ -75,18 +74,7 @@ class Run:
 def run(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("nightly")
     config = EmulatorConfig(seed=SEED, time_scale=0.05, faults=FAULTS)
-    with run_emulator(config) as base_url:
-        env = batch_env(
-            airflow_home,
-            tmp,
-            {
-                "openai_batch_default": {
-                    "conn_type": "openai_batch",
-                    "host": f"{base_url}/v1",
-                    "password": "sk-test",
-                }
-            },
-        )
+    with openai_dag_env(airflow_home, tmp, config, password="sk-test") as (base_url, env):
         proc = run_airflow(env, "dags", "test", DAG_ID)
         assert proc.returncode == 0, tail(proc)
         ledger = Ledger.from_url(env["AIRFLOW__BATCH_PROVIDER__LEDGER_URL"])

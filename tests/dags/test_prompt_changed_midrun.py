@@ -10,9 +10,7 @@ import httpx
 import pytest
 
 from airflow_batch_provider.ledger import Ledger
-from batch_emulator.config import EmulatorConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 DAGS = Path(__file__).parent / "dags"
@@ -30,13 +28,7 @@ def test_a_prompt_file_edited_during_the_run_stops_the_next_task_naming_both_and
 ) -> None:
     prompt = tmp_path / "prompt.yaml"
     prompt.write_text(V1, encoding="utf-8")
-    with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
-        env = batch_env(
-            airflow_home,
-            tmp_path,
-            {"openai_batch_default": {"conn_type": "openai_batch", "host": f"{url}/v1", "password": "k"}},
-        )
-        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+    with openai_dag_env(airflow_home, tmp_path, dags=DAGS) as (url, env):
         env["ABP_MIDRUN_PROMPT"] = str(prompt)
         proc = run_airflow(env, "dags", "test", "prompt_changed_midrun")
         stats = httpx.get(f"{url}/_emulator/stats").json()

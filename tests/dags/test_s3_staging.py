@@ -10,9 +10,7 @@ import boto3
 import pytest
 
 from airflow_batch_provider.ledger import Ledger
-from batch_emulator.config import EmulatorConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 
@@ -22,26 +20,20 @@ def test_the_nightly_dag_stages_chunks_outputs_and_reports_on_s3(
 ) -> None:
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     s3.create_bucket(Bucket="abp-staging")
-    with run_emulator(EmulatorConfig(time_scale=0.05)) as base_url:
-        env = batch_env(
-            airflow_home,
-            tmp_path,  # type: ignore[arg-type]
-            {
-                "openai_batch_default": {
-                    "conn_type": "openai_batch",
-                    "host": f"{base_url}/v1",
-                    "password": "sk",
-                },
-                "staging_s3": {
-                    "conn_type": "aws",
-                    "login": "testing",
-                    "password": "testing",
-                    "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-                },
-            },
-            staging_root="s3://abp-staging/llm-batch",
-            staging_conn_id="staging_s3",
-        )
+    staging_s3 = {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    with openai_dag_env(
+        airflow_home,
+        tmp_path,  # type: ignore[arg-type]
+        connections={"staging_s3": staging_s3},
+        password="sk",
+        staging_root="s3://abp-staging/llm-batch",
+        staging_conn_id="staging_s3",
+    ) as (_, env):
         proc = run_airflow(env, "dags", "test", "nightly_feedback_classification")
     assert proc.returncode == 0, tail(proc)
     keys = [

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.ledger import Ledger
-from batch_emulator.config import EmulatorConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.airflow_e2e, pytest.mark.postgres]
@@ -39,26 +37,17 @@ def test_the_rows_of_a_table_are_all_answered_and_a_bad_row_is_in_review_with_it
             "INSERT INTO support_tickets VALUES (NULL, 'email', 'Lamp', 'a ticket without an id')",
             dbname=name,
         )
-        with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
-            env = batch_env(
-                airflow_home,
-                tmp_path,
-                {
-                    "openai_batch_default": {
-                        "conn_type": "openai_batch",
-                        "host": f"{url}/v1",
-                        "password": "k",
-                    },
-                    "tickets_db": {
-                        "conn_type": "postgres",
-                        "host": postgres_server.host,
-                        "port": postgres_server.port,
-                        "login": "postgres",
-                        "schema": name,
-                    },
-                },
-            )
-            env["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+        tickets_db = {
+            "conn_type": "postgres",
+            "host": postgres_server.host,
+            "port": postgres_server.port,
+            "login": "postgres",
+            "schema": name,
+        }
+        with openai_dag_env(airflow_home, tmp_path, dags=DAGS, connections={"tickets_db": tickets_db}) as (
+            _,
+            env,
+        ):
             proc = run_airflow(env, "dags", "test", "table_source_classification")
     finally:
         postgres_server.drop_database(name)

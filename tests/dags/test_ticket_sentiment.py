@@ -18,9 +18,7 @@ from sqlalchemy import create_engine, text
 
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.deliveries import delivery_rows
-from batch_emulator.config import EmulatorConfig
-from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 
 pytestmark = pytest.mark.airflow_e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -69,20 +67,12 @@ def test_every_tickets_row_gets_its_label_and_confidence_once_and_no_row_is_adde
                 [{"i": 1000 + i, "b": BODIES[i % 3]} for i in range(TICKETS)],
             )
         db = {"conn_type": "postgres", "host": "127.0.0.1", "port": postgres_server.port, "login": "postgres"}
-        with run_emulator(EmulatorConfig(time_scale=0.05)) as url:
-            env = batch_env(
-                airflow_home,
-                tmp_path,
-                {
-                    "openai_batch_default": {
-                        "conn_type": "openai_batch",
-                        "host": f"{url}/v1",
-                        "password": "k",
-                    },
-                    "support_db": {**db, "schema": name},
-                },
-            )
-            env["AIRFLOW__CORE__DAGS_FOLDER"] = str(shipped_dag_folder(tmp_path / "bundle"))
+        support_db = {**db, "schema": name}
+        bundle = shipped_dag_folder(tmp_path / "bundle")
+        with openai_dag_env(airflow_home, tmp_path, dags=bundle, connections={"support_db": support_db}) as (
+            _,
+            env,
+        ):
             proc = run_airflow(env, "dags", "test", "ticket_sentiment")
         assert proc.returncode == 0, tail(proc)
         with engine.connect() as conn:

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -31,15 +30,6 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         timeout=180,
         check=False,
     )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    try:
-        yield opened
-    finally:
-        opened.engine.dispose()
 
 
 def two_in_review(ledger: Ledger) -> None:

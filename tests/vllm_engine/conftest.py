@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.vllm_engine.shapes import shape
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
@@ -62,6 +65,28 @@ class Engine:
             [str(self.python), "-c", code, *args], env=env, capture_output=True, text=True,
             timeout=timeout, check=False, cwd=ROOT,
         )  # fmt: skip
+
+
+def assert_the_stand_in_answers_in_the_engine_s_shape(engine_out: Path, model: str, tmp_path: Path) -> None:
+    """Run the stand-in (``tests/support/fake_vllm``) on the input file the engine answered with
+    ``engine_out``; assert it answers the same custom ids, each line in the engine's shape.
+
+    :param engine_out: the engine's ``*.output.jsonl`` in the pod's exchange folder
+    :param model: the model name the pod served
+    :param tmp_path: a folder for the stand-in's output
+    """
+    source = engine_out.with_name(engine_out.name.removesuffix(".output.jsonl") + ".jsonl")
+    ours = tmp_path / "stand-in.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.fake_vllm", "run-batch", "-i", str(source), "-o", str(ours),
+         "--model", model],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    real = [json.loads(x) for x in engine_out.read_text().splitlines()]
+    fake = [json.loads(x) for x in ours.read_text().splitlines()]
+    assert [r["custom_id"] for r in fake] == [r["custom_id"] for r in real]
+    assert [shape(x) for x in fake] == [shape(x) for x in real]
 
 
 def _unavailable(reason: str) -> None:

@@ -9,18 +9,14 @@ answer must have the engine's shape.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_engine.conftest import ROOT, Engine
+from tests.vllm_engine.conftest import Engine, assert_the_stand_in_answers_in_the_engine_s_shape
 from tests.vllm_engine.pods import run_engine_dag
-from tests.vllm_engine.shapes import shape
 
 # one engine start takes minutes on a busy 2-core machine: the e2e timeout is not a speed check here
 pytestmark = [pytest.mark.airflow_e2e, pytest.mark.timeout(2400)]
@@ -76,15 +72,4 @@ def test_the_stand_in_answers_the_same_input_file_in_the_engine_s_shape(
 ) -> None:
     exchange: Path = finished["exchange"]
     [engine_out] = exchange.glob("*.output.jsonl")
-    source = engine_out.with_name(engine_out.name.removesuffix(".output.jsonl") + ".jsonl")
-    ours = tmp_path / "stand-in.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.fake_vllm", "run-batch", "-i", str(source), "-o", str(ours),
-         "--model", MODEL],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:]
-    real = [json.loads(x) for x in engine_out.read_text().splitlines()]
-    fake = [json.loads(x) for x in ours.read_text().splitlines()]
-    assert [r["custom_id"] for r in fake] == [r["custom_id"] for r in real]
-    assert [shape(x) for x in fake] == [shape(x) for x in real]
+    assert_the_stand_in_answers_in_the_engine_s_shape(engine_out, MODEL, tmp_path)

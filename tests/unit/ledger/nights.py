@@ -19,6 +19,7 @@ from airflow_batch_provider.core.results import ItemResult, Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.store import UpsertStats
+from tests.unit.ledger.jobs import job_row
 from tests.unit.ledger.store_support import cost_of, prep
 
 
@@ -36,23 +37,7 @@ def stage_pending(
         cids[str(row["app_id"])] = cid
         placements.append((row["item_key"], row["prompt_version"], cid, attempt))
     if placements:
-        ledger.record_job(
-            {
-                "job_id": job_id,
-                "workload": workload,
-                "run_id": run_id,
-                "round": 1,
-                "chunk_index": 0,
-                "provider": "openai",
-                "model": "gpt-4o-mini",
-                "idempotency_key": f"key-{job_id}",
-                "staged_path": f"/staging/{job_id}.jsonl",
-                "input_sha256": "0" * 64,
-                "lines": len(placements),
-                "size_bytes": 100 * len(placements),
-            },
-            placements,
-        )
+        ledger.record_job(job_row(workload, run_id, len(placements)), placements)
     return job_id, cids
 
 

@@ -16,6 +16,7 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.prompt_changes import PromptEdit, edited_in_place, prompt_changed_section
 from airflow_batch_provider.ledger.runs import RunPrompt, record_run_prompt
 from airflow_batch_provider.ledger.store import PreparedItem, UpsertStats
+from tests.unit.ledger.jobs import job_row
 
 WL = "feedback"
 OLD, NEW = "a" * 64, "b" * 64
@@ -44,23 +45,7 @@ def answer_all(ledger: Ledger, run_id: str, items: Sequence[PreparedItem]) -> No
     """Stage, submit and answer the run's items (each a success), as the run's tasks do."""
     job_id = f"{WL}:{run_id}:r1:c00000"
     placements = [(it.key, it.request.prompt_version, make_custom_id(it.key, 1, 0), 1) for it in items]
-    ledger.record_job(
-        {
-            "job_id": job_id,
-            "workload": WL,
-            "run_id": run_id,
-            "round": 1,
-            "chunk_index": 0,
-            "provider": "openai",
-            "model": "gpt-4o-mini",
-            "idempotency_key": f"key-{job_id}",
-            "staged_path": f"/staging/{job_id}.jsonl",
-            "input_sha256": "0" * 64,
-            "lines": len(placements),
-            "size_bytes": 100,
-        },
-        placements,
-    )
+    ledger.record_job(job_row(WL, run_id, len(placements), size_bytes=100), placements)
     ledger.mark_submitted(job_id, f"batch-{run_id}", f"file-{run_id}")
     results = [ItemResult(p[2], "succeeded", output={"label": "x"}, usage=Usage(10, 1)) for p in placements]
     ledger.apply_results(job_id, results, lambda usage: Decimal(0))

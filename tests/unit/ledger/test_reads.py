@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import FrozenInstanceError
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,13 +37,6 @@ def prep(app_id: str, version: str = "v1") -> PreparedItem:
             params={},
         ),
     )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    ledger = Ledger.from_url(ledger_url)
-    yield ledger
-    ledger.engine.dispose()
 
 
 def start(ledger: Ledger, workload: str, run_id: str, dag_id: str | None, app_ids: list[str]) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.runs import (
     RunPrompt,
@@ -13,11 +11,6 @@ from airflow_batch_provider.ledger.runs import (
     reopen_newest_run,
     run_prompt,
 )
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Ledger:
-    return Ledger.from_url(ledger_url)
 
 
 def test_the_first_prompt_recorded_for_a_run_is_the_one_it_keeps(ledger: Ledger) -> None:

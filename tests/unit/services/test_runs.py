@@ -10,11 +10,6 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.services.runs import check_run_connection, check_run_prompt, keep_run_prompt
 
 
-@pytest.fixture
-def ledger(ledger_url: str) -> Ledger:
-    return Ledger.from_url(ledger_url)
-
-
 def test_a_task_on_the_connection_its_run_started_on_goes_ahead(ledger: Ledger) -> None:
     ledger.start_run("wl", "r1", "openai", "m", batch_conn_id="openai_a")
     check_run_connection(ledger, "wl", "r1", "openai_a", "wl.submit")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -18,13 +18,6 @@ from tests.unit.ledger.test_reads import prep
 
 WL = "feedback"
 DEAD = "scheduled__2026-11-29T02:00:00+00:00"
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    opened = Ledger.from_url(ledger_url)
-    yield opened
-    opened.engine.dispose()
 
 
 def killed_mid_fallback(ledger: Ledger, sent: Sequence[str], answered: Sequence[str] = ()) -> None:
