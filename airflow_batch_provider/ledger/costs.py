@@ -148,11 +148,15 @@ class CostRoom(ItemReadRoom):
             for key, version in keys:
                 by_version.setdefault(version, []).append(key)
             with self.engine.connect() as conn:
-                # One query per version, and ``run_id || ''`` rather than ``run_id``: otherwise
-                # SQLite (no statistics) searches the (workload, run_id) index and reads every
-                # attempt of the run for each page of 1,000 keys (quadratic: 0.33 s a page at a
-                # million items, publish 555 s); this way each page is found by the
-                # (workload, key, version) index (0.03 s a page at a million).
+                # One query per version, and on SQLite ``run_id || ''`` rather than ``run_id``:
+                # otherwise SQLite (no statistics) searches the (workload, run_id) index and reads
+                # every attempt of the run for each page of 1,000 keys (quadratic: 0.33 s a page at
+                # a million items, publish 555 s); this way each page is found by the (workload,
+                # key, version) index (0.03 s a page at a million). PostgreSQL chooses with its
+                # statistics: there the same trick read the whole attempts table per page when a
+                # night changed a few percent (3.2 ms a page at 9,350 attempts, 0.2 ms by the
+                # run's index; docs/benchmarks.md, night thirty).
+                run_of = a.run_id.concat("") if self.engine.dialect.name == "sqlite" else a.run_id
                 rows = (
                     att
                     for version, ks in by_version.items()
@@ -160,7 +164,7 @@ class CostRoom(ItemReadRoom):
                         select(s.attempts)
                         .where(
                             a.workload == workload,
-                            a.run_id.concat("") == run_id,
+                            run_of == run_id,
                             a.prompt_version == version,
                             a.item_key.in_(ks),
                         )
