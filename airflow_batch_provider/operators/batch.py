@@ -685,7 +685,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             )
             return []
         if self.lane is not None:
-            from airflow_batch_provider.kubernetes.lane import check_conn_lane
+            from airflow_batch_provider.hooks.lane import check_conn_lane
 
             check_conn_lane(self.batch_conn_id, self.lane)
         check_distributed(self.ledger_conn_id, self.staging_root)

@@ -30,7 +30,6 @@ UPPER = (
     "triggers",
     "services",
     "plugins",
-    "kubernetes",
     "pipeline",
     "sinks",
 )
@@ -193,7 +192,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("the task group", frozenset({"pipeline", "prompt_path"})),
     ("Airflow glue", frozenset({"operators", "sensors", "triggers", "sinks", "links", "notifications"})),
     ("services and connections", frozenset({"services", "hooks", "staging", "settings", "metrics"})),
-    ("adapters and the ledger", frozenset({"adapters", "ledger", "kubernetes"})),
+    ("adapters and the ledger", frozenset({"adapters", "ledger"})),
     ("core", frozenset({"core", "exceptions", "get_provider_info", ""})),
 )
 #: Imports that the layer order allows and the design does not: (importer, imported, why).
