@@ -47,7 +47,7 @@ from airflow_batch_provider.core.options import (
 )
 from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.kubernetes.lane import built_lane, pod_tasks
+from airflow_batch_provider.hooks.lane import built_lane
 from airflow_batch_provider.notifications import BatchAlerts
 from airflow_batch_provider.operators.batch import (
     BatchDownloadOperator,
@@ -232,7 +232,9 @@ def batch_inference_group(
                 last >> resubmit
                 manifests = resubmit.output
             waited: Any
-            if in_pod:
+            if in_pod:  # the cncf-kubernetes provider (the kubernetes extra) only for this lane
+                from airflow_batch_provider.operators.vllm_pod import pod_tasks
+
                 waited = pod_tasks(
                     task_id=f"run{suffix}",
                     manifests=manifests,

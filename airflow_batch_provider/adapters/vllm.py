@@ -1,6 +1,6 @@
 """Self-hosted lane: ``vllm run-batch`` in a Kubernetes pod, behind the adapter contract.
 
-The pod itself is started by :class:`~airflow_batch_provider.kubernetes.operators.VllmBatchPodOperator`
+The pod itself is started by :class:`~airflow_batch_provider.operators.vllm_pod.VllmBatchPodOperator`
 (a ``KubernetesPodOperator``) in place of submit and wait: this adapter declares
 :attr:`VllmKubernetesAdapter.runs_in_pod`, and ``batch_inference_group`` builds the pod task for
 it. What stays here is what every lane shares: the batch line format (OpenAI's, which
@@ -158,7 +158,7 @@ class _NoAsyncStatus(AsyncStatusClient):
 class VllmKubernetesAdapter(BatchAdapter):
     """``vllm run-batch`` in a Kubernetes pod (connection type ``vllm_kubernetes``).
 
-    Connection extras: see :class:`~airflow_batch_provider.kubernetes.settings.VllmPodSettings`.
+    Connection extras: see :class:`~airflow_batch_provider.hooks.vllm_pod_settings.VllmPodSettings`.
     """
 
     #: ``lane="pod"``: the lane runs each chunk as a pod task instead of submit + wait (the

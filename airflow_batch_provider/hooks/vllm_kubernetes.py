@@ -6,15 +6,15 @@ from typing import Any
 
 from airflow_batch_provider.adapters.base import BatchAdapter
 from airflow_batch_provider.hooks.batch import BatchHook
-from airflow_batch_provider.kubernetes.settings import VllmPodSettings
+from airflow_batch_provider.hooks.vllm_pod_settings import VllmPodSettings
 
 
 class VllmKubernetesHook(BatchHook):
     """Self-hosted vLLM batches in Kubernetes pods (``vllm_kubernetes``).
 
     The adapter is :class:`~airflow_batch_provider.adapters.vllm.VllmKubernetesAdapter`; the pod
-    task is :class:`~airflow_batch_provider.kubernetes.operators.VllmBatchPodOperator`. Every
-    setting is an extra (see :class:`~airflow_batch_provider.kubernetes.settings.VllmPodSettings`):
+    task is :class:`~airflow_batch_provider.operators.vllm_pod.VllmBatchPodOperator`. Every
+    setting is an extra (see :class:`~airflow_batch_provider.hooks.vllm_pod_settings.VllmPodSettings`):
     ``namespace``, ``image``, ``gpu_count``, ``gpu_type``, ``usd_per_gpu_hour``, ``node_selector``,
     ``tolerations``, ``service_account``, ``model_cache_pvc``, ``hub_token_secret``,
     ``tensor_parallel_size``, ``max_model_len``, ``gpu_memory_utilization``, ``startup_timeout_s``,

@@ -17,7 +17,7 @@ from airflow_batch_provider.core.names import check_workload, is_templated
 from airflow_batch_provider.core.options import BudgetOptions, BuiltLane, ChunkOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError, RecordSourceError
-from airflow_batch_provider.kubernetes.lane import check_conn_lane
+from airflow_batch_provider.hooks.lane import check_conn_lane
 from airflow_batch_provider.ledger.records import OpenItem
 from airflow_batch_provider.ledger.runs import reopen_newest_run
 from airflow_batch_provider.operators.base import (

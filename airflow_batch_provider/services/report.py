@@ -185,7 +185,7 @@ def build_report(
                 last_usage=row["last_usage"],
             )
 
-    from airflow_batch_provider.kubernetes.report import infrastructure_cost, self_hosted_section
+    from airflow_batch_provider.services.vllm_report import infrastructure_cost, self_hosted_section
 
     prices = load_prices(pricing_override)
     infra = infrastructure_cost(ledger, workload, run_id)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_batch_provider.services.delivery import SinkRow
+from airflow_batch_provider.sinks.db_batch import write_batch
 
 if TYPE_CHECKING:
     from airflow_batch_provider.sinks.sql import SqlUpsertSink, _DbApiWriter
@@ -87,8 +88,6 @@ class PgBatchWriter:
 
         :param rows: the batch
         """
-        from airflow_batch_provider.sinks.sql import write_batch
-
         if not self.sink.column_names():
             return self.rows_writer.write(rows)
         unique = last_per_key(self.sink, rows)

@@ -30,13 +30,12 @@ from airflow_batch_provider.core.json_path import parse_path, read_path
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.deliveries import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
+from airflow_batch_provider.sinks.db_batch import refused_by_database, write_batch
 
 #: The connection types whose dialect writes ``INSERT ... ON CONFLICT`` here.
 ON_CONFLICT_TYPES: Final = frozenset({"postgres", "postgresql", "sqlite"})
 #: The connection types written by one multi-row statement per batch (:mod:`.pg_batch`).
 PG_TYPES: Final = frozenset({"postgres", "postgresql"})
-#: DB-API exception classes that mean "the database refused this row" (not "the database failed").
-REFUSALS: Final = frozenset({"DataError", "IntegrityError"})
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 #: A column's value: a JSON path into the answer (``"$.label"``) or a callable of the result.
@@ -216,35 +215,6 @@ def _bindable(value: Any) -> Any:
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, sort_keys=True)
     return value
-
-
-def refused_by_database(exc: BaseException) -> bool:
-    """Whether ``exc`` is the database refusing a row (a type or constraint error).
-
-    :param exc: the exception a driver raised
-    """
-    return any(cls.__name__ in REFUSALS for cls in type(exc).__mro__)
-
-
-def write_batch(conn: Any, run: Callable[[Any], object]) -> bool:
-    """Run ``run(cursor)`` and commit: ``True``; the database refused a row (rolled back): ``False``.
-
-    :param conn: the DB-API connection
-    :param run: the batch's statements, on a cursor of ``conn``
-    :raises Exception: any other database error, after the rollback
-    """
-    cursor = conn.cursor()
-    try:
-        run(cursor)
-        conn.commit()
-        return True
-    except Exception as exc:
-        conn.rollback()
-        if not refused_by_database(exc):
-            raise
-        return False
-    finally:
-        cursor.close()
 
 
 @dataclass

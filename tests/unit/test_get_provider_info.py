@@ -131,7 +131,7 @@ def test_every_declared_field_is_read_by_the_package() -> None:
     """A field that nothing reads is a form that lies; catches a rename in an adapter."""
     from pathlib import Path
 
-    from airflow_batch_provider.kubernetes.settings import VllmPodSettings
+    from airflow_batch_provider.hooks.vllm_pod_settings import VllmPodSettings
 
     package = Path(__file__).resolve().parents[2] / "airflow_batch_provider"
     source = "\n".join(

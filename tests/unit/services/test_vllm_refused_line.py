@@ -5,7 +5,7 @@ no output) and can be told to refuse a line by a rule the lane's own checks do n
 (``FAKE_VLLM_REFUSE_CUSTOM_ID``), as a newer engine would.
 """
 
-# ruff: noqa: F811  (the fixtures ``api`` and ``ledger`` of test_operators, imported by name)
+# ruff: noqa: F811  (the fixtures ``api`` and ``ledger`` of test_vllm_pod, imported by name)
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.core.custom_ids import item_key
-from airflow_batch_provider.kubernetes.refused_line import named_line
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.vllm_refused_line import named_line
 from tests.support.kube_api import KubeApi, PodFault
-from tests.unit.kubernetes.test_operators import (  # noqa: F401
+from tests.unit.operators.test_vllm_pod import (  # noqa: F401
     JOB_ID,
     LINES,
     RUN,
@@ -59,7 +59,7 @@ def test_the_line_the_engine_names_is_rejected_and_the_rest_run_again_without_be
 def test_a_line_number_outside_the_chunk_leaves_the_job_failed_as_any_exit_1(
     tmp_path: Path, api: KubeApi, ledger: Ledger
 ) -> None:
-    from airflow_batch_provider.kubernetes.refused_line import settle_named_line
+    from airflow_batch_provider.services.vllm_refused_line import settle_named_line
     from airflow_batch_provider.staging import Staging
 
     job = ledger.get_job(JOB_ID)

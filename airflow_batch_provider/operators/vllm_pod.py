@@ -48,22 +48,29 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter, input_name, output_name
+from airflow_batch_provider.adapters.vllm_engine import logged_version, version_problem
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.exceptions import ConfigurationError
+from airflow_batch_provider.hooks.lane import check_conn_lane
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.vllm_kubernetes import VllmKubernetesHook
-from airflow_batch_provider.kubernetes.engine_version import logged_version, version_problem
-from airflow_batch_provider.kubernetes.lane import check_conn_lane
-from airflow_batch_provider.kubernetes.refused_line import named_line, settle_named_line
-from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
+from airflow_batch_provider.hooks.vllm_pod_settings import OUTPUT_TMP_DIR, VllmPodSettings, job_label
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.records import JobRow
 from airflow_batch_provider.services.runs import check_run_connection
+from airflow_batch_provider.services.vllm_pod_outcome import (
+    exception_messages,
+    failure_reason,
+    infra_cost_row,
+)
+from airflow_batch_provider.services.vllm_refused_line import named_line, settle_named_line
 from airflow_batch_provider.staging import PRESIGNABLE_PROTOCOLS, Staging, presign
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from kubernetes.client import models as k8s
+
+    from airflow_batch_provider.core.policy import PollPolicy
 
 JOB_LABEL = "batch-job"
 XCOM_RETURN_KEY = "return_value"
@@ -72,66 +79,6 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 LOG_TAIL_LINES = 200
 #: Bytes of a pod's log read from its start for the engine's version line.
 LOG_HEAD_BYTES = 256 * 1024
-
-
-def gpu_cost_nusd(gpu_seconds: int, gpu_count: int, usd_per_gpu_hour: float) -> int:
-    """Nano-dollars of ``gpu_seconds`` of pod time on ``gpu_count`` GPUs (rounded up).
-
-    :param gpu_seconds: wall seconds the pod's container ran
-    :param gpu_count: GPUs the pod held
-    :param usd_per_gpu_hour: the hourly rate of one GPU
-    """
-    micros = round(Decimal(str(usd_per_gpu_hour)) * 1_000_000)
-    return math.ceil(Decimal(gpu_seconds * gpu_count * micros * 1000) / 3600)
-
-
-def failure_reason(pod: k8s.V1Pod | None, error: str | None) -> str:
-    """A short reason code for a job whose pod did not succeed.
-
-    :param pod: the pod as last seen (``None`` if never seen)
-    :param error: the operator's error text
-    """
-    text = (error or "").lower()
-    if text.startswith(("killed", "pod_lost", "deadline", "invalid_line")):
-        return text.split(":", 1)[0]
-    status = pod.status if pod is not None else None
-    if status is not None and (status.reason or "").lower() == "evicted":
-        return "evicted"
-    if status is not None and status.reason == "DeadlineExceeded":
-        return "deadline"  # the pod's activeDeadlineSeconds (the run's deadline) stopped it
-    for cs in (status.container_statuses or []) if status is not None else []:
-        term = cs.state.terminated if cs.state else None
-        wait = cs.state.waiting if cs.state else None
-        if term is not None and term.reason == "OOMKilled":
-            return "oom_killed"
-        if wait is not None and wait.reason in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
-            return "image_pull_failed"
-        if term is not None and term.exit_code not in (None, 0):
-            return f"exit_{term.exit_code}"
-    if status is not None and status.phase in ("Pending", "Unknown"):
-        unscheduled = any(c.type == "PodScheduled" and c.status != "True" for c in status.conditions or [])
-        return "unschedulable_timeout" if unscheduled else "startup_timeout"
-    if "imagepullbackoff" in text or "errimagepull" in text:
-        return "image_pull_failed"
-    if "too long to be scheduled" in text:
-        return "unschedulable_timeout"
-    if "too long to start" in text:
-        return "startup_timeout"
-    return "pod_failed"
-
-
-def _times(pod: k8s.V1Pod | None) -> tuple[datetime | None, datetime | None]:
-    if pod is None or pod.status is None:
-        return None, None
-    for cs in pod.status.container_statuses or []:
-        state = cs.state
-        if state is None:
-            continue
-        if state.terminated is not None and state.terminated.started_at is not None:
-            return state.terminated.started_at, state.terminated.finished_at or datetime.now(UTC)
-        if state.running is not None and state.running.started_at is not None:
-            return state.running.started_at, datetime.now(UTC)
-    return None, None
 
 
 class VllmBatchPodOperator(KubernetesPodOperator):
@@ -435,7 +382,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         try:
             super().execute(context)
         except AirflowException as exc:
-            return self.settle(job, self._final_pod, _messages(exc))
+            return self.settle(job, self._final_pod, exception_messages(exc))
         return self.settle(job, self._final_pod, None)
 
     def reenter(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
@@ -449,7 +396,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         try:
             super().trigger_reentry(context, event)
         except AirflowException as exc:
-            return self.settle(job, self._final_pod, _messages(exc))
+            return self.settle(job, self._final_pod, exception_messages(exc))
         return self.settle(job, self._final_pod, None)
 
     def on_kill(self) -> None:
@@ -514,7 +461,7 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         """If the engine refused one named line of the job's file: settle it and say so (else ``None``).
 
         The named item goes to review with the engine's words; the others go to the next round
-        without an attempt charged (:mod:`~airflow_batch_provider.kubernetes.refused_line`).
+        without an attempt charged (:mod:`~airflow_batch_provider.services.vllm_refused_line`).
 
         :param job: the ledger job row
         :param error: the pod's failure
@@ -617,23 +564,8 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         reason = None if error is None else failure_reason(pod, error)
         if reason in ("unschedulable_timeout", "startup_timeout") and self.deadline_reached():
             reason = "deadline"  # its timeouts were cut to the run's deadline
-        started, finished = _times(pod)
-        seconds = max(0, math.ceil((finished - started).total_seconds())) if started and finished else 0
-        row: dict[str, Any] = {
-            "job_id": job.job_id,
-            "workload": job.workload,
-            "run_id": job.run_id,
-            "pod_name": pod.metadata.name if pod is not None and pod.metadata else None,
-            "gpu_type": s.gpu_type,
-            "gpu_count": s.gpu_count,
-            "started_at": started,
-            "finished_at": finished,
-            "gpu_seconds": seconds,
-            "usd_per_gpu_hour_micros": round(Decimal(str(s.usd_per_gpu_hour)) * 1_000_000),
-            "cost_nusd": gpu_cost_nusd(seconds, s.gpu_count, s.usd_per_gpu_hour),
-            "outcome": state,
-            "reason": reason,
-        }
+        row = infra_cost_row(job, pod, s.gpu_type, s.gpu_count, s.usd_per_gpu_hour, state, reason)
+        seconds = int(row["gpu_seconds"])
         self.ledger.record_infra_cost(row)
         message = None if error is None else f"{reason}: {error[:2000]}"
         self.ledger.update_job(job.job_id, batch_state=state, error=message, finished_at=utcnow())
@@ -695,16 +627,40 @@ class VllmBatchPodOperator(KubernetesPodOperator):
         }
 
 
-def _messages(exc: BaseException) -> str:
-    """The exception's message, the first line of each exception it was raised during before it."""
-    parts = [str(exc).splitlines()[0] if str(exc) else type(exc).__name__]
-    seen: BaseException | None = exc.__context__
-    while seen is not None and len(parts) < 5:
-        parts.append(f"{type(seen).__name__}: {str(seen).splitlines()[0] if str(seen) else ''}")
-        seen = seen.__context__
-    return " <- ".join(parts)
-
-
 def _snake(toleration: Mapping[str, Any]) -> dict[str, Any]:
     names = {"tolerationSeconds": "toleration_seconds"}
     return {names.get(k, k): v for k, v in toleration.items()}
+
+
+def pod_tasks(
+    *,
+    task_id: str,
+    manifests: Any,
+    common: Mapping[str, Any],
+    policy: PollPolicy,
+    deferrable: bool,
+    deadline: Any = None,
+    deadline_margin: float = 0.0,
+) -> Any:
+    """The mapped pod task of one round (one pod per job); returns its output for download.
+
+    :param task_id: the task id (``run``, ``run_2`` ...)
+    :param manifests: the round's job manifests (prepare's or resubmit's output)
+    :param common: workload, connections and staging, as every batch operator takes them
+    :param policy: the poll policy (its initial interval paces the pod polls)
+    :param deferrable: wait in the triggerer
+    :param deadline: the run's resolved deadline (aware datetime, ISO string or a template of
+        one; ``None``: none): each pod is stopped there and its job ends with reason ``deadline``
+    :param deadline_margin: seconds before the deadline at which the pods stop
+    """
+    interval = max(1.0, min(policy.initial_interval, 30.0))
+    run = VllmBatchPodOperator.partial(
+        task_id=task_id,
+        deferrable=deferrable,
+        poll_interval=interval,
+        startup_check_interval_seconds=max(1, int(interval)),
+        deadline=deadline,
+        deadline_margin=deadline_margin,
+        **common,
+    ).expand(job=manifests)
+    return run.output

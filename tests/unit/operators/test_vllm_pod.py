@@ -32,11 +32,8 @@ from tests.support.kube_api import KubeApi, PodFault, run_kube_api
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 
 from airflow_batch_provider.adapters.vllm import VllmKubernetesAdapter
-from airflow_batch_provider.kubernetes.operators import (
-    JOB_LABEL,
-    VllmBatchPodOperator,
-    gpu_cost_nusd,
-)
+from airflow_batch_provider.operators.vllm_pod import JOB_LABEL, VllmBatchPodOperator
+from airflow_batch_provider.services.vllm_pod_outcome import gpu_cost_nusd
 
 ROOT = Path(__file__).resolve().parents[3]
 FAKE_VLLM_BIN = ROOT / "tests" / "support" / "fake_vllm" / "bin"
@@ -311,7 +308,7 @@ def reconcile(tmp_path: Path) -> dict[str, int]:
 
 _CHILD = """
 import sys
-from tests.unit.kubernetes.test_operators import context, operator
+from tests.unit.operators.test_vllm_pod import context, operator
 from pathlib import Path
 operator(Path(sys.argv[1])).execute(context())
 """

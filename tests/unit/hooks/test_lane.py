@@ -11,7 +11,7 @@ from airflow.sdk import DAG
 from airflow_batch_provider.core.options import BuiltLane, DeadlineOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.kubernetes.lane import built_lane, check_conn_lane, runs_in_pod
+from airflow_batch_provider.hooks.lane import built_lane, check_conn_lane, runs_in_pod
 from airflow_batch_provider.pipeline import batch_inference_group
 
 

@@ -1,23 +1,20 @@
-"""What ``batch_inference_group`` calls for a lane whose adapter runs each chunk in a pod.
+"""Which lane a connection runs in: its adapter's ``runs_in_pod`` (read from the connection's type).
 
 The group's ``lane`` says which lane to build: ``pod`` and ``provider`` without reading the
 connection (so its id may be a template), ``auto`` by asking :func:`runs_in_pod` once when the
 DAG is parsed (the connection's adapter declares ``runs_in_pod``). The pod lane builds
-:func:`pod_tasks` in place of upload, submit and wait. Everything after (download, reconcile,
-resubmit, publish) is the same for every lane. When the run starts, prepare (the first task that
-reads the connection) checks with :func:`check_conn_lane` that the connection runs in the lane
-that was built, and the pod task checks it again for its own connection.
+:func:`~airflow_batch_provider.operators.vllm_pod.pod_tasks` in place of upload, submit and
+wait. Everything after (download, reconcile, resubmit, publish) is the same for every lane. When
+the run starts, prepare (the first task that reads the connection) checks with
+:func:`check_conn_lane` that the connection runs in the lane that was built, and the pod task
+checks it again for its own connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from airflow_batch_provider.adapters.registry import adapter_class
 from airflow_batch_provider.core.names import is_templated
 from airflow_batch_provider.core.options import BuiltLane, Lane, check_lane
-from airflow_batch_provider.core.policy import PollPolicy
 from airflow_batch_provider.exceptions import ConfigurationError
 
 
@@ -80,39 +77,3 @@ def check_conn_lane(batch_conn_id: str, lane: BuiltLane) -> str:
         f"anything. Point batch_conn_id (or the Variable its template reads) at a {wanted} connection, "
         f"or build the group with lane={other!r}."
     )
-
-
-def pod_tasks(
-    *,
-    task_id: str,
-    manifests: Any,
-    common: Mapping[str, Any],
-    policy: PollPolicy,
-    deferrable: bool,
-    deadline: Any = None,
-    deadline_margin: float = 0.0,
-) -> Any:
-    """The mapped pod task of one round (one pod per job); returns its output for download.
-
-    :param task_id: the task id (``run``, ``run_2`` ...)
-    :param manifests: the round's job manifests (prepare's or resubmit's output)
-    :param common: workload, connections and staging, as every batch operator takes them
-    :param policy: the poll policy (its initial interval paces the pod polls)
-    :param deferrable: wait in the triggerer
-    :param deadline: the run's resolved deadline (aware datetime, ISO string or a template of
-        one; ``None``: none): each pod is stopped there and its job ends with reason ``deadline``
-    :param deadline_margin: seconds before the deadline at which the pods stop
-    """
-    from airflow_batch_provider.kubernetes.operators import VllmBatchPodOperator
-
-    interval = max(1.0, min(policy.initial_interval, 30.0))
-    run = VllmBatchPodOperator.partial(
-        task_id=task_id,
-        deferrable=deferrable,
-        poll_interval=interval,
-        startup_check_interval_seconds=max(1, int(interval)),
-        deadline=deadline,
-        deadline_margin=deadline_margin,
-        **common,
-    ).expand(job=manifests)
-    return run.output

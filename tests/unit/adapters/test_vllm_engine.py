@@ -1,6 +1,6 @@
 """The vLLM version a pod ran, read from its log and judged against the lane's minimum."""
 
-# ruff: noqa: F811  (the fixtures ``api`` and ``ledger`` of test_operators, imported by name)
+# ruff: noqa: F811  (the fixtures ``api`` and ``ledger`` of test_vllm_pod, imported by name)
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.kubernetes.engine_version import logged_version, version_problem
+from airflow_batch_provider.adapters.vllm_engine import logged_version, version_problem
 from airflow_batch_provider.ledger import Ledger
 from tests.support.kube_api import KubeApi, PodFault
-from tests.unit.kubernetes.test_operators import JOB_ID, api, context, ledger, operator  # noqa: F401
+from tests.unit.operators.test_vllm_pod import JOB_ID, api, context, ledger, operator  # noqa: F401
 
 pytest.importorskip("airflow.providers.cncf.kubernetes")
 

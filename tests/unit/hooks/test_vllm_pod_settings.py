@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.kubernetes.settings import VllmPodSettings, job_label
+from airflow_batch_provider.hooks.vllm_pod_settings import VllmPodSettings, job_label
 
 
 def test_extras_are_read_with_their_types_and_defaults_long_enough_for_gpu_autoscaling() -> None:
@@ -67,7 +67,7 @@ def test_presigned_urls_must_outlive_the_pod_s_wait_and_start_and_no_more_than_s
 
 
 def test_a_presigned_output_is_staged_on_disk_not_held_in_the_engine_s_memory() -> None:
-    from airflow_batch_provider.kubernetes.settings import OUTPUT_TMP_DIR
+    from airflow_batch_provider.hooks.vllm_pod_settings import OUTPUT_TMP_DIR
 
     s = VllmPodSettings.from_extra({})
     to_url = s.run_batch_args("m", "https://b.s3/in?X-Amz-Signature=a", "https://b.s3/out?X-Amz-Signature=b")
@@ -77,7 +77,7 @@ def test_a_presigned_output_is_staged_on_disk_not_held_in_the_engine_s_memory() 
 
 
 def test_an_image_older_than_the_lane_s_minimum_engine_is_refused_naming_both_versions() -> None:
-    from airflow_batch_provider.kubernetes.settings import MIN_ENGINE_VERSION, image_version
+    from airflow_batch_provider.adapters.vllm_engine import MIN_ENGINE_VERSION, image_version
 
     assert MIN_ENGINE_VERSION == (0, 32, 0)
     assert image_version("vllm/vllm-openai:v0.33.0") == (0, 33, 0)

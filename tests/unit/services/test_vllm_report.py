@@ -7,9 +7,9 @@ from pathlib import Path
 
 from airflow_batch_provider.core.pricing import PriceTable
 from airflow_batch_provider.core.results import Usage
-from airflow_batch_provider.kubernetes.operators import gpu_cost_nusd
-from airflow_batch_provider.kubernetes.report import infrastructure_cost, self_hosted_section
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.services.vllm_pod_outcome import gpu_cost_nusd
+from airflow_batch_provider.services.vllm_report import infrastructure_cost, self_hosted_section
 
 
 def row(job: str, seconds: int, outcome: str = "completed") -> dict[str, object]:
