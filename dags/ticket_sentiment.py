@@ -35,6 +35,7 @@ with DAG(
         ),
         prompt=str(INCLUDE / "prompts" / "feedback_classification.yaml"),
         batch_conn_id="openai_batch_default",
+        lane="provider",  # a batch API: no connection is read when this file is parsed
         sinks=[
             SqlUpsertSink(
                 conn_id="support_db",

@@ -136,6 +136,8 @@ UNFINISHED_STATES: Final[tuple[str, ...]] = (
 
 #: Item states a person should look at after a run (the UI lists them per run).
 ATTENTION_STATES: Final[tuple[str, ...]] = ("review", "failed_permanent", "pending", "skipped")
+#: Where items still open when a run closes may go (publish's settling).
+UNFINISHED_ROUTES: Final[tuple[str, ...]] = ("review", "pending", "skipped")
 
 #: States a person may re-drive (back to ``pending``, attempts 0): every settled failure or skip.
 REDRIVABLE_STATES: Final[frozenset[str]] = frozenset(

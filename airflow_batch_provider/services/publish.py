@@ -25,9 +25,6 @@ from airflow_batch_provider.staging import Staging
 
 log = logging.getLogger(__name__)
 
-#: Where items still open when the run closes may go.
-UNFINISHED_ROUTES = ("review", "pending", "skipped")
-
 
 @dataclass(frozen=True)
 class Published:

@@ -27,7 +27,7 @@ PROMPT_FILE = REPO / "include" / "prompts" / "feedback_classification.yaml"
 
 
 def shipped_dag_folder(root: Path) -> Path:
-    """A DAG folder holding the shipped DAG file alone, with the prompt where it looks (``../include``).
+    """A DAG folder holding the shipped DAG file alone, with the prompt in the include folder beside it, where the file looks.
 
     Only this file is parsed, not the other shipped DAGs (the vLLM ones import the Kubernetes client).
     """

