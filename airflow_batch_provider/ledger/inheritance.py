@@ -57,10 +57,7 @@ def inherit_harvested_lines(ledger: Ledger, workload: str, run_id: str, actor: s
     :param actor: who takes them on (the task), for the audit row
     :return: one ``{from_run, items, attempts, extra_lines}`` per dead run something moved from now
     """
-    lease = ledger.workload_lease(workload)
-    if lease is None or lease.run_id != run_id:
-        return []
-    dead = unreported(ledger, workload, dead_runs_taken_over(ledger, workload, run_id))
+    dead = unreported_runs_taken_over(ledger, workload, run_id)
     if not dead:
         return []
     i, a, x = s.items.c, s.attempts.c, s.extra_lines.c
@@ -116,6 +113,21 @@ def inherit_harvested_lines(ledger: Ledger, workload: str, run_id: str, actor: s
             _audit(conn, utcnow(), actor, INHERITED, workload, int(items), moved, why)
             done.append({**moved, "items": int(items)})
     return done
+
+
+def unreported_runs_taken_over(ledger: Ledger, workload: str, run_id: str) -> list[str]:
+    """The dead runs ``run_id`` took the workload over from that never recorded a report.
+
+    Empty unless ``run_id`` holds the workload's lease (it took nothing over otherwise).
+
+    :param ledger: the ledger
+    :param workload: the workload
+    :param run_id: the run that took the workload over
+    """
+    lease = ledger.workload_lease(workload)
+    if lease is None or lease.run_id != run_id:
+        return []
+    return unreported(ledger, workload, dead_runs_taken_over(ledger, workload, run_id))
 
 
 def unreported(ledger: Ledger, workload: str, runs: list[str]) -> list[str]:

@@ -27,8 +27,7 @@ from airflow_batch_provider.core.cost import AttemptRecord
 from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.adoption import dead_runs_taken_over
-from airflow_batch_provider.ledger.inheritance import unreported
+from airflow_batch_provider.ledger.inheritance import unreported_runs_taken_over
 from airflow_batch_provider.ledger.late_harvest import moved_jobs
 from airflow_batch_provider.ledger.review import write_audit as _audit
 
@@ -63,10 +62,7 @@ def inherit_stranded_attempts(ledger: Ledger, workload: str, run_id: str, actor:
     :param actor: who takes them on (the task), for the audit row
     :return: one ``{from_run, to_run, jobs, attempts}`` per dead run something moved from now
     """
-    lease = ledger.workload_lease(workload)
-    if lease is None or lease.run_id != run_id:
-        return []
-    dead = unreported(ledger, workload, dead_runs_taken_over(ledger, workload, run_id))
+    dead = unreported_runs_taken_over(ledger, workload, run_id)
     a = s.attempts.c
     done: list[dict[str, Any]] = []
     with ledger.engine.begin() as conn:
