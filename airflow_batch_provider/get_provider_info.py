@@ -281,10 +281,12 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "LLM Batch",
                 "python-modules": [
+                    "airflow_batch_provider.operators.prepare",
                     "airflow_batch_provider.operators.batch",
                     "airflow_batch_provider.operators.deadline",
                     "airflow_batch_provider.operators.fallback",
                     "airflow_batch_provider.operators.deliver",
+                    "airflow_batch_provider.operators.vllm_pod",
                 ],
             }
         ],

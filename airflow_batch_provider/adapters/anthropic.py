@@ -77,11 +77,11 @@ from airflow_batch_provider.adapters.base import (
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
-    utcnow,
 )
 from airflow_batch_provider.adapters.claude import claude_body, claude_result
 from airflow_batch_provider.adapters.declaration import ProviderDeclaration
 from airflow_batch_provider.adapters.registry import classify_outcome
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine, Outcome

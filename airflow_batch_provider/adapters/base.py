@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import IO, Any, ClassVar, Final, Literal, TypeVar
 
 from airflow_batch_provider.adapters.declaration import ProviderDeclaration
@@ -462,11 +462,6 @@ def http_failure(
     if status >= 500 or status == 408:
         return CreateFailure("ambiguous")
     return None
-
-
-def utcnow() -> datetime:
-    """The current time, tz-aware UTC."""
-    return datetime.now(timezone.utc)
 
 
 def create_once(

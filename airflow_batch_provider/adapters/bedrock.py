@@ -84,7 +84,6 @@ from airflow_batch_provider.adapters.base import (
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
-    utcnow,
 )
 from airflow_batch_provider.adapters.bedrock_clients import _bedrock_endpoint, _runtime_endpoint, _split_s3
 from airflow_batch_provider.adapters.bedrock_clients import aio_client as aio_client
@@ -100,6 +99,7 @@ from airflow_batch_provider.adapters.claude import (
 )
 from airflow_batch_provider.adapters.declaration import ProviderDeclaration
 from airflow_batch_provider.adapters.registry import classify_outcome
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.ratelimit import parse_retry_after
 from airflow_batch_provider.core.requests import CanonicalRequest, RequestKind
 from airflow_batch_provider.core.results import ItemResult, MalformedLine

@@ -97,7 +97,6 @@ from airflow_batch_provider.adapters.base import (
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
-    utcnow,
 )
 from airflow_batch_provider.adapters.declaration import ProviderDeclaration
 from airflow_batch_provider.adapters.gemini_clients import DEFAULT_API_VERSION as DEFAULT_API_VERSION
@@ -116,6 +115,7 @@ from airflow_batch_provider.adapters.gemini_results import batch_stats as batch_
 from airflow_batch_provider.adapters.gemini_results import classify_error as classify_error
 from airflow_batch_provider.adapters.gemini_results import result_from_line as result_from_line
 from airflow_batch_provider.adapters.gemini_results import state_of as state_of
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.ratelimit import parse_duration, parse_retry_after
 from airflow_batch_provider.core.requests import (
     CanonicalRequest,

@@ -40,10 +40,10 @@ from airflow_batch_provider.adapters.base import (
     http_failure,
     parse_jsonl_results,
     unsupported_reply,
-    utcnow,
 )
 from airflow_batch_provider.adapters.declaration import ProviderDeclaration
 from airflow_batch_provider.adapters.registry import classify_outcome
+from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.requests import (
     CanonicalRequest,
     RequestKind,

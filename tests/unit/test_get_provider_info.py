@@ -166,3 +166,26 @@ def test_airflows_providers_manager_and_ui_see_the_forms() -> None:
         gemini.standard_fields is not None
         and gemini.standard_fields.password.title == "API key (Developer API)"
     )
+
+
+def test_every_module_that_defines_an_operator_sensor_trigger_or_hook_is_named_in_the_metadata() -> None:
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "airflow_batch_provider"
+    suffix = {"operators": "Operator", "sensors": "Sensor", "triggers": "Trigger", "hooks": "Hook"}
+    info = get_provider_info()
+    for section, ending in suffix.items():
+        named = {module for entry in info[section] for module in entry["python-modules"]}
+        defining = {
+            f"airflow_batch_provider.{section}.{path.stem}"
+            for path in (package / section).glob("*.py")
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+            if isinstance(node, ast.ClassDef)
+            and node.name.endswith(ending)
+            and not node.name.startswith("_")
+            and "Base" not in node.name
+        }
+        assert defining, f"the scan must find the {section} the package defines"
+        assert defining <= named, (
+            f"{section} defined but not in get_provider_info: {sorted(defining - named)}"
+        )
