@@ -467,3 +467,55 @@ def test_the_contract_sees_an_arrow_up_a_broken_rule_and_a_lazy_circle(tmp_path:
         f"import circle operators.other <-> operators.probe: {ROOT}/operators/other.py:2 -> "
         f"operators.probe; {ROOT}/operators/probe.py:2 -> operators.other"
     ]
+
+
+#: the house's size rules (issue 22): a module past this is two modules; an ``execute`` past that
+#: does the work itself instead of reading as the task's steps over ``services/``
+MODULE_LINES_MAX = 800
+TASK_METHOD_LINES_MAX = 30  # the body, the docstring not counted
+TASK_METHODS = ("execute", "execute_complete", "poke")
+
+
+def _oversized(package: Path) -> tuple[list[str], list[str]]:
+    """The modules over :data:`MODULE_LINES_MAX` lines and the task methods over theirs.
+
+    :param package: the package's folder
+    """
+    modules, methods = [], []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if (lines := text.count("\n")) > MODULE_LINES_MAX:
+            modules.append(f"{path.relative_to(package)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name in TASK_METHODS:
+                        body = item.body[1:] if ast.get_docstring(item) is not None else item.body
+                        length = (item.end_lineno or item.lineno) - body[0].lineno + 1 if body else 0
+                        if length > TASK_METHOD_LINES_MAX:
+                            methods.append(
+                                f"{path.relative_to(package)}: {node.name}.{item.name} {length} lines"
+                            )
+    return modules, methods
+
+
+def test_no_module_of_the_package_passes_800_lines_and_no_task_method_does_the_work_itself() -> None:
+    modules, methods = _oversized(PACKAGE)
+    assert not modules, f"split these modules in two (at most {MODULE_LINES_MAX} lines): {modules}"
+    assert not methods, (
+        f"move the work of these into services/ (at most {TASK_METHOD_LINES_MAX} lines): {methods}"
+    )
+
+
+def test_the_size_scan_sees_a_long_module_and_a_long_execute(tmp_path: Path) -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(TASK_METHOD_LINES_MAX + 1))
+    short = "\n".join(f"        y{i} = {i}" for i in range(TASK_METHOD_LINES_MAX))
+    (tmp_path / "op.py").write_text(
+        f"class Op:\n    def execute(self, context):\n{body}\n\n"
+        f'    def poke(self, context):\n        """A docstring\n\n        not counted.\n        """\n{short}\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "big.py").write_text("x = 1\n" * (MODULE_LINES_MAX + 1), encoding="utf-8")
+    modules, methods = _oversized(tmp_path)
+    assert modules == [f"big.py: {MODULE_LINES_MAX + 1} lines"]
+    assert methods == [f"op.py: Op.execute {TASK_METHOD_LINES_MAX + 1} lines"]
