@@ -299,22 +299,31 @@ class FallbackLimits:
     :param headroom: the share of ``rpm``/``tpm`` used, above 0 to 1 (e.g. 0.8 leaves a fifth
         for other clients of the same key; ``None``: the connection's ``rate_headroom``, else
         ``[batch_provider] fallback_headroom``, 1.0)
+    :param attempts: tries of one item's real-time request, the first included, before it is
+        left ``failed_retryable`` (429s, 5xx, timeouts; ``None``: the task's retry policy, 5)
     """
 
     rpm: int | None = None
     tpm: int | None = None
     concurrency: int | None = None
     headroom: float | None = None
+    attempts: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("rpm", "tpm", "concurrency"):
+        for name in ("rpm", "tpm", "concurrency", "attempts"):
             _positive_int("FallbackLimits", name, getattr(self, name))
         if self.headroom is not None:
             _share("FallbackLimits", "headroom", self.headroom, low_open=True)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe primitives."""
-        return {"rpm": self.rpm, "tpm": self.tpm, "concurrency": self.concurrency, "headroom": self.headroom}
+        return {
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "concurrency": self.concurrency,
+            "headroom": self.headroom,
+            "attempts": self.attempts,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FallbackLimits:

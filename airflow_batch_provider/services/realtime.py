@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
@@ -58,8 +59,10 @@ def realtime_limits(
     :param extras: the provider connection's extras
     :param quota_key: the key of the ledger's shared rate window (the connection id)
     :param window_s: the rate window in seconds
-    :param retry: retry policy per item
+    :param retry: retry policy per item (its ``max_attempts`` replaced by ``limits.attempts`` when set)
     """
+    if limits.attempts is not None:
+        retry = replace(retry or RetryPolicy(), max_attempts=limits.attempts)
     return fallback_settings(
         limits.rpm,
         limits.tpm,

@@ -26,6 +26,7 @@ from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.core.options import FallbackLimits
 from airflow_batch_provider.core.ratelimit import RetryPolicy
 from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
@@ -154,6 +155,35 @@ def test_the_settings_come_from_the_arguments_then_the_connection_then_the_confi
         task_id="f", workload=WORKLOAD, batch_conn_id="plain", prompt=PROMPT
     )
     assert (from_config.settings().headroom, from_config.settings().quota_key) == (0.5, "plain")
+
+
+def test_a_dag_caps_the_real_time_tries_of_an_item_through_its_fallback_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_C", json.dumps({"conn_type": "openai_batch", "password": "k"}))
+    # the one retry cap a DAG could not set: batch_inference_group(fallback=...) reaches every
+    # real-time sender (the deadline's fallback, exhausted="sync", below-minimum chunks)
+    capped = BatchSyncFallbackOperator(
+        task_id="f",
+        workload=WORKLOAD,
+        batch_conn_id="c",
+        prompt=PROMPT,
+        limits=FallbackLimits(rpm=10, tpm=1000, attempts=2),
+        retry=RetryPolicy(max_attempts=7, initial_delay=0.5),
+    )
+    assert capped.settings().retry == RetryPolicy(max_attempts=2, initial_delay=0.5)
+    plain = BatchSyncFallbackOperator(
+        task_id="f",
+        workload=WORKLOAD,
+        batch_conn_id="c",
+        prompt=PROMPT,
+        limits=FallbackLimits(rpm=10, tpm=1000),
+    )
+    assert plain.settings().retry == RetryPolicy()
+    assert FallbackLimits.from_dict(FallbackLimits(attempts=2).to_dict()) == FallbackLimits(attempts=2)
+    assert FallbackLimits.from_dict({"rpm": 5}) == FallbackLimits(rpm=5)  # a dict stored before the field
+    with pytest.raises(ConfigurationError, match=r"FallbackLimits\(attempts=0\)"):
+        FallbackLimits(attempts=0)
 
 
 def test_the_old_name_still_imports_and_warns_that_it_is_deprecated() -> None:
