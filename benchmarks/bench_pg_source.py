@@ -1,6 +1,6 @@
 """Does a SQL source on PostgreSQL stream with flat memory through its server-side cursor?
 
-Subject: :func:`~airflow_batch_provider.hooks.sources.read_sql_source` of
+Subject: :func:`~airflow_batch_provider.operators.sources.read_sql_source` of
 ``SqlSource(table="tickets", id_column="ticket_id", page_size=10_000)`` behind a real Airflow
 ``postgres`` connection and its hook (psycopg 3): one ``SELECT ... ORDER BY ticket_id NULLS LAST``
 through a named cursor, 10,000 rows per ``FETCH``, each row a JSON-safe ``SourceRecord``, counted
@@ -44,7 +44,7 @@ CHILD = """
 import json, os, resource, sys, time
 kind, table, page, conn, url = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 os.environ["AIRFLOW_CONN_BENCH_PG_SOURCE"] = conn
-from airflow_batch_provider.hooks.sources import read_sql_source
+from airflow_batch_provider.operators.sources import read_sql_source
 from airflow_batch_provider.services.sources_sql import SqlSource
 import psycopg
 start = time.perf_counter()

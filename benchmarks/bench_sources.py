@@ -1,6 +1,6 @@
 """Does a SQL source stream its rows with flat memory, and how close to a plain cursor is it?
 
-Subject: :func:`~airflow_batch_provider.hooks.sources.read_sql_source` over a SQLite table behind
+Subject: :func:`~airflow_batch_provider.operators.sources.read_sql_source` over a SQLite table behind
 a real Airflow connection (``AIRFLOW_CONN_BENCH_SOURCE``) and the SQLite provider's hook: keyset
 pages on the id column (10,000 rows at the default size), each row converted into a JSON-safe ``SourceRecord``.
 The records are counted and dropped, as the ledger upsert drops them once written.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import check_size, cli, mib, per_s, result, row, timed, traced_peak
 
-from airflow_batch_provider.hooks.sources import read_sql_source
+from airflow_batch_provider.operators.sources import read_sql_source
 from airflow_batch_provider.services.sources_sql import SqlSource
 
 #: size -> (rows N for the memory runs (and 10N), rows for throughput, timing repeats, page size)

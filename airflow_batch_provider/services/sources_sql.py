@@ -1,7 +1,7 @@
 """Records from a SQL table or query, streamed in keyset pages on the id column.
 
 No Airflow here: the prepare operator resolves the connection's hook
-(:func:`airflow_batch_provider.hooks.sources.sql_hook`) and hands its DB-API connection in.
+(:func:`airflow_batch_provider.hooks.sql.sql_hook`) and hands its DB-API connection in.
 
 The portable way to stream any SQL source without the whole result in memory is keyset paging:
 the user's query is wrapped as a subquery and read ``page_size`` rows at a time, ordered by the

@@ -238,13 +238,9 @@ NO_AIRFLOW = ("core", "ledger", "adapters", "services")
 #: Known violations, each with why it is still there: (importer module, imported module) -> the
 #: move that removes it. An entry that no longer happens fails the contract, so it cannot outlive
 #: its fix.
-ALLOWED: dict[tuple[str, str], str] = {
-    # read_sql_source is task glue, not a connection: it belongs beside its one caller,
-    # operators/sources.py, and hooks/sources.py keeps sql_hook (not moved yet: issue 22's note)
-    ("hooks.sources", "services.records"): "read_sql_source leaves hooks/",
-    ("hooks.sources", "services.sources_sql"): "read_sql_source leaves hooks/",
-    ("hooks.sources", "services.sources_sql_stream"): "read_sql_source leaves hooks/",
-}
+#: the contract's exceptions, each with the move that removes it (none left: the last,
+#: hooks/sources.py -> services/, went when read_sql_source moved beside its caller in operators/)
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import pytest
 
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.hooks.sources import read_sql_source
 from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.operators.sources import read_sql_source
 from airflow_batch_provider.services.records import Reject, load_records
 from airflow_batch_provider.services.sources_sql import SqlPaging, SqlSource, page_queries
 from tests.support.postgres import PostgresServer

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pytest
 
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.hooks.sources import sql_hook
+from airflow_batch_provider.hooks.sql import sql_hook
 
 
 def test_a_sqlite_connection_gives_the_sqlite_hook_with_its_parameter_marker(
