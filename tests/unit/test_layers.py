@@ -515,3 +515,54 @@ def test_the_size_scan_sees_a_long_module_and_a_long_execute(tmp_path: Path) -> 
     modules, methods = _oversized(tmp_path)
     assert modules == [f"big.py: {MODULE_LINES_MAX + 1} lines"]
     assert methods == [f"op.py: Op.execute {TASK_METHOD_LINES_MAX + 1} lines"]
+
+
+#: modules whose tests still live in another module's test file (most are rooms split out of a
+#: larger module by issue 22, tested through the facade's tests); each must still lack its own, so
+#: the list empties as test modules are added
+TEST_MODULE_DEBT = frozenset(
+    {
+        "adapters/bedrock_clients.py",
+        "adapters/bedrock_results.py",
+        "adapters/gemini_clients.py",
+        "adapters/gemini_format.py",
+        "adapters/gemini_results.py",
+        "core/batch.py",
+        "core/failpoints.py",
+        "core/json_path.py",
+        "core/price_age.py",
+        "hooks/anthropic.py",
+        "hooks/bedrock.py",
+        "hooks/gemini.py",
+        "hooks/vllm_kubernetes.py",
+        "ledger/indexes.py",
+        "ledger/refused_lines.py",
+        "ledger/refused_review.py",
+        "ledger/result_rules.py",
+        "ledger/room.py",
+        "ledger/sync_attempts.py",
+        "operators/base.py",
+        "operators/prepare.py",
+        "operators/takeover.py",
+        "plugins/deliveries.py",
+        "services/delivery.py",
+        "services/finished_jobs.py",
+        "services/realtime.py",
+        "services/sources_sql_stream.py",
+    }
+)
+
+
+def test_every_module_of_the_package_has_its_own_test_module_but_the_listed_debt() -> None:
+    tests = REPO / "tests" / "unit"
+    missing = set()
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        if path.name != "__init__.py" and not (tests / relative.parent / f"test_{path.name}").exists():
+            missing.add(relative.as_posix())
+    assert not missing - TEST_MODULE_DEBT, (
+        f"give these a test module (tests/unit/<folder>/test_<name>.py): {sorted(missing - TEST_MODULE_DEBT)}"
+    )
+    assert not TEST_MODULE_DEBT - missing, (
+        f"these have one now, take them off TEST_MODULE_DEBT: {sorted(TEST_MODULE_DEBT - missing)}"
+    )
