@@ -529,8 +529,6 @@ TEST_MODULE_DEBT = frozenset(
         "adapters/gemini_results.py",
         "core/batch.py",
         "core/failpoints.py",
-        "core/json_path.py",
-        "core/price_age.py",
         "hooks/anthropic.py",
         "hooks/bedrock.py",
         "hooks/gemini.py",
