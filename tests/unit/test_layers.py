@@ -528,7 +528,6 @@ TEST_MODULE_DEBT = frozenset(
         "adapters/gemini_format.py",
         "adapters/gemini_results.py",
         "core/batch.py",
-        "core/failpoints.py",
         "hooks/anthropic.py",
         "hooks/bedrock.py",
         "hooks/gemini.py",
