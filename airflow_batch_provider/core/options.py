@@ -299,8 +299,9 @@ class FallbackLimits:
     :param headroom: the share of ``rpm``/``tpm`` used, above 0 to 1 (e.g. 0.8 leaves a fifth
         for other clients of the same key; ``None``: the connection's ``rate_headroom``, else
         ``[batch_provider] fallback_headroom``, 1.0)
-    :param attempts: tries of one item's real-time request, the first included, before it is
-        left ``failed_retryable`` (429s, 5xx, timeouts; ``None``: the task's retry policy, 5)
+    :param attempts: tries of one item's real-time request, the first included, before it goes
+        to review with the provider's error code (429s, 5xx, timeouts; ``None``: the task's retry
+        policy, 5)
     """
 
     rpm: int | None = None

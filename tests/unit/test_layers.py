@@ -544,7 +544,6 @@ TEST_MODULE_DEBT = frozenset(
         "plugins/deliveries.py",
         "services/delivery.py",
         "services/finished_jobs.py",
-        "services/realtime.py",
         "services/sources_sql_stream.py",
     }
 )
