@@ -527,7 +527,6 @@ TEST_MODULE_DEBT = frozenset(
         "adapters/gemini_clients.py",
         "adapters/gemini_format.py",
         "adapters/gemini_results.py",
-        "core/batch.py",
         "hooks/anthropic.py",
         "hooks/bedrock.py",
         "hooks/gemini.py",
