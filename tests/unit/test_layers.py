@@ -541,7 +541,6 @@ TEST_MODULE_DEBT = frozenset(
         "operators/takeover.py",
         "plugins/deliveries.py",
         "services/delivery.py",
-        "services/sources_sql_stream.py",
     }
 )
 
