@@ -1,4 +1,4 @@
-"""A SQL source read in keyset pages through a real Airflow connection and its real hook (SQLite, PostgreSQL)."""
+"""A SQL source read in keyset pages through a real Airflow connection and its real hook (SQLite; PostgreSQL's server-side read is test_sources_sql_stream.py)."""
 
 from __future__ import annotations
 
