@@ -237,9 +237,8 @@ NO_AIRFLOW = ("core", "ledger", "adapters", "services")
 
 #: Known violations, each with why it is still there: (importer module, imported module) -> the
 #: move that removes it. An entry that no longer happens fails the contract, so it cannot outlive
-#: its fix.
-#: the contract's exceptions, each with the move that removes it (none left: the last,
-#: hooks/sources.py -> services/, went when read_sql_source moved beside its caller in operators/)
+#: its fix. None is left: the last, hooks/sources.py -> services/, went when read_sql_source moved
+#: beside its one caller in operators/sources.py.
 ALLOWED: dict[tuple[str, str], str] = {}
 
 

@@ -84,9 +84,13 @@ def _stats(url: str) -> dict[str, Any]:
     return data
 
 
+def _counter(url: str, name: str) -> int:
+    """The emulator's count of an event over every provider (``sync_requests``, ``sync_500`` ...)."""
+    return int(_stats(url)["counters"].get(name, 0))
+
+
 def _sync_requests(url: str) -> int:
-    stats = _stats(url)
-    return int(stats.get("sync_requests") or stats.get("counters", {}).get("sync_requests") or 0)
+    return _counter(url, "sync_requests")
 
 
 def _seed(ledger: Ledger, texts: dict[str, str]) -> None:
