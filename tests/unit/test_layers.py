@@ -526,7 +526,6 @@ TEST_MODULE_DEBT = frozenset(
         "adapters/gemini_clients.py",
         "adapters/gemini_format.py",
         "adapters/gemini_results.py",
-        "hooks/anthropic.py",
         "hooks/bedrock.py",
         "hooks/gemini.py",
         "hooks/vllm_kubernetes.py",
