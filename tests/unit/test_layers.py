@@ -530,7 +530,6 @@ TEST_MODULE_DEBT = frozenset(
         "hooks/gemini.py",
         "hooks/vllm_kubernetes.py",
         "ledger/refused_lines.py",
-        "ledger/refused_review.py",
         "ledger/result_rules.py",
         "ledger/room.py",
         "ledger/sync_attempts.py",
