@@ -527,7 +527,6 @@ TEST_MODULE_DEBT = frozenset(
         "adapters/gemini_format.py",
         "adapters/gemini_results.py",
         "hooks/bedrock.py",
-        "hooks/gemini.py",
         "hooks/vllm_kubernetes.py",
         "ledger/refused_lines.py",
         "ledger/result_rules.py",
