@@ -534,7 +534,6 @@ TEST_MODULE_DEBT = frozenset(
         "ledger/sync_attempts.py",
         "operators/base.py",
         "operators/prepare.py",
-        "operators/takeover.py",
         "plugins/deliveries.py",
         "services/delivery.py",
     }
