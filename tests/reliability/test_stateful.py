@@ -62,8 +62,6 @@ EXAMPLES: Final = int(os.environ.get("ABP_STATEFUL_EXAMPLES", "3"))
 STEPS: Final = int(os.environ.get("ABP_STATEFUL_STEPS", "30"))
 SEED: Final = os.environ.get("ABP_STATEFUL_SEED")
 SHRINK: Final = os.environ.get("ABP_STATEFUL_SHRINK", "") == "1"
-#: ``make chaos-long``: the compound rules too (they change the derandomized draws of make test)
-LONG: Final = os.environ.get("ABP_STATEFUL_LONG", "") == "1"
 #: the most tasks one ``finish`` step runs before it gives up (a run stuck on a failing task)
 FINISH_TASKS: Final = 60
 #: exceptions that are a bug in the code, not a task refusing or failing as designed
@@ -474,36 +472,34 @@ def machine(url: str, ledgers: Ledgers, found: list[list[str]]) -> type[RuleBase
         def damage_a_result_file(self, how: str) -> None:
             self.wl.damage_result_file(how)
 
-        # compound rules (the reach, chaos-long only): the shapes two of issue 18's classes need, in
-        # one draw each instead of four in order; the rules after them (review, resolve, another
-        # run) are drawn. Off in make test: a rule changes the derandomized draws, and with these
-        # the gate's draws hit an open finding (docs/reliability.md, "Each bug put back")
-        if LONG:
+        # compound rules (the reach): the shapes two of issue 18's classes need, in one draw each
+        # instead of four in order (bugs 1/9: a job in doubt past its deadline; bug 2: a damaged
+        # file about to be read); the rules after them (review, resolve, another run) are drawn
 
-            @precondition(lambda self: self.w is not None and bool(self.open_runs()))
-            @rule(run=st.integers(0, 3), how=st.sampled_from(["lost_create_reply", "dropped_create_reply"]))
-            def a_job_in_doubt_past_its_deadline(self, run: int, how: str) -> None:
-                """The next create's reply is lost, the run waits on the job in doubt, its deadline passes."""
-                chosen = self.open_runs()[run % len(self.open_runs())]
-                self.inject_a_fault(how)
-                self.run_up_to(self.wl.runs.index(chosen), "wait")
-                self.wl.pass_deadline(chosen)
-                self.inject_a_fault("clear")
-                for _ in range(FINISH_TASKS):
-                    if chosen.finished or not self.run_task(chosen):
-                        break
+        @precondition(lambda self: self.w is not None and bool(self.open_runs()))
+        @rule(run=st.integers(0, 3), how=st.sampled_from(["lost_create_reply", "dropped_create_reply"]))
+        def a_job_in_doubt_past_its_deadline(self, run: int, how: str) -> None:
+            """The next create's reply is lost, the run waits on the job in doubt, its deadline passes."""
+            chosen = self.open_runs()[run % len(self.open_runs())]
+            self.inject_a_fault(how)
+            self.run_up_to(self.wl.runs.index(chosen), "wait")
+            self.wl.pass_deadline(chosen)
+            self.inject_a_fault("clear")
+            for _ in range(FINISH_TASKS):
+                if chosen.finished or not self.run_task(chosen):
+                    break
 
-            @precondition(lambda self: self.w is not None and bool(self.open_runs()))
-            @rule(
-                run=st.integers(0, 3),
-                how=st.sampled_from(["html", "truncate", "error_first", "malformed_after", "lose"]),
-            )
-            def damage_the_next_result_file(self, run: int, how: str) -> None:
-                """Run a run up to its next reconcile, then damage the file it is about to read."""
-                chosen = self.open_runs()[run % len(self.open_runs())]
-                self.run_up_to(self.wl.runs.index(chosen), "reconcile")
-                if self.ledger_has("jobs", output_path=..., reconciled_at=None):
-                    self.wl.damage_result_file(how)
+        @precondition(lambda self: self.w is not None and bool(self.open_runs()))
+        @rule(
+            run=st.integers(0, 3),
+            how=st.sampled_from(["html", "truncate", "error_first", "malformed_after", "lose"]),
+        )
+        def damage_the_next_result_file(self, run: int, how: str) -> None:
+            """Run a run up to its next reconcile, then damage the file it is about to read."""
+            chosen = self.open_runs()[run % len(self.open_runs())]
+            self.run_up_to(self.wl.runs.index(chosen), "reconcile")
+            if self.ledger_has("jobs", output_path=..., reconciled_at=None):
+                self.wl.damage_result_file(how)
 
         @rule(run=st.integers(0, 3))
         def the_deadline_passes(self, run: int) -> None:

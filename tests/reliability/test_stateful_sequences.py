@@ -229,6 +229,17 @@ SEQUENCES: Final[dict[str, list[Step]]] = {
         ("start_another_run", {}),
         ("every_run_to_its_end", {}),
     ],
+    # the open finding of 2026-12-02 (docs/reliability.md): custom ids count attempts per item
+    # and prompt version, so the v2 run sends r000__a1c0 again in its own batch; the machine
+    # counted that as v2's answer billed twice (a false alarm: two items, each billed once)
+    "a_prompt_bumped_between_runs_sends_the_same_custom_ids_for_new_items": [
+        ("setup", OPENAI),
+        FINISH_0,
+        ("bump_or_edit_the_prompt", {"version": "v2", "wording": ""}),
+        ("start_another_run", {}),
+        ("run_up_to", {"run": 1, "task": "reconcile"}),
+        FINISH_1,
+    ],
     "bug9_redrive_in_doubt_without_resolve": [
         *IN_DOUBT_PAST_DEADLINE,
         ("act_on_review", {"action": "redrive", "code": "in_doubt"}),

@@ -185,6 +185,9 @@ class Run:
     :param prompt_version: the prompt version its prepare rendered
     :param records: the input its prepare read
     :param prompt: the prompt its prepare rendered
+    :param published_while_finished: its last publish ran while the ledger held the run finished
+        (its report recorded and the run not reopened by a cleared prepare): that publish must
+        leave the recorded report as it was
     """
 
     run_id: str
@@ -200,6 +203,7 @@ class Run:
     prompt_version: str = "v1"
     records: list[dict[str, str]] = field(default_factory=list)
     prompt: PromptTemplate | None = None
+    published_while_finished: bool = False
 
 
 #: report fields that name when, not what
@@ -543,6 +547,7 @@ class StatefulWorkload:
         if key is None:
             return None
         run.tries[key] = run.tries.get(key, 0) + 1
+        finished_before = key[0] == "publish" and self._finished_in_ledger(run)
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:
@@ -570,7 +575,14 @@ class StatefulWorkload:
             run.finished = True
             run.publish_followed_change = run.published_after_change
             run.published_after_change = False
+            run.published_while_finished = finished_before
         return key
+
+    def _finished_in_ledger(self, run: Run) -> bool:
+        """Whether the ledger holds the run finished now (its report recorded, not reopened)."""
+        from airflow_batch_provider.ledger.runs import finished_run
+
+        return finished_run(self.ledger(), WORKLOAD, run.run_id) is not None
 
     def _wait_deferrable(self, sensor: Any, context: dict[str, Any], task_id: str, key: TaskKey) -> Any:
         """Run a deferrable wait once: its result, or :class:`NotYet` when it defers.

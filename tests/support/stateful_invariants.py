@@ -69,6 +69,10 @@ class History:
 
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     attempts: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+    #: run id -> (started_at, finished_at) in ``abp_runs`` at the last check
+    runs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    #: (item key, prompt version) -> the run that owned the item at the last check
+    owners: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
@@ -95,10 +99,8 @@ def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
                 select(s.extra_lines).where(s.extra_lines.c.workload == WORKLOAD)
             ).mappings()
         ]
-        runs = {
-            r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None
-            for r in conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings()
-        }
+        run_rows = list(conn.execute(select(s.runs).where(s.runs.c.workload == WORKLOAD)).mappings())
+        runs = {r["run_id"]: json.loads(r["report_json"]) if r["report_json"] else None for r in run_rows}
     return {
         "items": items,
         "jobs": jobs,
@@ -106,6 +108,7 @@ def _snapshot(workload: StatefulWorkload) -> dict[str, Any]:
         "reports": runs,
         "extra_lines": extra,
         "prompt_changes": prompt_changes,
+        "run_rows": {r["run_id"]: (r["started_at"], r["finished_at"]) for r in run_rows},
     }
 
 
@@ -161,17 +164,24 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
 
     # sent again only for a recorded reason: every billed answer but the last of an item and
     # prompt version was harvested and refused, or the input changed after it
-    billed: dict[tuple[str, str], list[str]] = defaultdict(list)
+    # A billed line is the attempt of the job whose batch billed it: custom ids repeat across
+    # prompt versions and changed inputs (each counts its attempts from 1), so a custom id alone
+    # names no attempt. A batch the ledger does not know (a job in doubt) and a real-time answer
+    # go to the latest attempt of that custom id (of a real-time send, for the latter).
+    by_job_cid = {(a["job_id"], a["custom_id"]): a for a in attempts}
+    sync_by_cid = {a["custom_id"]: a for a in attempts if a["mode"] == "sync"}
+    billed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for _, batch in batches:
         for custom_id in batch.get("billed") or {}:
-            attempt = by_custom_id.get(custom_id)
+            attempt = by_job_cid.get((job_of.get(batch["id"]), custom_id)) or by_custom_id.get(custom_id)
             if attempt is not None:
-                billed[(attempt["item_key"], attempt["prompt_version"])].append(custom_id)
+                billed[(attempt["item_key"], attempt["prompt_version"])].append(attempt)
     for answers in record.get("realtime", {}).values():
         for answer in answers:
-            attempt = by_custom_id.get(answer.get("custom_id") or "")
+            cid = answer.get("custom_id") or ""
+            attempt = sync_by_cid.get(cid) or by_custom_id.get(cid)
             if attempt is not None:
-                billed[(attempt["item_key"], attempt["prompt_version"])].append(attempt["custom_id"])
+                billed[(attempt["item_key"], attempt["prompt_version"])].append(attempt)
     app_of = {i["item_key"]: i["app_id"] for i in snap["items"]}
     # the ledger's recorded reason for a prompt edited in place, never invented
     prompt_changed: dict[tuple[str, str], int] = defaultdict(int)
@@ -182,21 +192,18 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
                 f"item {change['item_key']} ({change['prompt_version']}) recorded as sent again for a prompt "
                 f"edited in place (run {change['run_id']}), but that version was never edited in place"
             )
-    for (key, version), custom_ids in sorted(billed.items()):
-        if len(custom_ids) < 2:
+    for (key, version), lines in sorted(billed.items()):
+        if len(lines) < 2:
             continue
-        ordered = sorted(
-            custom_ids, key=lambda c: (by_custom_id[c]["attempt"], by_custom_id[c]["created_at"])
-        )
+        ordered = sorted(lines, key=lambda a: (a["attempt"], a["created_at"]))
         edits = workload.edits.get(app_of.get(key, key), 0) + prompt_changed[(key, version)]
         unexplained = [
-            c
-            for c in ordered[:-1]
-            if by_custom_id[c]["outcome"] in (None, "succeeded")
-            and by_custom_id[c]["error_code"] != "possibly_paid_twice"
+            a
+            for a in ordered[:-1]
+            if a["outcome"] in (None, "succeeded") and a["error_code"] != "possibly_paid_twice"
         ]
         if len(unexplained) > edits:
-            detail = [(c, by_custom_id[c]["outcome"], by_custom_id[c]["error_code"]) for c in ordered]
+            detail = [(a["custom_id"], a["outcome"], a["error_code"]) for a in ordered]
             out.append(
                 f"item {key} ({version}) answered and billed {len(ordered)} times, {len(unexplained)} of them "
                 f"never harvested or harvested as a success, with {edits} input changes "
@@ -226,7 +233,12 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
         rows = _attempt_rows(attempts, run.run_id)
         if run.run_id in published and now is not None:
             before = history.reports.get(run.run_id)
-            if (
+            if run.published_while_finished and before is not None and before != now:
+                out.append(
+                    f"finished run {run.run_id} was published again while the ledger held it finished "
+                    f"(history: a later run followed it) and its report was rewritten: {_diff(before, now)}"
+                )
+            elif (
                 before is not None
                 and run.report is not None
                 and not run.publish_followed_change
@@ -255,6 +267,8 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
                 out.append(f"finished run {run.run_id}'s attempts changed: was {gone}, now {new}")
                 history.attempts[run.run_id] = rows
 
+    out += _history_kept(history, snap)
+
     # a run whose workload only a dead run holds takes it over (a killed run keeps nothing)
     out += workload.lease_refusals
     workload.lease_refusals.clear()
@@ -264,6 +278,36 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
 
     if workload.runs and all(r.finished or r.killed for r in workload.runs) and workload.runs[-1].finished:
         out += _at_rest(workload, record, snap)
+    return out
+
+
+def _history_kept(history: History, snap: dict[str, Any]) -> list[str]:
+    """A finished run a later run followed stays finished, and keeps no item a later run owns.
+
+    Only the workload's newest run is reopened by a cleared prepare; an older finished run's
+    rerun neither reopens it nor takes an item from a run that started after it (bug 6). Compared
+    with the last check, so a step that does both in one go is seen.
+    """
+    out: list[str] = []
+    rows: dict[str, tuple[Any, Any]] = snap["run_rows"]
+    for run_id, (started, finished) in sorted(history.runs.items()):
+        later = sorted(r for r, (s2, _) in history.runs.items() if s2 > started)
+        if finished is not None and rows.get(run_id, (None, None))[1] is None and later:
+            out.append(f"finished run {run_id} was reopened although run {later[0]} started after it")
+    for item in snap["items"]:
+        address = (item["item_key"], item["prompt_version"])
+        owner = history.owners.get(address)
+        moved_to = str(item["run_id"])
+        if owner is None or owner == moved_to or owner not in history.runs or moved_to not in rows:
+            continue
+        owner_started, owner_finished = history.runs[owner]
+        if owner_finished is not None and rows[moved_to][0] < owner_started:
+            out.append(
+                f"item {address[0]} ({address[1]}) moved from finished run {owner} to run {moved_to}, "
+                "which started before it"
+            )
+    history.runs = dict(rows)
+    history.owners = {(i["item_key"], i["prompt_version"]): str(i["run_id"]) for i in snap["items"]}
     return out
 
 
