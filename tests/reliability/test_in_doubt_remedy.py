@@ -31,7 +31,7 @@ from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
 from tests.support.chaos import WORKLOAD, ChaosRun, Kill, check_invariants
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(1500)]
 
 #: before the resume: a deadline nobody reaches; after it: one that has passed
 FAR, PAST = "2099-01-01T00:00:00+00:00", "2001-01-01T00:00:00+00:00"

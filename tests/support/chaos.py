@@ -62,8 +62,9 @@ KILL_AFTER_ENV: Final = "ABP_CHAOS_KILL_AFTER"
 _CUSTOM_ID: Final = re.compile(r"^(?P<key>.+)__[as]\d+(?:c\d+)?$")
 #: how often a run is resumed after its kills before the case gives up
 MAX_RESUMES: Final = 3
-#: seconds one DAG run process may take
-RUN_TIMEOUT_S: Final = 240.0
+#: seconds one DAG run process may take before the harness stops it (a hang guard, not a speed
+#: limit: such an attempt is ``timed_out``, never taken for the armed kill)
+RUN_TIMEOUT_S: Final = 420.0
 
 #: provider -> (connection type, path added to the emulator URL, model)
 PROVIDERS: Final[Mapping[str, tuple[str, str, str]]] = {
@@ -110,22 +111,28 @@ class Attempt:
     :param returncode: its exit status (``-9``: killed by SIGKILL)
     :param output: its stdout and stderr
     :param kill: the kill that was armed, if any
+    :param timed_out: the harness stopped the process after :data:`RUN_TIMEOUT_S` (a hang, or a
+        machine too busy): its SIGKILL is not the armed kill, whatever the exit status says
     """
 
     returncode: int
     output: str
     kill: Kill | None = None
+    timed_out: bool = False
 
     @property
     def killed(self) -> bool:
-        """True when the process died of SIGKILL."""
-        return self.returncode == -signal.SIGKILL
+        """True when the process died of SIGKILL by itself (the armed kill), not by the harness's timeout."""
+        return self.returncode == -signal.SIGKILL and not self.timed_out
 
     def tail(self, chars: int = 3000) -> str:
         """The errors the process logged (at most 12 lines) and the end of its output, for messages."""
         errors = [line[:400] for line in self.output.splitlines() if "[error" in line or "Error:" in line]
         head = "\n".join(errors[-12:])
-        return f"errors logged:\n{head}\n... output ends with:\n{self.output[-chars:]}"
+        stopped = (
+            f"the harness stopped it after {RUN_TIMEOUT_S:.0f} s (timed out)\n" if self.timed_out else ""
+        )
+        return f"{stopped}errors logged:\n{head}\n... output ends with:\n{self.output[-chars:]}"
 
 
 @dataclass
@@ -339,14 +346,16 @@ class ChaosRun:
         :param proc: the process
         :param kill: the kill that was armed
         """
+        timed_out = False
         try:
             proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            timed_out = True
             proc.kill()
             proc.wait()
         assert proc.stdout is None
         log = Path(self.env["AIRFLOW_HOME"]) / f"attempt-{len(self.attempts)}.log"
-        attempt = Attempt(proc.returncode, log.read_text(errors="replace"), kill)
+        attempt = Attempt(proc.returncode, log.read_text(errors="replace"), kill, timed_out)
         self.attempts.append(attempt)
         if attempt.killed and kill is not None:
             TALLY.kills[kill.label] += 1
@@ -396,7 +405,13 @@ class ChaosRun:
         """One line per attempt: the kill armed and how the process ended (for the test's output)."""
         lines = [f"{self.name} ({self.provider}, {self.run_id}):"]
         for index, attempt in enumerate(self.attempts):
-            ended = "killed" if attempt.killed else f"exit {attempt.returncode}"
+            ended = (
+                "timed out"
+                if attempt.timed_out
+                else "killed"
+                if attempt.killed
+                else f"exit {attempt.returncode}"
+            )
             armed = attempt.kill.label if attempt.kill else "no kill"
             lines.append(f"  attempt {index}: {armed}: {ended}")
         return "\n".join(lines)
