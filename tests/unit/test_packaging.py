@@ -32,6 +32,7 @@ RUNTIME_EXTRAS = {
     "sql",
     "parquet",
     "emulator",
+    "openlineage",
 }
 # development requirements: PEP 735 dependency groups, never published as extras
 DEV_GROUPS = {"stack", "test", "test-google"}
@@ -135,6 +136,7 @@ PROVIDED_BY = {
     "airflow.providers.cncf.kubernetes": "apache-airflow-providers-cncf-kubernetes",
     "airflow.providers.standard": "apache-airflow-providers-standard",
     "airflow.providers.google": "apache-airflow-providers-google",
+    "airflow.providers.openlineage": "apache-airflow-providers-openlineage",
     "google.genai": "google-genai",
     "google.auth": "google-auth",
     "google": "google-genai",  # ``from google import genai``
