@@ -260,6 +260,13 @@ def test_development_requirements_are_dependency_groups_not_published_extras() -
     assert extras == RUNTIME_EXTRAS | {"all"}
 
 
+def test_the_openlineage_extra_brings_airflows_openlineage_provider_and_all_holds_it() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert [Requirement(r).name for r in extras["openlineage"]] == ["apache-airflow-providers-openlineage"]
+    (everything,) = (Requirement(r) for r in extras["all"])
+    assert "openlineage" in everything.extras
+
+
 def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified() -> None:
     project = PYPROJECT["project"]
     assert project["license"] == "Apache-2.0"
