@@ -45,7 +45,7 @@ def names(datasets: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def test_the_prepare_task_reports_its_source_and_the_deliver_task_its_sink_through_the_provider(
     airflow_home: dict[str, str], postgres_server: Any, tmp_path: Path
 ) -> None:
-    database = postgres_server.create_database("lineage_tickets")
+    database = postgres_server.create_database()
     engine = create_engine(postgres_server.url_for(database))
     events = tmp_path / "openlineage.jsonl"
     reviews = tmp_path / "in" / "reviews.jsonl"
@@ -85,6 +85,9 @@ def test_the_prepare_task_reports_its_source_and_the_deliver_task_its_sink_throu
                 {"type": "file", "log_file_path": str(events), "append": True}
             )
             env["AIRFLOW__OPENLINEAGE__NAMESPACE"] = "abp_test"
+            # the listener emits from a forked process and kills it after this many seconds (10 by
+            # default): the machine's load must not decide whether an event is written
+            env["AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT"] = "600"
             env["ABP_LINEAGE_REVIEWS"] = str(reviews)
             proc = run_airflow(env, "dags", "test", DAG_ID)
         assert proc.returncode == 0, tail(proc)
