@@ -16,14 +16,17 @@ GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.
 # README verbatim, the install beside Airflow; ABP_FLOOR_VENV), then test-lowest lowers it and runs
 # LOWEST_TESTS: per layer a module or a few tests (the minimum-Airflow guard, the ledger's schema on
 # SQLite and PostgreSQL, the Anthropic adapter with the contract suite for Anthropic only, the ledger
-# hook, the submit service, two operator tests, one `airflow dags test` on OpenAI). Airflow at its
+# hook, the submit service, two operator tests, the OpenLineage provider's naming of a task's datasets,
+# one `airflow dags test` on OpenAI). Airflow at its
 # floor runs the README's own `airflow dags test` in tests/docs. Measured on the shared 2 cores
 # (2026-12-02, load 6 to 10): building the venv for tests/docs 1.2-2.5 min (it replaced the README
-# test's own venv), lowering it about 70 s, LOWEST_TESTS (102 tests) 2.6 min at load 6, 6 at load 10
+# test's own venv), lowering it about 70 s, LOWEST_TESTS (102 tests) 2.6 min at load 6, 6 at load 10;
+# the 7 OpenLineage naming tests, added later: 25 s at load 5 (2026-12-03)
 VENV_LOWEST ?= .venv-lowest
 STAMP_LOWEST := $(VENV_LOWEST)/.installed-stamp
 LOWEST_TESTS ?= tests/unit/test_init.py tests/unit/ledger/test_schema.py \
 	tests/unit/adapters/test_anthropic.py tests/unit/adapters/test_contract.py tests/unit/hooks/test_ledger.py \
+	tests/unit/operators/test_lineage.py \
 	tests/unit/services/test_submit.py::test_a_job_is_created_once_and_a_rerun_reattaches_to_the_recorded_batch \
 	tests/unit/services/test_submit.py::test_an_ambiguous_create_leaves_the_job_in_doubt_and_no_later_attempt_creates_it_again \
 	tests/unit/operators/test_batch.py::test_the_upload_task_stages_a_chunk_once_and_a_cleared_one_reuses_the_recorded_file \

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger.deliveries import note_in_report
+from airflow_batch_provider.operators.lineage import operator_lineage, renderer
 from airflow_batch_provider.services.delivery import Sink, deliver
 from airflow_batch_provider.staging import Staging
+
+if TYPE_CHECKING:
+    from airflow_batch_provider.operators.lineage import Lineage
 
 
 class BatchDeliverOperator(BaseOperator):
@@ -55,6 +59,22 @@ class BatchDeliverOperator(BaseOperator):
         self.run_id = run_id
         self.staging_root = staging_root
         self.staging_conn_id = staging_conn_id
+
+    def get_openlineage_facets_on_start(self) -> Lineage:
+        """What the task writes, for Airflow's OpenLineage provider: the sink's table.
+
+        A sink that declares no ``dataset`` reports none.
+        """
+        return self.get_openlineage_facets_on_complete(None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Lineage:
+        """What the task wrote, for Airflow's OpenLineage provider (as on start).
+
+        :param task_instance: the finished task instance (``None``: the running task's context renders)
+        """
+        return operator_lineage(
+            outputs=[getattr(self.sink, "dataset", None)], render=renderer(self, task_instance)
+        )
 
     def execute(self, context: Any) -> dict[str, Any]:
         run_id = self.run_id or context["run_id"]

@@ -27,7 +27,13 @@ from airflow_batch_provider.operators.base import (
     harvest_earlier_runs,
     load_prompt,
 )
-from airflow_batch_provider.operators.sources import RecordSource, describe_source, open_records
+from airflow_batch_provider.operators.lineage import operator_lineage, renderer
+from airflow_batch_provider.operators.sources import (
+    RecordSource,
+    describe_source,
+    open_records,
+    source_dataset,
+)
 from airflow_batch_provider.operators.takeover import adopt_dead_runs_jobs, inherit_dead_runs_lines
 from airflow_batch_provider.services import budget as budgets
 from airflow_batch_provider.services.records import PrepareResult, Reject, check_kind, load_records
@@ -41,6 +47,7 @@ from airflow_batch_provider.task_glue import dag_id_of
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_batch_provider.operators.lineage import Lineage
     from airflow_batch_provider.services.records import SourceRecord
 
 
@@ -166,6 +173,17 @@ class BatchPrepareOperator(BatchBaseOperator):
         check_reject_ratio(result, chunking.max_reject_ratio)
         self.log.info("round 1: %d jobs staged", len(manifests))
         return manifests
+
+    def get_openlineage_facets_on_start(self) -> Lineage:
+        """What the task reads, for Airflow's OpenLineage provider: the records' table, query or file."""
+        return self.get_openlineage_facets_on_complete(None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Lineage:
+        """What the task read, for Airflow's OpenLineage provider (as on start).
+
+        :param task_instance: the finished task instance (``None``: the running task's context renders)
+        """
+        return operator_lineage(inputs=[source_dataset(self.records)], render=renderer(self, task_instance))
 
     def is_history(self, context: Context) -> bool:
         """Whether the run finished and a later run followed it (this prepare then does nothing).

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, closing
 from typing import Any, Final
 
+from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.hooks.sql import sql_connection_hook
 from airflow_batch_provider.services.records import SourceRecord
@@ -59,6 +60,16 @@ def describe_source(records: RecordSource) -> str:
     if isinstance(records, (SqlSource, ParquetSource)):
         return records.describe()
     return records if isinstance(records, str) else "callable"
+
+
+def source_dataset(records: RecordSource) -> DatasetRef | None:
+    """What ``records`` reads, for lineage (``None``: a callable, which names nothing).
+
+    :param records: the operator's ``records``
+    """
+    if isinstance(records, (SqlSource, ParquetSource)):
+        return records.dataset
+    return DatasetRef("path", records) if isinstance(records, str) else None
 
 
 def open_records(

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import RecordSourceError
 from airflow_batch_provider.services.records import SourceRecord
 from airflow_batch_provider.services.source_values import row_record
@@ -32,6 +33,11 @@ class ParquetSource:
     conn_id: str | None = None
     columns: Sequence[str] | None = None
     batch_size: int = 10_000
+
+    @property
+    def dataset(self) -> DatasetRef:
+        """What it reads, for lineage: the file (its path unrendered)."""
+        return DatasetRef("path", self.path)
 
     def describe(self) -> str:
         """The source in words, for messages."""

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.services.records import SourceRecord
 from airflow_batch_provider.services.source_values import IDENTIFIER_PATTERN, row_record
@@ -78,6 +79,13 @@ class SqlSource:
                     f"SqlSource(conn_id={self.conn_id!r}): {what} {name!r} is not a plain SQL name; give a "
                     "column or table name (letters, digits, _), or alias the column in sql=."
                 )
+
+    @property
+    def dataset(self) -> DatasetRef:
+        """What it reads, for lineage: the table, or the tables of the query (templates unrendered)."""
+        if self.table is not None:
+            return DatasetRef("table", self.table, self.conn_id)
+        return DatasetRef("query", self.sql or "", self.conn_id)
 
     def describe(self) -> str:
         """The source in words, for messages."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from airflow_batch_provider.core.json_path import parse_path, read_path
+from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError, VectorDimensionError
 from airflow_batch_provider.ledger.deliveries import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
@@ -134,6 +135,11 @@ class PgVectorSink:
     def sink_name(self) -> str:
         """The name deliveries are recorded under (``name``, else the table's name)."""
         return self._rows.sink_name
+
+    @property
+    def dataset(self) -> DatasetRef:
+        """What it writes, for lineage: the table."""
+        return self._rows.dataset
 
     def row_for(self, result: Candidate) -> SinkRow:
         """Map one answer to its row, its vector checked against ``dimensions``.

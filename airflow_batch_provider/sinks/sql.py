@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from airflow_batch_provider.core.json_path import parse_path, read_path
+from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.deliveries import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
@@ -121,6 +122,11 @@ class SqlUpsertSink:
     def sink_name(self) -> str:
         """The name deliveries are recorded under (``name``, else the table's name)."""
         return self.name or self.table.replace(".", "_")
+
+    @property
+    def dataset(self) -> DatasetRef:
+        """What it writes, for lineage: the table."""
+        return DatasetRef("table", self.table, self.conn_id)
 
     def row_for(self, result: Candidate) -> SinkRow:
         """Map one final answer to its row.

@@ -32,6 +32,7 @@ RUNTIME_EXTRAS = {
     "sql",
     "parquet",
     "emulator",
+    "openlineage",
 }
 # development requirements: PEP 735 dependency groups, never published as extras
 DEV_GROUPS = {"stack", "test", "test-google"}
@@ -135,6 +136,7 @@ PROVIDED_BY = {
     "airflow.providers.cncf.kubernetes": "apache-airflow-providers-cncf-kubernetes",
     "airflow.providers.standard": "apache-airflow-providers-standard",
     "airflow.providers.google": "apache-airflow-providers-google",
+    "airflow.providers.openlineage": "apache-airflow-providers-openlineage",
     "google.genai": "google-genai",
     "google.auth": "google-auth",
     "google": "google-genai",  # ``from google import genai``
@@ -256,6 +258,13 @@ def test_development_requirements_are_dependency_groups_not_published_extras() -
     assert not extras & DEV_GROUPS, f"published development extras: {sorted(extras & DEV_GROUPS)}"
     assert set(PYPROJECT["dependency-groups"]) == DEV_GROUPS
     assert extras == RUNTIME_EXTRAS | {"all"}
+
+
+def test_the_openlineage_extra_brings_airflows_openlineage_provider_and_all_holds_it() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert [Requirement(r).name for r in extras["openlineage"]] == ["apache-airflow-providers-openlineage"]
+    (everything,) = (Requirement(r) for r in extras["all"])
+    assert "openlineage" in everything.extras
 
 
 def test_the_license_is_an_spdx_expression_and_every_tested_python_is_classified() -> None:

@@ -129,3 +129,15 @@ def test_a_source_is_described_by_its_table_or_path_and_its_connection_id_only()
     assert describe_source(SqlSource(conn_id="wh", table="t")) == "SqlSource(table t through connection 'wh')"
     assert describe_source(ParquetSource("/x.parquet")) == "ParquetSource(/x.parquet)"
     assert describe_source(lambda context: []) == "callable"
+
+
+def test_a_path_source_declares_its_path_and_a_callable_declares_nothing_for_lineage() -> None:
+    from airflow_batch_provider.core.lineage import DatasetRef
+    from airflow_batch_provider.operators.sources import source_dataset
+
+    assert source_dataset("{{ params.folder }}/tickets.jsonl") == DatasetRef(
+        "path", "{{ params.folder }}/tickets.jsonl"
+    )
+    assert source_dataset(ParquetSource("/data/t.parquet")) == DatasetRef("path", "/data/t.parquet")
+    assert source_dataset(SqlSource(conn_id="db", table="t")) == DatasetRef("table", "t", "db")
+    assert source_dataset(lambda context: [{"id": "1"}]) is None

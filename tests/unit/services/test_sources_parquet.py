@@ -45,3 +45,11 @@ def test_a_missing_id_column_names_the_file_the_column_and_the_columns_it_has(tm
         ),
     ):
         next(read_parquet(fh, name=str(path), id_column="id", id_field="id", columns=["text"]))
+
+
+def test_a_parquet_source_declares_its_file_for_lineage() -> None:
+    from airflow_batch_provider.core.lineage import DatasetRef
+    from airflow_batch_provider.services.sources_parquet import ParquetSource
+
+    source = ParquetSource("s3://exports/{{ ds }}/tickets.parquet", conn_id="aws_default")
+    assert source.dataset == DatasetRef("path", "s3://exports/{{ ds }}/tickets.parquet")

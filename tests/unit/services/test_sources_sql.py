@@ -176,3 +176,12 @@ def test_a_source_that_cannot_be_paged_is_refused_when_the_dag_is_parsed(
 ) -> None:
     with pytest.raises(ConfigurationError, match=message):
         SqlSource(conn_id="c", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_sql_source_declares_its_table_or_its_query_through_its_connection_for_lineage() -> None:
+    from airflow_batch_provider.core.lineage import DatasetRef
+
+    table = SqlSource(conn_id="support_db", table="crm.{{ params.table }}")
+    assert table.dataset == DatasetRef("table", "crm.{{ params.table }}", "support_db")
+    query = SqlSource(conn_id="support_db", sql="SELECT id, body FROM tickets")
+    assert query.dataset == DatasetRef("query", "SELECT id, body FROM tickets", "support_db")

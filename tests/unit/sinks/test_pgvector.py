@@ -182,3 +182,10 @@ def test_a_sink_that_pgvector_cannot_index_or_store_is_refused_when_built() -> N
         vectors_sink(distance="dot")
     with pytest.raises(ConfigurationError, match="not a plain SQL identifier"):
         vectors_sink(vector_column="embedding; DROP")
+
+
+def test_a_pgvector_sink_declares_its_table_through_its_connection_for_lineage() -> None:
+    from airflow_batch_provider.core.lineage import DatasetRef
+
+    sink = PgVectorSink(conn_id="vector_db", table="public.comment_vectors", dimensions=8)
+    assert sink.dataset == DatasetRef("table", "public.comment_vectors", "vector_db")

@@ -165,3 +165,12 @@ def test_a_database_without_on_conflict_here_upserts_through_the_hooks_insert_ro
         for summary in ("first", "second"):
             assert writer.write([SinkRow({"ticket_id": "i0"}, {"summary": summary, "version": "v1"})]) == {}
         assert target.rows("SELECT ticket_id, summary FROM tickets") == [("i0", "second")]
+
+
+def test_a_sql_sink_declares_its_table_through_its_connection_for_lineage() -> None:
+    from airflow_batch_provider.core.lineage import DatasetRef
+
+    sink = SqlUpsertSink(
+        conn_id="warehouse", table="crm.tickets", key_columns=["id"], columns={"label": "$.label"}
+    )
+    assert sink.dataset == DatasetRef("table", "crm.tickets", "warehouse")
