@@ -236,3 +236,24 @@ class TriggerEventError(PollError):
 
 class VectorDimensionError(ConfigurationError):
     """An embedding's length is not the vector column's: the model and the sink disagree; fix either."""
+
+
+class ConsumerActError(BatchProviderError):
+    """A consumer's function failed on some hand-offs; the others were acted on and acknowledged.
+
+    :param consumer: the consumer's name
+    :param run_id: the run whose answers it was handed
+    :param failed: how many hand-offs failed
+    :param first: the first failure, ``app_id: message``
+    """
+
+    def __init__(self, consumer: str, run_id: str, failed: int, first: str) -> None:
+        self.consumer = consumer
+        self.run_id = run_id
+        self.failed = failed
+        super().__init__(
+            f"consumer {consumer!r} failed on {failed} hand-off(s) of run {run_id!r} (first: {first}); "
+            "the others were acted on and acknowledged. The failed ones are in the review list (error "
+            "code sink_refused) with their messages; fix the cause and clear the task (or let it retry): "
+            "they are offered again with the same idempotency keys."
+        )

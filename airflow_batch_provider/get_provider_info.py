@@ -286,6 +286,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.deadline",
                     "airflow_batch_provider.operators.fallback",
                     "airflow_batch_provider.operators.deliver",
+                    "airflow_batch_provider.operators.consume",
                     "airflow_batch_provider.operators.vllm_pod",
                 ],
             }

@@ -6,7 +6,8 @@
             -> resubmit_2 -> upload_2[] -> submit_2[] -> ... -> reconcile_2[]    (retryable items, new jobs)
             -> ... up to max_attempts rounds
             -> publish                                                  (final states, results, cost)
-            -> deliver_<sink> ...                                       (one per sink: results into the user's table)
+            -> deliver_<sink> ...                                       (one per sink: results into the user's table,
+                                                                         or a consumer's action per result)
 
 ``upload`` stages each chunk at the provider and records the file id (or object URI) in the
 ledger; ``submit`` only creates the batch from it, so the grid shows the upload apart from the
@@ -62,6 +63,7 @@ from airflow_batch_provider.operators.batch import (
     RecordSource,
     check_exhausted,
 )
+from airflow_batch_provider.operators.consume import BatchConsumeOperator
 from airflow_batch_provider.operators.deadline import (
     BatchDeadlineBranchOperator,
     BatchDeadlineHarvestOperator,
@@ -72,6 +74,7 @@ from airflow_batch_provider.operators.deliver import BatchDeliverOperator
 from airflow_batch_provider.operators.fallback import BatchSyncFallbackOperator
 from airflow_batch_provider.prompt_path import resolve_prompt_path
 from airflow_batch_provider.sensors.batch import BatchStatusSensor
+from airflow_batch_provider.services.consumers import HandOffConsumer
 from airflow_batch_provider.services.delivery import Sink
 from airflow_batch_provider.settings import default_poll_policy
 
@@ -99,7 +102,7 @@ def batch_inference_group(
     deferrable: bool = True,
     alerts: BatchAlerts | None = None,
     outlets: Sequence[Any] = (),
-    sinks: Sequence[Sink] = (),
+    sinks: Sequence[Sink | HandOffConsumer] = (),
     group_id: str | None = None,
     **moved: Any,
 ) -> TaskGroup:
@@ -153,7 +156,9 @@ def batch_inference_group(
     :param outlets: assets the publish task updates
     :param sinks: where the run's final answers go after publish (e.g.
         :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`): one ``deliver_<name>`` task per
-        sink, each row written once and recorded per item in the ledger
+        sink, each row written once and recorded per item in the ledger; a
+        :class:`~airflow_batch_provider.sinks.consumer.Consumer` acts once per answer instead
+        (a ticket, an email), each hand-off with its idempotency key and acknowledged in the ledger
     :param group_id: the TaskGroup id (default: the workload name)
     :raises ConfigurationError: a keyword of the flat form (``max_requests_per_chunk=`` ...),
         naming the option object it moved to, an option of the wrong type, or an unknown lane
@@ -297,15 +302,21 @@ def batch_inference_group(
             alerts=alerts,
             **common,
         )
+        after_publish: dict[str, Any] = {
+            "workload": workload,
+            "ledger_conn_id": ledger_conn_id,
+            "staging_root": staging_root,
+            "staging_conn_id": staging_conn_id,
+        }
         for sink in sinks:
-            publish >> BatchDeliverOperator(
-                task_id=f"deliver_{sink.sink_name}",
-                workload=workload,
-                sink=sink,
-                ledger_conn_id=ledger_conn_id,
-                staging_root=staging_root,
-                staging_conn_id=staging_conn_id,
-            )
+            if isinstance(sink, HandOffConsumer):
+                publish >> BatchConsumeOperator(
+                    task_id=f"deliver_{sink.sink_name}", consumer=sink, **after_publish
+                )
+            else:
+                publish >> BatchDeliverOperator(
+                    task_id=f"deliver_{sink.sink_name}", sink=sink, **after_publish
+                )
         if run_deadline is None:
             last >> publish
             return group
@@ -342,14 +353,15 @@ def batch_inference_group(
     return group
 
 
-def _check_sinks(sinks: Sequence[Sink]) -> None:
+def _check_sinks(sinks: Sequence[Sink | HandOffConsumer]) -> None:
     """Every sink has a ``sink_name`` and the names are unique (each names a task and its records)."""
     seen: set[str] = set()
     for sink in sinks:
         name = getattr(sink, "sink_name", None)
-        if not isinstance(name, str) or not hasattr(sink, "row_for"):
+        if not isinstance(name, str) or not (hasattr(sink, "row_for") or isinstance(sink, HandOffConsumer)):
             raise ConfigurationError(
-                f"sinks=[... {sink!r} ...]; give sink objects such as SqlUpsertSink(conn_id=..., table=..., ...)."
+                f"sinks=[... {sink!r} ...]; give sink objects such as SqlUpsertSink(conn_id=..., table=..., ...) "
+                "or Consumer(name=..., act=...)."
             )
         if name in seen:
             raise ConfigurationError(

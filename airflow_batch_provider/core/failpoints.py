@@ -31,6 +31,7 @@ FAILPOINTS: Final[dict[str, str]] = {
     "reconcile.mid": "part of a result file is applied to the ledger",
     "fallback.after_send": "a real-time request was answered, the answer is not recorded",
     "deliver.after_sink_commit": "a batch of rows is committed in the sink, the ledger does not know it",
+    "consume.after_act": "a consumer acted on a hand-off, the ledger does not know it was acknowledged",
 }
 
 _hits: dict[str, int] = {}

@@ -6,6 +6,10 @@ whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten on
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
 
+A consumer's row moves ``offered`` -> ``acknowledged`` (it acted), ``refused`` (its function
+failed: offered again by its next try, with the same key) or ``left_out`` (its filter left the
+answer out: offered again only when the answer changes).
+
 The results a delivery reads are the run's published final answers (``abp_results``, states
 ``succeeded`` and ``unchanged``), each with what the sink was last given for it.
 """
@@ -20,6 +24,7 @@ from typing import Any, Final, Literal
 
 from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.selectable import Join
 
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
@@ -27,15 +32,20 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.bulk import dialect_insert
 from airflow_batch_provider.ledger.store import Ledger
 
-DeliveryState = Literal["delivered", "refused", "offered", "acknowledged"]
+DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
 #: For each state written, the states the row may hold before (``None``: no row yet). A sink's row
 #: (``delivered``/``refused``) is rewritten only when its hash or state changes; see :func:`_write`.
+#: A consumer's row is ``offered`` before it is handed out, then settled: ``acknowledged`` (final),
+#: ``refused`` (its function failed on it) or ``left_out`` (its filter left the answer out).
 MOVES: Final[dict[str, frozenset[str | None]]] = {
     "delivered": frozenset({None, "delivered", "refused"}),
-    "refused": frozenset({None, "delivered", "refused"}),
-    "offered": frozenset({None, "offered"}),
+    "refused": frozenset({None, "delivered", "refused", "offered"}),
+    "offered": frozenset({None, "offered", "refused", "left_out"}),
     "acknowledged": frozenset({"offered"}),
+    "left_out": frozenset({"offered"}),
 }
+#: The consumer's states after an offer (:func:`settle`).
+Settled = Literal["acknowledged", "refused", "left_out"]
 PAGE: Final = 1000
 
 
@@ -89,9 +99,9 @@ class Delivery:
     :param item_key: the item's ledger key
     :param app_id: the application id
     :param prompt_version: the prompt version of the answer
-    :param state: ``delivered``, ``refused``, ``offered`` or ``acknowledged``
-    :param result_sha256: the digest of the values given to the sink
-    :param error: the sink's message (``refused``)
+    :param state: ``delivered``, ``refused``, ``offered``, ``acknowledged`` or ``left_out``
+    :param result_sha256: the digest of the values given to the sink (a consumer: of the answer)
+    :param error: the sink's message or the consumer's failure (``refused``)
     """
 
     item_key: str
@@ -100,6 +110,20 @@ class Delivery:
     state: DeliveryState
     result_sha256: str
     error: str | None = None
+
+
+def _published_with(sink: str) -> Join:
+    """The published answers, each with the sink's (or consumer's) delivery row where it has one."""
+    r, d = s.published.c, s.deliveries.c
+    return s.published.outerjoin(
+        s.deliveries,
+        and_(
+            d.workload == r.workload,
+            d.sink == sink,
+            d.app_id == r.app_id,
+            d.prompt_version == r.prompt_version,
+        ),
+    )
 
 
 def iter_candidates(
@@ -118,17 +142,7 @@ def iter_candidates(
     while True:
         q = (
             select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
-            .select_from(
-                s.published.outerjoin(
-                    s.deliveries,
-                    and_(
-                        d.workload == r.workload,
-                        d.sink == sink,
-                        d.app_id == r.app_id,
-                        d.prompt_version == r.prompt_version,
-                    ),
-                )
-            )
+            .select_from(_published_with(sink))
             .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
             .order_by(r.item_key, r.prompt_version)
             .limit(page)
@@ -258,7 +272,9 @@ def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[s
     """The rows a sink refused and no later delivery wrote, newest first (the review queue shows them).
 
     A refused row is tried again by every later delivery of its answer; it leaves this list when
-    one writes it, or when the sink was given a newer answer for the same item since.
+    one writes it, or when the sink was given a newer answer for the same item since. A consumer's
+    hand-off its function failed on is listed the same way, until it is acknowledged or a newer
+    answer of the item is acknowledged or left out.
 
     :param ledger: the ledger
     :param workload: workload name
@@ -272,7 +288,7 @@ def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[s
             later.c.workload == d.workload,
             later.c.sink == d.sink,
             later.c.app_id == d.app_id,
-            later.c.state == "delivered",
+            later.c.state.in_(("delivered", "acknowledged", "left_out")),
             later.c.delivered_at >= d.delivered_at,
         )
         .exists()
@@ -315,58 +331,73 @@ class HandOff:
     :param app_id: the application id
     :param prompt_version: the prompt version of the answer
     :param output: the parsed answer
+    :param item_key: the item's ledger key (with ``prompt_version``, where the next page starts)
     """
 
     key: str
     app_id: str
     prompt_version: str
     output: Any
+    item_key: str
+
+
+def _answer_sha256(output_json: str | None) -> str:
+    return hashlib.sha256((output_json or "").encode("utf-8")).hexdigest()
 
 
 def pending_for(
-    ledger: Ledger, workload: str, consumer: str, run_id: str | None = None, limit: int = PAGE
+    ledger: Ledger,
+    workload: str,
+    consumer: str,
+    run_id: str | None = None,
+    limit: int = PAGE,
+    after: tuple[str, str] | None = None,
 ) -> list[HandOff]:
     """Offer a consumer the published final answers it has not acknowledged, at most ``limit``.
 
     The offer is recorded (``offered``) before it is returned: a consumer that crashes before
     :func:`acknowledge` is offered the same items again with the same keys; an acknowledged item
-    is never offered again.
+    is never offered again, and one its filter left out (:func:`settle`) only once its answer
+    changed. Answers come in item key order; ``after`` starts past the last one of a page, so that
+    a consumer pages past the ones it leaves unacknowledged (failed) in this try.
 
     :param ledger: the ledger
     :param workload: workload name
     :param consumer: the consumer's name
     :param run_id: only this run's answers (``None``: every published answer of the workload)
     :param limit: at most this many
+    :param after: ``(item_key, prompt_version)`` of the last hand-off of the previous page
     """
     r, d = s.published.c, s.deliveries.c
-    acked = (
-        select(literal(1))
-        .where(
-            d.workload == r.workload,
-            d.sink == consumer,
-            d.app_id == r.app_id,
-            d.prompt_version == r.prompt_version,
-            d.state == "acknowledged",
+    found: list[tuple[Any, ...]] = []
+    while len(found) < limit:
+        q = (
+            select(r.item_key, r.app_id, r.prompt_version, r.output_json, r.run_id, d.state, d.result_sha256)
+            .select_from(_published_with(consumer))
+            .where(
+                r.workload == workload,
+                r.state.in_(sorted(USABLE_STATES)),
+                or_(d.state.is_(None), d.state != "acknowledged"),
+            )
+            .order_by(r.item_key, r.prompt_version)
+            .limit(limit)
         )
-        .exists()
-    )
-    q = (
-        select(r.item_key, r.app_id, r.prompt_version, r.output_json, r.run_id)
-        .where(r.workload == workload, r.state.in_(sorted(USABLE_STATES)), ~acked)
-        .order_by(r.item_key, r.prompt_version)
-        .limit(limit)
-    )
-    if run_id is not None:
-        q = q.where(r.run_id == run_id)
-    with ledger.engine.connect() as conn:
-        rows = conn.execute(q).all()
-    offers = [
-        Delivery(key, app_id, version, "offered", hashlib.sha256((out or "").encode("utf-8")).hexdigest())
-        for key, app_id, version, out, _ in rows
-    ]
+        if run_id is not None:
+            q = q.where(r.run_id == run_id)
+        if after is not None:
+            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
+        with ledger.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        for row in rows:  # left out, and the same answer still: not offered again
+            if not (row[5] == "left_out" and row[6] == _answer_sha256(row[3])):
+                found.append(tuple(row[:5]))
+        if len(rows) < limit:
+            break
+        after = (rows[-1][0], rows[-1][2])
+    found = found[:limit]
     by_run: dict[str, list[Delivery]] = {}
-    for offer, row in zip(offers, rows, strict=True):
-        by_run.setdefault(row[4], []).append(offer)
+    for key, app_id, version, out, run in found:
+        by_run.setdefault(run, []).append(Delivery(key, app_id, version, "offered", _answer_sha256(out)))
     for run, group in by_run.items():
         record_deliveries(ledger, workload, consumer, run, group)
     return [
@@ -375,8 +406,9 @@ def pending_for(
             app_id,
             version,
             json.loads(out) if out else None,
+            key,
         )
-        for _, app_id, version, out, _ in rows
+        for key, app_id, version, out, _ in found
     ]
 
 
@@ -390,6 +422,32 @@ def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str
     :param workload: workload name
     :param consumer: the consumer's name
     :param keys: keys from :func:`pending_for`
+    """
+    return settle(ledger, workload, consumer, keys, "acknowledged")
+
+
+def settle(
+    ledger: Ledger,
+    workload: str,
+    consumer: str,
+    keys: Iterable[str],
+    state: Settled,
+    error: str | None = None,
+) -> int:
+    """Move offered hand-offs to ``state``; return how many moved (one transaction).
+
+    ``acknowledged``: the consumer acted (never offered again). ``refused``: its function failed,
+    with ``error`` (offered again by its next try, with the same key; listed by
+    :func:`refused_rows` meanwhile). ``left_out``: its filter left the answer out (offered again
+    only when the answer changes). A key that is not offered is not counted; repeating the call
+    changes nothing.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param consumer: the consumer's name
+    :param keys: keys from :func:`pending_for`
+    :param state: where they move
+    :param error: the failure's message (``refused``)
     """
     wanted = sorted(set(keys))
     if not wanted:
@@ -408,15 +466,32 @@ def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str
             ).all()
             for key, app_id, version, sha, run in found:
                 _write(
-                    conn,
-                    workload,
-                    consumer,
-                    run,
-                    "acknowledged",
-                    [Delivery(key, app_id, version, "acknowledged", sha)],
+                    conn, workload, consumer, run, state, [Delivery(key, app_id, version, state, sha, error)]
                 )
             moved += len(found)
     return moved
+
+
+def handoff_states(ledger: Ledger, workload: str, consumer: str, run_id: str) -> dict[str, int]:
+    """How many of the run's published final answers the consumer's rows hold in each state.
+
+    ``pending``: never offered. An answer acknowledged in an earlier run (the same item and prompt
+    version, unchanged since) counts as ``acknowledged``.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param consumer: the consumer's name
+    :param run_id: the run
+    """
+    r, d = s.published.c, s.deliveries.c
+    q = (
+        select(d.state, func.count())
+        .select_from(_published_with(consumer))
+        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
+        .group_by(d.state)
+    )
+    with ledger.engine.connect() as conn:
+        return {str(state or "pending"): int(n) for state, n in conn.execute(q)}
 
 
 def note_in_report(
@@ -443,6 +518,62 @@ def note_in_report(
         (the delivery task writes ``report.json`` there, so that two sinks' writes do not cross)
     """
     totals = delivery_counts(ledger, workload, run_id).get(sink, {})
+    entry = {
+        "delivered": totals.get("delivered", 0),
+        "unchanged": int(counts.get("unchanged", 0)),
+        "refused": totals.get("refused", 0),
+        "messages": list(counts.get("messages", ())),
+        "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
+    }
+    return _put_in_report(ledger, workload, run_id, sink, entry, then)
+
+
+def note_handoffs_in_report(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    consumer: str,
+    counts: Mapping[str, Any],
+    then: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any] | None:
+    """Put a consumer's counts in the run's stored report, under ``deliveries``/``consumer``.
+
+    ``kind`` is ``consumer``; of the run's answers: ``acted`` (acted on and acknowledged by the
+    latest try), ``already_acknowledged`` (before it, by an earlier try or run), ``left_out`` (by
+    its filter), ``failed`` (its function failed on them in the latest try: offered again by the
+    next), ``pending`` (not offered yet), and the latest try's failure messages. A rerun replaces
+    them; a run without a report is left alone (``None``).
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run
+    :param consumer: the consumer's name
+    :param counts: what the latest try did (acted, failed, messages)
+    :param then: as for :func:`note_in_report`
+    """
+    states = handoff_states(ledger, workload, consumer, run_id)
+    acted = int(counts.get("acted", 0))
+    entry = {
+        "kind": "consumer",
+        "acted": acted,
+        "already_acknowledged": max(states.get("acknowledged", 0) - acted, 0),
+        "left_out": states.get("left_out", 0),
+        "failed": states.get("refused", 0),
+        "pending": states.get("pending", 0) + states.get("offered", 0),
+        "messages": list(counts.get("messages", ())),
+    }
+    return _put_in_report(ledger, workload, run_id, consumer, entry, then)
+
+
+def _put_in_report(
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    name: str,
+    entry: dict[str, Any],
+    then: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any] | None:
+    """Set ``deliveries``/``name`` of the run's stored report to ``entry``, the run's row locked."""
     r = s.runs.c
     with ledger.engine.begin() as conn:
         found = conn.execute(
@@ -451,13 +582,7 @@ def note_in_report(
         if not found:
             return None
         report: dict[str, Any] = json.loads(found)
-        report.setdefault("deliveries", {})[sink] = {
-            "delivered": totals.get("delivered", 0),
-            "unchanged": int(counts.get("unchanged", 0)),
-            "refused": totals.get("refused", 0),
-            "messages": list(counts.get("messages", ())),
-            "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
-        }
+        report.setdefault("deliveries", {})[name] = entry
         conn.execute(
             s.runs.update()
             .where(r.workload == workload, r.run_id == run_id)

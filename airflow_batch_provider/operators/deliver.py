@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.ledger.deliveries import note_in_report
+from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.operators.lineage import operator_lineage, renderer
-from airflow_batch_provider.services.delivery import Sink, deliver
+from airflow_batch_provider.services.delivery import Sink, deliver, report_json_writer
 from airflow_batch_provider.staging import Staging
 
 if TYPE_CHECKING:
     from airflow_batch_provider.operators.lineage import Lineage
 
 
-class BatchDeliverOperator(BaseOperator):
-    """Deliver the run's published final answers to ``sink`` (after publish).
-
-    Only answers the sink does not hold yet are written (a cleared, retried or killed try skips
-    what an earlier one delivered; a changed answer updates its row); a row the sink refuses is
-    recorded with the sink's message, and the others are written. The counts go in the run's
-    report (``deliveries``: delivered, unchanged, refused, the refusal messages), in the run's
-    ``report.json`` in staging, and in the task's return value. A refused row is in the workload's
-    review queue with the sink's message (``airflow-batch review list``, the review page) until a
-    later delivery writes it.
+class PublishedAnswersOperator(BaseOperator):
+    """What a task after publish shares: the run whose published answers it takes, the ledger, the report.
 
     :param workload: the workload's name
-    :param sink: the sink (e.g. :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`)
     :param ledger_conn_id: ledger connection (``None``: embedded SQLite)
-    :param run_id: the run whose answers are delivered (default: this DAG run)
+    :param run_id: the run whose answers are taken (default: this DAG run)
     :param staging_root: staging URL where the run's ``report.json`` is (default
         ``[batch_provider] staging_root``)
     :param staging_conn_id: object store connection for ``staging_root``
@@ -45,7 +36,6 @@ class BatchDeliverOperator(BaseOperator):
         self,
         *,
         workload: str,
-        sink: Sink,
         ledger_conn_id: str | None = None,
         run_id: str | None = None,
         staging_root: str | None = None,
@@ -54,11 +44,45 @@ class BatchDeliverOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.workload = workload
-        self.sink = sink
         self.ledger_conn_id = ledger_conn_id
         self.run_id = run_id
         self.staging_root = staging_root
         self.staging_conn_id = staging_conn_id
+
+    def run_ledger_report(self, context: Any) -> tuple[str, Ledger, Callable[[dict[str, Any]], None]]:
+        """The run, the ledger, and the writer of the run's ``report.json`` in staging.
+
+        :param context: the task's context
+        """
+        run_id = self.run_id or context["run_id"]
+        staging = Staging(self.staging_root, self.staging_conn_id)
+        return (
+            run_id,
+            LedgerHook(self.ledger_conn_id).get_conn(),
+            report_json_writer(staging, self.workload, run_id),
+        )
+
+
+class BatchDeliverOperator(PublishedAnswersOperator):
+    """Deliver the run's published final answers to ``sink`` (after publish).
+
+    Only answers the sink does not hold yet are written (a cleared, retried or killed try skips
+    what an earlier one delivered; a changed answer updates its row); a row the sink refuses is
+    recorded with the sink's message, and the others are written. The counts go in the run's
+    report (``deliveries``: delivered, unchanged, refused, the refusal messages), in the run's
+    ``report.json`` in staging, and in the task's return value. A refused row is in the workload's
+    review queue with the sink's message (``airflow-batch review list``, the review page) until a
+    later delivery writes it.
+
+    :param workload: the workload's name
+    :param sink: the sink (e.g. :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`)
+    :param kwargs: ``ledger_conn_id``, ``run_id``, ``staging_root``, ``staging_conn_id``
+        (:class:`PublishedAnswersOperator`) and the ``BaseOperator`` arguments
+    """
+
+    def __init__(self, *, workload: str, sink: Sink, **kwargs: Any) -> None:
+        super().__init__(workload=workload, **kwargs)
+        self.sink = sink
 
     def get_openlineage_facets_on_start(self) -> Lineage:
         """What the task writes, for Airflow's OpenLineage provider: the sink's table.
@@ -77,17 +101,9 @@ class BatchDeliverOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
-        run_id = self.run_id or context["run_id"]
-        ledger = LedgerHook(self.ledger_conn_id).get_conn()
+        run_id, ledger, write_report = self.run_ledger_report(context)
         counts = deliver(ledger, self.workload, run_id, self.sink)
         out = counts.as_dict()
-        staging = Staging(self.staging_root, self.staging_conn_id)
-        target = staging.run_dir(self.workload, run_id) / "report.json"
-
-        def write_report(report: dict[str, Any]) -> None:
-            with staging.writer(target) as fh:
-                fh.write(json.dumps(report, indent=2, default=str).encode("utf-8"))
-
         note_in_report(ledger, self.workload, run_id, self.sink.sink_name, out, then=write_report)
         self.log.info(
             "sink %s: %d rows written, %d unchanged (already delivered), %d refused",

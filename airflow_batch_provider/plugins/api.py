@@ -318,6 +318,7 @@ def _templates() -> Environment:
         duration=view.duration,
         bar_segments=view.bar_segments,
         delivery_table=deliveries.delivery_table,
+        consumer_table=deliveries.consumer_table,
         share=view.share,
         qs=view.qs,
         state_colors=view.STATE_COLORS,

@@ -17,7 +17,8 @@ delivery; the others of its batch are written. No Airflow here: the sink brings 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -31,6 +32,7 @@ from airflow_batch_provider.ledger.deliveries import (
     values_sha256,
 )
 from airflow_batch_provider.ledger.store import Ledger
+from airflow_batch_provider.staging import Staging
 
 #: At most this many refusal messages are kept in a delivery's counts (all are in the ledger).
 MESSAGES_SHOWN = 20
@@ -168,3 +170,22 @@ def _refusal(result: Candidate, digest: str, message: str, counts: DeliveryCount
     if len(counts.messages) < MESSAGES_SHOWN:
         counts.messages.append(f"{result.app_id}: {message}")
     return Delivery(result.item_key, result.app_id, result.prompt_version, "refused", digest, message)
+
+
+def report_json_writer(staging: Staging, workload: str, run_id: str) -> Callable[[dict[str, Any]], None]:
+    """A function that writes the run's report as ``report.json`` in its staging folder.
+
+    A delivery task hands it to :func:`~airflow_batch_provider.ledger.deliveries.note_in_report`,
+    which calls it with the updated report while the run's row is locked.
+
+    :param staging: the staging area
+    :param workload: workload name
+    :param run_id: the run
+    """
+    target = staging.run_dir(workload, run_id) / "report.json"
+
+    def write_report(report: dict[str, Any]) -> None:
+        with staging.writer(target) as fh:
+            fh.write(json.dumps(report, indent=2, default=str).encode("utf-8"))
+
+    return write_report

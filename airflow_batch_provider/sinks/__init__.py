@@ -2,13 +2,16 @@
 
 :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink` writes into a table through an Airflow
 SQL connection, :class:`~airflow_batch_provider.sinks.pgvector.PgVectorSink` embeddings into a
-pgvector column; :mod:`airflow_batch_provider.ledger.deliveries` records every delivery and offers
-results to consumers (``pending_for`` / ``acknowledge``).
+pgvector column, :class:`~airflow_batch_provider.sinks.consumer.Consumer` calls a function once
+per answer with an idempotency key (a ticket, an email); :mod:`airflow_batch_provider.ledger.deliveries`
+records every delivery and hand-off.
 """
 
 from __future__ import annotations
 
+from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.sinks.consumer import Consumer
 from airflow_batch_provider.sinks.pgvector import PgVectorSink
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
-__all__ = ["PgVectorSink", "SqlUpsertSink"]
+__all__ = ["Consumer", "HandOff", "PgVectorSink", "SqlUpsertSink"]

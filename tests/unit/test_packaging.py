@@ -30,6 +30,7 @@ RUNTIME_EXTRAS = {
     "google",
     "postgres",
     "sql",
+    "http",
     "parquet",
     "emulator",
     "openlineage",

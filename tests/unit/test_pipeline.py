@@ -239,3 +239,19 @@ def test_each_sink_adds_one_deliver_task_after_publish_and_two_sinks_of_one_name
         )
     with pytest.raises(ConfigurationError, match="give sink objects"):
         build(sinks=["db.tickets"])
+
+
+def test_a_consumer_among_the_sinks_adds_its_deliver_task_after_publish_and_shares_the_sinks_names() -> None:
+    from airflow_batch_provider.operators.consume import BatchConsumeOperator
+    from airflow_batch_provider.operators.deliver import BatchDeliverOperator
+    from airflow_batch_provider.sinks import Consumer, SqlUpsertSink
+
+    labels = SqlUpsertSink(conn_id="db", table="tickets", key_columns=["id"], columns={"label": "$.label"})
+    escalations = Consumer("escalations", print, where=lambda h: h.output["label"] == "negative")
+    dag = build(sinks=[labels, escalations], ledger_conn_id="ledger_pg")
+    consume = dag.get_task("w.deliver_escalations")
+    assert isinstance(consume, BatchConsumeOperator) and consume.consumer is escalations
+    assert isinstance(dag.get_task("w.deliver_tickets"), BatchDeliverOperator)
+    assert consume.upstream_task_ids == {"w.publish"} and consume.ledger_conn_id == "ledger_pg"
+    with pytest.raises(ConfigurationError, match="two sinks are named 'tickets'"):
+        build(sinks=[labels, Consumer("tickets", print)])

@@ -41,13 +41,22 @@ def stage_pending(
     return job_id, cids
 
 
-def answer(ledger: Ledger, job_id: str, cids: Mapping[str, str], failing: Collection[str]) -> None:
-    """Submit the job, apply an answer per line and reconcile it."""
+def answer(
+    ledger: Ledger,
+    job_id: str,
+    cids: Mapping[str, str],
+    failing: Collection[str],
+    outputs: Mapping[str, Any] | None = None,
+) -> None:
+    """Submit the job, apply an answer per line (``outputs``' or ``{"label": app_id}``) and reconcile it."""
     ledger.mark_submitted(job_id, f"batch-{job_id}", f"file-{job_id}")
+    given = outputs or {}
     results = [
         ItemResult(cid, "failed_permanent", usage=Usage(7, 0), error_code="400", error_message="bad input")
         if app_id in failing
-        else ItemResult(cid, "succeeded", output={"label": app_id}, usage=Usage(100 + len(app_id), 10))
+        else ItemResult(
+            cid, "succeeded", output=given.get(app_id, {"label": app_id}), usage=Usage(100 + len(app_id), 10)
+        )
         for app_id, cid in cids.items()
     ]
     ledger.apply_results(job_id, results, cost_of)
@@ -55,16 +64,26 @@ def answer(ledger: Ledger, job_id: str, cids: Mapping[str, str], failing: Collec
 
 
 def night(
-    ledger: Ledger, workload: str, run_id: str, inputs: Mapping[str, str], failing: Collection[str] = ()
+    ledger: Ledger,
+    workload: str,
+    run_id: str,
+    inputs: Mapping[str, str],
+    failing: Collection[str] = (),
+    outputs: Mapping[str, Any] | None = None,
+    version: str = "v1",
 ) -> UpsertStats:
-    """Run one whole night of ``workload`` over ``inputs`` (app id to its text); return prepare's counts."""
+    """Run one whole night of ``workload`` over ``inputs`` (app id to its text); return prepare's counts.
+
+    ``outputs``: the answer of each app id sent (default ``{"label": app_id}``); ``version``: the
+    prompt version.
+    """
     ledger.start_run(workload, run_id, "openai", "gpt-4o-mini")
     stats = ledger.upsert_items(
-        workload, run_id, [prep(app_id, text) for app_id, text in sorted(inputs.items())]
+        workload, run_id, [prep(app_id, text, version) for app_id, text in sorted(inputs.items())]
     )
     job_id, cids = stage_pending(ledger, workload, run_id)
     if cids:
-        answer(ledger, job_id, cids, failing)
+        answer(ledger, job_id, cids, failing, outputs)
     ledger.publish(workload, run_id)
     ledger.finish_run(workload, run_id, {"night": run_id, "cost": str(ledger.run_cost(workload, run_id))})
     return stats

@@ -285,6 +285,43 @@ def test_rows_a_sink_refused_are_in_the_review_queue_with_its_message_and_the_co
         )
 
 
+def test_a_consumers_counts_are_on_the_run_pages_and_a_hand_off_it_failed_on_is_in_the_review_queue(
+    seeded: Seeded,
+) -> None:
+    from airflow_batch_provider.ledger.deliveries import (
+        acknowledge,
+        note_handoffs_in_report,
+        pending_for,
+        settle,
+    )
+
+    writer = Ledger.from_url(seeded.url)
+    try:
+        writer.publish(WL, RUN)  # the run's answers into the results table, as the publish task does
+        offered = sorted(pending_for(writer, WL, "escalations", RUN), key=lambda h: h.app_id)
+        assert len(offered) == 8
+        acknowledge(writer, WL, "escalations", [h.key for h in offered[:2]])
+        settle(writer, WL, "escalations", [offered[2].key], "refused", "HTTPError: 503 <helpdesk>")
+        settle(writer, WL, "escalations", [h.key for h in offered[3:]], "left_out")
+        note_handoffs_in_report(writer, WL, RUN, "escalations", {"acted": 2})
+    finally:
+        writer.engine.dispose()
+    client = client_for(seeded.url)
+    api = client.get("/api/review", params={"workload": WL}).json()
+    assert [(r["sink"], r["app_id"], r["error"]) for r in api["refused_deliveries"]] == [
+        ("escalations", offered[2].app_id, "HTTPError: 503 <helpdesk>")
+    ]
+    for page in (
+        client.get("/", params={"workload": WL}).text,
+        client.get("/run", params={"workload": WL, "run_id": RUN}).text,
+    ):
+        assert "<h2>Consumers</h2>" in page and "<h2>Deliveries</h2>" not in page  # not a sink
+        assert (
+            '<td>escalations</td><td class="num">2</td><td class="num">0</td>'
+            '<td class="num">5</td><td class="num">1</td>'
+        ) in page
+
+
 def test_the_run_page_and_the_dag_run_tab_show_the_same_run(seeded: Seeded) -> None:
     client = client_for(seeded.url)
     run_page = client.get("/run", params={"workload": WL, "run_id": RUN})
