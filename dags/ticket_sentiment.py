@@ -2,7 +2,9 @@
 
 Reads the rows of ``tickets`` through the Airflow connection ``support_db`` (a postgres
 connection), classifies each comment through the batch API, and writes the answer's sentiment and
-confidence back onto the ticket's own row: each row once, the latest answer, no row added.
+confidence back onto the ticket's own row: each row once, the latest answer, no row added. Each
+negative comment also opens an escalation in the helpdesk behind ``helpdesk_api`` (an http
+connection): once per ticket and prompt version, whatever is cleared, retried or killed.
 """
 
 from __future__ import annotations
@@ -10,13 +12,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pendulum
+from airflow.providers.http.hooks.http import HttpHook
 from airflow.sdk import DAG
 
 from airflow_batch_provider.pipeline import batch_inference_group
 from airflow_batch_provider.services.sources_sql import SqlSource
-from airflow_batch_provider.sinks import SqlUpsertSink
+from airflow_batch_provider.sinks import Consumer, HandOff, SqlUpsertSink
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
+
+
+def open_escalation(handoff: HandOff) -> None:
+    """POST one escalation; the helpdesk treats a second request with the same key as the first."""
+    HttpHook(method="POST", http_conn_id="helpdesk_api").run(
+        endpoint="escalations",
+        json={"ticket_id": handoff.app_id, "topic": handoff.output["topic"]},
+        headers={"Idempotency-Key": handoff.key},  # one per ticket and prompt version
+    )
+
 
 with DAG(
     dag_id="ticket_sentiment",
@@ -44,6 +57,11 @@ with DAG(
                 columns={"sentiment": "$.sentiment", "confidence": "$.confidence"},
                 mode="update",  # onto the ticket's own row; "upsert" inserts missing rows too
                 key_type=int,  # ticket_id is an integer column
-            )
+            ),
+            Consumer(
+                name="escalations",  # the task deliver_escalations
+                act=open_escalation,
+                where=lambda handoff: handoff.output["sentiment"] == "negative",
+            ),
         ],
     )

@@ -11,11 +11,13 @@ the file its job recorded.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from airflow_batch_provider.core.failpoints import FAILPOINTS
+from airflow_batch_provider.ledger.deliveries import delivery_key, delivery_rows
 from tests.support.chaos import WORKLOAD, ChaosRun, Kill, chaos_emulator, check_invariants, count_faults
 
 pytestmark = pytest.mark.reliability
@@ -32,8 +34,9 @@ BATCH_PATH_KILLS = {
         Kill(failpoint="submit.after_create"),
     ),
     "harvest": (Kill(failpoint="download.mid"), Kill(failpoint="reconcile.mid=2")),
-    # after publish: the sink committed its second batch of 10 rows, the ledger does not know it
-    "deliver": (Kill(failpoint="deliver.after_sink_commit=2"),),
+    # after publish: the consumer made its third call, the ledger does not know it was acknowledged;
+    # then the sink committed its second batch of 10 rows, the ledger does not know it
+    "deliver": (Kill(failpoint="consume.after_act=3"), Kill(failpoint="deliver.after_sink_commit=2")),
 }
 #: a kill right after each kind of task returned, before Airflow recorded it
 STEP_KILLS = (
@@ -59,7 +62,9 @@ def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once
     airflow_home: dict[str, str], tmp_path: Path, segment: str
 ) -> None:
     with chaos_emulator() as url:
-        run = ChaosRun(airflow_home, tmp_path, segment, url, sink=segment == "deliver")
+        run = ChaosRun(
+            airflow_home, tmp_path, segment, url, sink=segment == "deliver", consumer=segment == "deliver"
+        )
         missed = run.survive(BATCH_PATH_KILLS[segment])
         verdict = check_invariants(url, [run])
         count_faults(url)
@@ -72,6 +77,18 @@ def test_a_kill_at_each_fail_point_of_the_batch_path_loses_nothing_and_pays_once
         ]
         assert report["deliveries"]["results"]["delivered"] == len(run.sink_rows())
         assert report["deliveries"]["results"]["refused"] == 0
+    if run.consumer_log is not None:  # each kept answer's key was sent; only the killed call's twice
+        calls = run.consumer_calls()
+        kept = {app for app, _ in run.published_answers() if int(app[1:]) % 3 != 0}
+        keys = {app: delivery_key(WORKLOAD, "actions", app, "v1") for app in kept}
+        assert set(calls) == set(keys.items())
+        repeated = [call for call, n in Counter(calls).items() if n > 1]
+        assert repeated == [calls[2]] and len(calls) == len(keys) + 1
+        states = Counter(r["state"] for r in delivery_rows(run.ledger(), WORKLOAD, "actions"))
+        assert states == {"acknowledged": len(kept), "left_out": len(run.published_answers()) - len(kept)}
+        [stored] = [r["report_json"] for r in run.ledger().runs(WORKLOAD) if r["run_id"] == run.run_id]
+        entry = json.loads(stored)["deliveries"]["actions"]
+        assert entry["acted"] + entry["already_acknowledged"] == len(kept) and entry["failed"] == 0
 
 
 def test_a_kill_at_each_step_boundary_on_postgresql_loses_nothing_and_pays_once(

@@ -238,6 +238,8 @@ class ChaosRun:
         a deadline needs one close to now, since its deadline counts from the run's start
     :param settings: extra ``[batch_provider]`` settings
     :param sink: deliver the answers into a SQLite table (``results`` in ``shared/<name>-sink.sqlite``)
+    :param consumer: hand the answers to a consumer that records each call's key
+        (``shared/<name>-consumer.log``, see :meth:`consumer_calls`)
     """
 
     def __init__(
@@ -257,6 +259,7 @@ class ChaosRun:
         logical_date: str | None = None,
         settings: Mapping[str, str] | None = None,
         sink: bool = False,
+        consumer: bool = False,
     ) -> None:
         conn_type, suffix, model = PROVIDERS[provider]
         self.provider = provider
@@ -290,6 +293,9 @@ class ChaosRun:
         self.env = batch_env(base, shared, connections, **extra)
         if sink:
             self.env["ABP_CHAOS_SINK"] = "1"
+        self.consumer_log: Path | None = shared / f"{name}-consumer.log" if consumer else None
+        if self.consumer_log is not None:
+            self.env["ABP_CHAOS_CONSUMER"] = str(self.consumer_log)
         input_path = shared / f"{name}-records.jsonl"
         input_path.write_text("".join(json.dumps(r) + "\n" for r in records(items)), encoding="utf-8")
         self.env.update(
@@ -428,6 +434,14 @@ class ChaosRun:
                 (str(a), str(b))
                 for a, b in db.execute("SELECT item_id, answer FROM results ORDER BY item_id")
             ]
+
+    def consumer_calls(self) -> list[tuple[str, str]]:
+        """Every call the consumer made (application id, idempotency key), in the order made."""
+        assert self.consumer_log is not None, "this run has no consumer"
+        if not self.consumer_log.exists():
+            return []
+        lines = self.consumer_log.read_text(encoding="utf-8").splitlines()
+        return [(app_id, key) for app_id, key in (line.split() for line in lines)]
 
     def published_answers(self) -> list[tuple[str, str]]:
         """The run's published usable answers (application id, answer), in id order."""

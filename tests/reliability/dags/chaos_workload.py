@@ -14,6 +14,9 @@ case and the DAG code never names a provider:
   a step boundary, the worst one (the work is done, Airflow will run the task again)
 - ``ABP_CHAOS_SINK``: when set, a ``deliver_results`` task writes each answer into the table
   ``results`` (``item_id``, ``answer``) of the connection ``chaos_sink``, 10 rows per batch
+- ``ABP_CHAOS_CONSUMER``: a file; when set, a ``deliver_actions`` consumer acts on each answer but
+  every third record's (a ``where`` filter), appending ``<id> <idempotency key>`` to it, synced
+  to disk, as an external system records each request it gets
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from airflow.sdk import DAG
 from airflow_batch_provider.core.options import ChunkOptions, DeadlineOptions
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.pipeline import batch_inference_group
-from airflow_batch_provider.sinks import SqlUpsertSink
+from airflow_batch_provider.sinks import Consumer, HandOff, SqlUpsertSink
 
 KILL_ENV = "ABP_CHAOS_KILL_AFTER"
 
@@ -54,9 +57,23 @@ def records(context: Any) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
+def act(handoff: HandOff) -> None:
+    """The external call: one line per request, on disk before it returns."""
+    with Path(os.environ["ABP_CHAOS_CONSUMER"]).open("a", encoding="utf-8") as fh:
+        fh.write(f"{handoff.app_id} {handoff.key}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def acted_on(handoff: HandOff) -> bool:
+    """Every record but every third one (``r0000``, ``r0003`` ... are left out)."""
+    return int(handoff.app_id[1:]) % 3 != 0
+
+
 deadline = os.environ.get("ABP_CHAOS_DEADLINE") or None
-sinks = (
-    [
+sinks: list[Any] = []
+if os.environ.get("ABP_CHAOS_SINK"):
+    sinks.append(
         SqlUpsertSink(
             conn_id="chaos_sink",
             table="results",
@@ -64,10 +81,9 @@ sinks = (
             columns={"answer": "$"},
             batch_size=10,
         )
-    ]
-    if os.environ.get("ABP_CHAOS_SINK")
-    else []
-)
+    )
+if os.environ.get("ABP_CHAOS_CONSUMER"):
+    sinks.append(Consumer("actions", act, where=acted_on, page_size=7))
 
 with DAG(
     dag_id="chaos_workload",
