@@ -23,7 +23,7 @@ INCLUDE = Path(__file__).resolve().parents[1] / "include"
 
 
 def open_escalation(handoff: HandOff) -> None:
-    """POST one escalation; the helpdesk treats a second request with the same key as the first."""
+    """POST one escalation, keyed so that the helpdesk can tell a repeated request from a new one."""
     HttpHook(method="POST", http_conn_id="helpdesk_api").run(
         endpoint="escalations",
         json={"ticket_id": handoff.app_id, "topic": handoff.output["topic"]},
