@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
+from sqlalchemy import and_, func, literal, literal_column, or_, select
 from sqlalchemy.engine import Connection
 
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.bulk import dialect_insert
+from airflow_batch_provider.ledger.bulk import dialect_insert, keyset_pages
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged"]
@@ -114,29 +114,22 @@ def iter_candidates(
     :param page: rows per query
     """
     r, d = s.published.c, s.deliveries.c
-    after: tuple[str, str] | None = None
-    while True:
-        q = (
-            select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
-            .select_from(
-                s.published.outerjoin(
-                    s.deliveries,
-                    and_(
-                        d.workload == r.workload,
-                        d.sink == sink,
-                        d.app_id == r.app_id,
-                        d.prompt_version == r.prompt_version,
-                    ),
-                )
+    query = (
+        select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
+        .select_from(
+            s.published.outerjoin(
+                s.deliveries,
+                and_(
+                    d.workload == r.workload,
+                    d.sink == sink,
+                    d.app_id == r.app_id,
+                    d.prompt_version == r.prompt_version,
+                ),
             )
-            .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
-            .order_by(r.item_key, r.prompt_version)
-            .limit(page)
         )
-        if after is not None:
-            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
-        with ledger.engine.connect() as conn:
-            rows = conn.execute(q).all()
+        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
+    )
+    for rows in keyset_pages(ledger.engine, query, (r.item_key, r.prompt_version), page):
         for key, version, app_id, state, output_json, rec_state, rec_sha in rows:
             yield Candidate(
                 key,
@@ -147,9 +140,6 @@ def iter_candidates(
                 rec_state,
                 rec_sha,
             )
-        if len(rows) < page:
-            return
-        after = (rows[-1][0], rows[-1][1])
 
 
 def record_deliveries(
