@@ -238,12 +238,12 @@ def test_each_naming_a_list_no_answer_has_is_refused_and_where_leaves_records_ou
 
 def test_the_answers_are_read_a_page_at_a_time_as_the_records_are_taken(ledger: Ledger) -> None:
     answered_run(ledger, STEP1, "r1", {f"inv-{n:02d}": invoice("EUR", "Toner") for n in range(12)})
-    pages: list[str] = []
+    pages: list[Any] = []
 
     @event.listens_for(ledger.engine, "before_cursor_execute")
-    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+    def count(conn: object, cursor: object, statement: str, parameters: Any, *args: object) -> None:
         if statement.startswith("SELECT abp_results.item_key"):
-            pages.append(statement)
+            pages.append(parameters)
 
     records: Iterator[SourceRecord] = read_workload(
         ledger, WorkloadSource(workload=STEP1, each="$.answer.line_items", page_size=5), id_field="id"
@@ -252,6 +252,9 @@ def test_the_answers_are_read_a_page_at_a_time_as_the_records_are_taken(ledger: 
     assert len(pages) == 1  # one page held, not the run
     assert len(list(records)) == 11
     assert len(pages) == 3
+    pages.clear()
+    read(ledger, WorkloadSource(workload=STEP1, each="$.answer.line_items"))
+    assert len(pages) == 1 and 1000 in list(pages[0].values() if isinstance(pages[0], dict) else pages[0])
 
 
 @pytest.mark.parametrize(
@@ -271,7 +274,7 @@ def test_the_answers_are_read_a_page_at_a_time_as_the_records_are_taken(ledger: 
         ),
         ({"key": "$.item.sku"}, r"key= names an element of each=, and each= is not given"),
         ({"fields": {"d": "answer.x"}}, r"JSON path 'answer.x' must start with '\$'"),
-        ({"workload": "../x"}, r"workload '../x' is not a valid workload name"),
+        ({"workload": "invoice entities"}, r"workload 'invoice entities' is not a valid workload name"),
         ({"page_size": 0}, r"page_size=0 is below 1"),
     ],
 )
