@@ -9,7 +9,6 @@ read from the emulator's own record of the batches it was given, mapped to items
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,24 +23,14 @@ from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from batch_emulator import model
 from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import FAST, batch_env, run_airflow, tail
+from tests.support.airflow_run import FAST, anthropic_connection, batch_env, run_airflow, tail
+from tests.support.invoices import generated_invoices
 
 pytestmark = pytest.mark.airflow_e2e
 
-REPO = Path(__file__).resolve().parents[2]
 DAGS = Path(__file__).parent / "dags"
 STEP1, STEP2 = "chain_invoices", "chain_lines"
 EDITED_LINE = "Freight surcharge"
-
-
-def generated(n: int) -> list[dict[str, Any]]:
-    spec = importlib.util.spec_from_file_location(
-        "generate_invoice_data", REPO / "include" / "generate_invoice_data.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.generate(n, 11))
 
 
 @dataclass
@@ -110,19 +99,13 @@ def night(env: dict[str, str], ledger: Ledger, url: str, seen: set[str]) -> Nigh
 @pytest.fixture(scope="module")
 def chain(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
     tmp = tmp_path_factory.mktemp("chain")
-    invoices = generated(24)
+    invoices = generated_invoices(24)
     path = tmp / "invoices.jsonl"
     with run_emulator(FAST) as url:
         env = batch_env(
             airflow_home,
             tmp,
-            {
-                "anthropic_batch_default": {
-                    "conn_type": "anthropic_batch",
-                    "host": url,
-                    "password": "sk-ant-test",
-                }
-            },
+            {"anthropic_batch_default": anthropic_connection(url)},
         )
         env["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
         env["ABP_CHAIN_INVOICES"] = str(path)

@@ -9,7 +9,6 @@ invoice_line_item_categories`` then runs step 2, which reads the answers step 1 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -22,11 +21,11 @@ import pytest
 from airflow_batch_provider.ledger import Ledger
 from batch_emulator import model
 from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import FAST, batch_env, run_airflow, tail
+from tests.support.airflow_run import FAST, anthropic_connection, batch_env, run_airflow, tail
+from tests.support.invoices import generated_invoices
 
 pytestmark = pytest.mark.airflow_e2e
 
-REPO = Path(__file__).resolve().parents[2]
 URI = "abp://invoice_extraction/results"
 
 
@@ -56,13 +55,7 @@ def ran(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         env = batch_env(
             airflow_home,
             tmp,
-            {
-                "anthropic_batch_default": {
-                    "conn_type": "anthropic_batch",
-                    "host": url,
-                    "password": "sk-ant-test",
-                }
-            },
+            {"anthropic_batch_default": anthropic_connection(url)},
         )
         env["ABP_SAMPLE_DATA_DIR"] = str(tmp / "data")
         for command in (("dags", "reserialize"), ("dags", "unpause", "invoice_line_item_categories")):
@@ -80,16 +73,6 @@ def ran(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         yield ran
 
 
-def invoices() -> dict[str, dict[str, Any]]:
-    spec = importlib.util.spec_from_file_location(
-        "generate_invoice_data", REPO / "include" / "generate_invoice_data.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {i["id"]: i for i in module.generate(600, 11)}
-
-
 def test_step_ones_publish_records_the_asset_event_that_queues_the_line_item_dag(ran: Ran) -> None:
     events = ran.query("SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ?")
     assert len(events) >= 1
@@ -101,7 +84,7 @@ def test_the_line_item_dag_categorises_each_line_of_each_invoice_step_one_answer
     step1 = ran.items("invoice_extraction")
     answered = {app_id for app_id, r in step1.items() if r["state"] == "succeeded"}
     assert answered and len(answered) < len(step1)  # the invoices in review give no line
-    docs = invoices()
+    docs = {i["id"]: i for i in generated_invoices(600)}
     expected = {
         f"{app_id}:{n}": (line, json.loads(step1[app_id]["output_json"])["currency"])
         for app_id in answered
