@@ -114,7 +114,9 @@ def batch_inference_group(
 
     :param workload: the workload's name (ledger namespace, staging folder)
     :param records: JSONL/CSV/Parquet path or URL, a callable(context) returning dicts, a
-        ``SqlSource`` (a table or query through an Airflow SQL connection) or a ``ParquetSource``
+        ``SqlSource`` (a table or query through an Airflow SQL connection), a ``ParquetSource``, or
+        a ``WorkloadSource`` (another workload's published answers: chain this group after that
+        workload's group, or schedule the DAG on the Asset its publish updates)
     :param prompt: the prompt, the path of its YAML file (a relative path is resolved against the
         DAG file's folder and must exist when the DAG is parsed), or a callable(context) returning
         the prompt when the task runs (e.g. its model from an Airflow Variable)

@@ -6,7 +6,11 @@ It exists so that demos and tests get plausible, repeatable, checkable answers w
   output, it answers ``{"sentiment", "topic", "confidence"}`` found by keyword lists in the user
   text (see :data:`SENTIMENT_WORDS` and :data:`TOPIC_WORDS`);
 - **invoice extraction**: when the system prompt mentions ``invoice``, it answers a JSON object of
-  regular-expression finds (invoice number, dates, amounts, currency, vendor);
+  regular-expression finds (invoice number, dates, amounts, currency, vendor, and the billed lines
+  written ``<description>: <quantity> x <unit price> = <amount>``);
+- **spend categorisation**: when the system prompt mentions ``spend category``, it answers
+  ``{"category", "confidence"}`` found by keyword lists in the user text (see
+  :data:`CATEGORY_WORDS`);
 - **summary**: otherwise a short echo of the user text's first sentence;
 - **embeddings**: hashed bag of words, L2-normalised.
 
@@ -70,6 +74,17 @@ TOPIC_WORDS: Final[dict[str, tuple[str, ...]]] = {
 }  # fmt: skip
 TOPICS: Final[tuple[str, ...]] = (*TOPIC_WORDS, "other")
 
+#: Spend categories of a billed line, by keyword; ties go to the earlier category, none to ``other``.
+CATEGORY_WORDS: Final[dict[str, tuple[str, ...]]] = {
+    "office_supplies": ("paper", "toner", "cartridge", "organiser", "organizer", "pen", "pens", "stationery", "ink"),
+    "furniture": ("chair", "desk", "table", "shelf", "cabinet", "frame", "standing"),
+    "it_hardware": ("usb", "docking", "keyboard", "mouse", "monitor", "laptop", "cable", "station"),
+    "software": ("software", "licence", "license", "subscription", "saas"),
+    "services": ("consulting", "hours", "training", "support", "maintenance"),
+    "logistics": ("shipping", "handling", "freight", "delivery", "courier", "postage"),
+}  # fmt: skip
+CATEGORIES: Final[tuple[str, ...]] = (*CATEGORY_WORDS, "other")
+
 _WORD: Final = re.compile(r"[\w']+", re.UNICODE)
 _MONTHS: Final = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
 _DATE: Final = re.compile(
@@ -88,6 +103,10 @@ _CURRENCY_SYMBOLS: Final = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY"}
 _AMOUNT: Final = re.compile(
     r"(?:(?P<pre>USD|EUR|GBP|CHF|JPY|CAD|AUD|[$€£¥])\s?(?P<a>\d{1,3}(?:[,\s]\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?))"
     r"|(?:(?P<b>\d{1,3}(?:,\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?)\s?(?P<post>USD|EUR|GBP|CHF|JPY|CAD|AUD|[€£]))",
+)
+_LINE_ITEM: Final = re.compile(
+    r"^[ \t]*(?P<d>[^:\n]*[^:\s]):[ \t]*(?P<q>\d+(?:\.\d+)?)[ \t]*x[ \t]*(?P<u>[^=\n]+?)[ \t]*=[ \t]*(?P<a>[^\n]+?)[ \t]*$",
+    re.MULTILINE,
 )
 _VENDOR: Final = re.compile(
     r"\b(?i:vendor|seller|supplier|from|billed\s+by|issued\s+by|company)\s*[:\-]?\s*"
@@ -163,8 +182,11 @@ def respond(
     :param max_output_tokens: cut the answer at this many tokens
     """
     sys_text = (system or "").lower()
-    # A classification rubric may mention invoices as a topic, so "sentiment" decides first.
-    if "invoice" in sys_text and "sentiment" not in sys_text:
+    # A classification rubric may mention invoices as a topic, so "sentiment" decides first; a
+    # spend category rubric reads lines of invoices, so it decides before "invoice".
+    if "spend category" in sys_text and "sentiment" not in sys_text:
+        task, text = "categorisation", json.dumps(categorise(user))
+    elif "invoice" in sys_text and "sentiment" not in sys_text:
         task, text = "extraction", json.dumps(extract_invoice(user), ensure_ascii=False)
     elif json_mode or "sentiment" in sys_text:
         task, text = "classification", json.dumps(classify(user))
@@ -204,6 +226,49 @@ def classify(text: str) -> dict[str, Any]:
     return {"sentiment": sentiment, "topic": topic, "confidence": confidence}
 
 
+def categorise(text: str) -> dict[str, Any]:
+    """Return ``{"category", "confidence"}`` of a billed line from keyword counts.
+
+    The category is the one with most hits (ties go to the earlier one in
+    :data:`CATEGORY_WORDS`; none: ``other``); confidence grows with the margin over the runner-up
+    and stays within ``[0.5, 0.99]``.
+
+    :param text: the user text
+    """
+    words = _words(text)
+    scores = [(sum(w in kws for w in words), name) for name, kws in CATEGORY_WORDS.items()]
+    best = max(s for s, _ in scores)
+    category = next(n for s, n in scores if s == best) if best > 0 else "other"
+    runner_up = sorted((s for s, _ in scores), reverse=True)[1]
+    confidence = round(min(0.99, 0.5 + 0.4 * (best - runner_up) / (best + 1)), 3)
+    return {"category": category, "confidence": confidence}
+
+
+def _money(text: str) -> float | None:
+    """The amount of a written sum (``€1,024.50``, ``CHF 120.00``), or ``None``."""
+    m = _AMOUNT.search(text)
+    raw = (m.group("a") or m.group("b") or "") if m else ""
+    return float(re.sub(r"[,\s]", "", raw)) if raw else None
+
+
+def _line_items(text: str) -> list[dict[str, Any]]:
+    items = []
+    for m in _LINE_ITEM.finditer(text):
+        unit, amount = _money(m.group("u")), _money(m.group("a"))
+        if unit is None or amount is None:
+            continue
+        quantity = float(m.group("q"))
+        items.append(
+            {
+                "description": m.group("d").strip(),
+                "quantity": int(quantity) if quantity.is_integer() else quantity,
+                "unit_price": unit,
+                "amount": amount,
+            }
+        )
+    return items
+
+
 def extract_invoice(text: str) -> dict[str, Any]:
     """Return invoice fields found by regular expressions (``None`` or empty where absent).
 
@@ -231,6 +296,7 @@ def extract_invoice(text: str) -> dict[str, Any]:
         "total": max(amounts) if amounts else None,
         "currency": currency,
         "vendor": vendor.group(1).strip(" .,") if vendor else None,
+        "line_items": _line_items(text),
     }
 
 

@@ -32,19 +32,61 @@ def parse_path(path: str) -> tuple[str | int, ...]:
     return tuple(steps)
 
 
+class MissingStep(LookupError):
+    """A step of a path that the value does not have.
+
+    :param reached: the path as far as it could be followed (``$``, ``$.answer`` ...)
+    :param found: what is there instead, in words (``keys ['a', 'b']``, ``a list of 2``, ``a str``)
+    """
+
+    def __init__(self, reached: str, found: str) -> None:
+        super().__init__(f"{reached} holds {found}")
+        self.reached = reached
+        self.found = found
+
+
+def spell_path(steps: tuple[str | int, ...]) -> str:
+    """Write ``steps`` back as a path (``("a", 0)`` -> ``$.a[0]``).
+
+    :param steps: from :func:`parse_path`
+    """
+    return "$" + "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps)
+
+
+def follow_path(value: Any, steps: tuple[str | int, ...]) -> Any:
+    """Follow ``steps`` into ``value``; a step that is not there raises (a ``null`` there is a value).
+
+    :param value: the parsed answer
+    :param steps: from :func:`parse_path`
+    :raises MissingStep: a step names a key the object lacks, an index past the list's end, or
+        goes into a value that is neither (the message says how far the path went and what is there)
+    """
+    for depth, step in enumerate(steps):
+        if isinstance(step, int):
+            there = isinstance(value, list) and step < len(value)
+        else:
+            there = isinstance(value, dict) and step in value
+        if not there:
+            raise MissingStep(spell_path(steps[:depth]), _shape(value))
+        value = value[step]
+    return value
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"the keys {sorted(value)[:20]}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
 def read_path(value: Any, steps: tuple[str | int, ...]) -> Any:
     """Follow ``steps`` into ``value``; a step that is not there gives ``None``.
 
     :param value: the parsed answer
     :param steps: from :func:`parse_path`
     """
-    for step in steps:
-        if isinstance(step, int):
-            if not isinstance(value, list) or step >= len(value):
-                return None
-            value = value[step]
-        else:
-            if not isinstance(value, dict):
-                return None
-            value = value.get(step)
-    return value
+    try:
+        return follow_path(value, steps)
+    except MissingStep:
+        return None

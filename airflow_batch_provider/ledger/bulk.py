@@ -17,13 +17,15 @@ from typing import Any
 
 from sqlalchemy import (
     MetaData,
+    Select,
     Table,
     and_,
     bindparam,
     or_,
     text,
+    tuple_,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.schema import CreateTable
 
 BATCH = 1000
@@ -46,6 +48,32 @@ def chunks(rows: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
             buf = []
     if buf:
         yield buf
+
+
+def keyset_pages(
+    engine: Engine, query: Select[Any], key: tuple[Any, Any], page: int = BATCH
+) -> Iterator[list[Any]]:
+    """Run ``query`` a page at a time in ``key`` order, each page its own short read (keyset paging).
+
+    Each page starts after the last key of the one before (``WHERE (key) > (:last) ORDER BY key
+    LIMIT page``): the reader holds one page, no cursor stays open between pages (the caller may
+    write to the ledger meanwhile), and an index on the filter and the key serves every page.
+
+    :param engine: the ledger's engine
+    :param query: the rows, filtered, without an order or a limit; it selects both key columns
+    :param key: the two key columns (``item_key``, ``prompt_version``)
+    :param page: rows per read
+    :return: the pages, each a list of the query's rows
+    """
+    last: tuple[Any, Any] | None = None
+    while True:
+        q = query if last is None else query.where(tuple_(*key) > tuple_(*last))
+        with engine.connect() as conn:
+            rows = list(conn.execute(q.order_by(*key).limit(page)))
+        yield rows
+        if len(rows) < page:
+            return
+        last = (rows[-1]._mapping[key[0]], rows[-1]._mapping[key[1]])
 
 
 def pair_filter(key_col: Any, version_col: Any, pairs: Iterable[tuple[str, str]]) -> Any:

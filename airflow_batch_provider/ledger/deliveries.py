@@ -29,7 +29,7 @@ from sqlalchemy.sql.selectable import Join
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.bulk import dialect_insert
+from airflow_batch_provider.ledger.bulk import dialect_insert, keyset_pages
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
@@ -138,19 +138,12 @@ def iter_candidates(
     :param page: rows per query
     """
     r, d = s.published.c, s.deliveries.c
-    after: tuple[str, str] | None = None
-    while True:
-        q = (
-            select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
-            .select_from(_published_with(sink))
-            .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
-            .order_by(r.item_key, r.prompt_version)
-            .limit(page)
-        )
-        if after is not None:
-            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
-        with ledger.engine.connect() as conn:
-            rows = conn.execute(q).all()
+    query = (
+        select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
+        .select_from(_published_with(sink))
+        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
+    )
+    for rows in keyset_pages(ledger.engine, query, (r.item_key, r.prompt_version), page):
         for key, version, app_id, state, output_json, rec_state, rec_sha in rows:
             yield Candidate(
                 key,
@@ -161,9 +154,6 @@ def iter_candidates(
                 rec_state,
                 rec_sha,
             )
-        if len(rows) < page:
-            return
-        after = (rows[-1][0], rows[-1][1])
 
 
 def record_deliveries(

@@ -13,7 +13,6 @@ from typing import Any, TypeVar, overload
 from sqlalchemy import (
     func,
     select,
-    tuple_,
 )
 from sqlalchemy.engine import Row, RowMapping
 
@@ -21,7 +20,7 @@ from airflow_batch_provider.exceptions import (
     LedgerError,
 )
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.bulk import BATCH
+from airflow_batch_provider.ledger.bulk import BATCH, keyset_pages
 from airflow_batch_provider.ledger.records import (
     ITEM_SHAPES,
     ItemRow,
@@ -127,23 +126,12 @@ class ItemReadRoom(Room):
     ) -> Iterator[list[Row[Any]]]:
         """Pages of this run's items (``wanted`` columns, which include the key), in key order."""
         c = s.items.c
-        key_at = (wanted.index("item_key"), wanted.index("prompt_version"))
-        last: tuple[str, str] | None = None
-        while True:
-            q = select(*[c[name] for name in wanted]).where(c.workload == workload, c.run_id == run_id)
-            if states is not None:
-                q = q.where(c.state.in_(list(states)))
-            if job_id is not None:
-                q = q.where(c.job_id == job_id)
-            if last is not None:
-                q = q.where(tuple_(c.item_key, c.prompt_version) > tuple_(*last))
-            q = q.order_by(c.item_key, c.prompt_version).limit(page)
-            with self.engine.connect() as conn:
-                rows = list(conn.execute(q))
-            yield rows
-            if len(rows) < page:
-                return
-            last = (rows[-1][key_at[0]], rows[-1][key_at[1]])
+        q = select(*[c[name] for name in wanted]).where(c.workload == workload, c.run_id == run_id)
+        if states is not None:
+            q = q.where(c.state.in_(list(states)))
+        if job_id is not None:
+            q = q.where(c.job_id == job_id)
+        yield from keyset_pages(self.engine, q, (c.item_key, c.prompt_version), page)
 
     def count_states(self, workload: str, run_id: str) -> dict[str, int]:
         """Return this run's items by state.

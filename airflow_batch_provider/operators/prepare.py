@@ -63,8 +63,9 @@ class BatchPrepareOperator(BatchBaseOperator):
     exceeds ``max_reject_ratio`` (after recording and staging), and when the source itself fails
     part-way (the records read are kept, nothing is staged; see ``RecordSourceError``).
 
-    :param records: a path/URL of a JSONL or CSV file (read with ``ObjectStoragePath``), or a
-        callable taking the task context and returning an iterable of dicts
+    :param records: a path/URL of a JSONL or CSV file (read with ``ObjectStoragePath``), a
+        callable taking the task context and returning an iterable of dicts, a ``SqlSource``, a
+        ``ParquetSource`` or a ``WorkloadSource`` (another workload's published answers)
     :param prompt: the prompt (or a path to its YAML file)
     :param chunking: requests and bytes per job, tighter than the provider's, and the largest
         tolerated share of bad records (``max_reject_ratio``)
@@ -123,6 +124,7 @@ class BatchPrepareOperator(BatchBaseOperator):
             render=self.render_template,
             template=template or self.template(context),
             records_conn_id=self.records_conn_id,
+            ledger_conn_id=self.ledger_conn_id,
         )
 
     def estimate_and_check_budget(self, run_id: str, context: Context | None = None) -> None:

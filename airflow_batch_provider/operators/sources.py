@@ -1,8 +1,9 @@
-"""Which reader a prepare's ``records=`` takes, and opening it: files, callables, tables, Parquet.
+"""Which reader a prepare's ``records=`` takes, and opening it: files, callables, tables, Parquet, workloads.
 
 The reading itself lives in :mod:`airflow_batch_provider.services.records` (JSONL, CSV, a
-callable), :mod:`~airflow_batch_provider.services.sources_sql` and
-:mod:`~airflow_batch_provider.services.sources_parquet`; here the source is rendered with the task
+callable), :mod:`~airflow_batch_provider.services.sources_sql`,
+:mod:`~airflow_batch_provider.services.sources_parquet` and
+:mod:`~airflow_batch_provider.services.sources_workload` (another workload's answers); here the source is rendered with the task
 context and opened lazily, so that a failing open is reported like any failure of the source.
 """
 
@@ -15,14 +16,17 @@ from typing import Any, Final
 
 from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.core.requests import PromptTemplate
+from airflow_batch_provider.hooks.ledger import LedgerHook
 from airflow_batch_provider.hooks.sql import sql_connection_hook
 from airflow_batch_provider.services.records import SourceRecord
 from airflow_batch_provider.services.sources_parquet import ParquetSource
 from airflow_batch_provider.services.sources_sql import SqlPaging, SqlSource, read_sql
 from airflow_batch_provider.services.sources_sql_stream import stream_sql
+from airflow_batch_provider.services.sources_workload import WorkloadSource, read_workload
 
-#: What ``records=`` takes: a JSONL/CSV/Parquet path or URL, a callable returning dicts, a table or query, a Parquet file.
-RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]] | SqlSource | ParquetSource
+#: What ``records=`` takes: a JSONL/CSV/Parquet path or URL, a callable returning dicts, a table or
+#: query, a Parquet file, another workload's published answers.
+RecordSource = str | Callable[..., Iterable[Mapping[str, Any]]] | SqlSource | ParquetSource | WorkloadSource
 
 
 #: Connection types whose driver keeps a named cursor on the server (psycopg 3, psycopg2).
@@ -57,13 +61,13 @@ def describe_source(records: RecordSource) -> str:
 
     :param records: the operator's ``records``
     """
-    if isinstance(records, (SqlSource, ParquetSource)):
+    if isinstance(records, (SqlSource, ParquetSource, WorkloadSource)):
         return records.describe()
     return records if isinstance(records, str) else "callable"
 
 
 def source_dataset(records: RecordSource) -> DatasetRef | None:
-    """What ``records`` reads, for lineage (``None``: a callable, which names nothing).
+    """What ``records`` reads, for lineage (``None``: a callable or another workload's answers, which name no dataset).
 
     :param records: the operator's ``records``
     """
@@ -80,6 +84,7 @@ def open_records(
     render: Callable[[Any, Any], Any],
     template: PromptTemplate,
     records_conn_id: str | None,
+    ledger_conn_id: str | None = None,
 ) -> Iterator[SourceRecord]:
     """The records of ``records``, read lazily (files stay open in ``stack``).
 
@@ -89,9 +94,12 @@ def open_records(
     :param render: renders a templated string with the context (the operator's ``render_template``)
     :param template: the prompt (its ``id_field`` and the fields a Parquet file is projected to)
     :param records_conn_id: the object store's connection for a path
+    :param ledger_conn_id: the reading group's ledger (a ``WorkloadSource`` without its own)
     """
     from airflow_batch_provider.services.records import read_csv, read_jsonl, read_values
 
+    if isinstance(records, WorkloadSource):
+        return _workload(records, context, render, template, ledger_conn_id)
     if callable(records):
         produce = records
         return read_values(lambda: produce(context))
@@ -116,6 +124,18 @@ def open_records(
         yield from reader(stack.enter_context(path.open("rb")))
 
     return opened()
+
+
+def _workload(
+    source: WorkloadSource,
+    context: Any,
+    render: Callable[[Any, Any], Any],
+    template: PromptTemplate,
+    ledger_conn_id: str | None,
+) -> Iterator[SourceRecord]:
+    rendered = dataclasses.replace(source, workload=render(source.workload, context))
+    ledger = LedgerHook(source.ledger_conn_id or ledger_conn_id).get_conn()
+    yield from read_workload(ledger, rendered, id_field=template.id_field)
 
 
 def _parquet(

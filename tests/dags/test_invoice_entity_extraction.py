@@ -10,10 +10,8 @@ injected fault follows the fault (retryable -> second attempt, permanent -> revi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,11 +24,11 @@ from airflow_batch_provider.ledger import schema as s
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
 from batch_emulator.testing import run_emulator
-from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.airflow_run import anthropic_connection, batch_env, run_airflow, tail
+from tests.support.invoices import generated_invoices
 
 pytestmark = pytest.mark.airflow_e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "invoice_entity_extraction"
 WORKLOAD = "invoice_extraction"
 ITEMS = 600
@@ -56,13 +54,7 @@ FAULT_OUTCOME = {
 
 
 def truth() -> dict[str, dict[str, Any]]:
-    spec = importlib.util.spec_from_file_location(
-        "generate_invoice_data", REPO_ROOT / "include" / "generate_invoice_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
-    return {rec["id"]: rec for rec in generator.generate(ITEMS, 11)}
+    return {rec["id"]: rec for rec in generated_invoices(ITEMS)}
 
 
 class Run:
@@ -93,13 +85,7 @@ def run(airflow_home: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         env = batch_env(
             airflow_home,
             tmp,
-            {
-                "anthropic_batch_default": {
-                    "conn_type": "anthropic_batch",
-                    "host": base_url,
-                    "password": "sk-ant-test",
-                }
-            },
+            {"anthropic_batch_default": anthropic_connection(base_url)},
         )
         proc = run_airflow(env, "dags", "test", DAG_ID)
         assert proc.returncode == 0, tail(proc)

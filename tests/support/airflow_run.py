@@ -57,6 +57,15 @@ def openai_connection(base_url: str, password: str = "k") -> dict[str, Any]:
     return {"conn_type": "openai_batch", "host": f"{base_url}/v1", "password": password}
 
 
+def anthropic_connection(base_url: str, password: str = "sk-ant-test") -> dict[str, Any]:
+    """The ``anthropic_batch`` connection JSON for an emulator at ``base_url``.
+
+    :param base_url: the emulator's root URL
+    :param password: the API key the SDK sends
+    """
+    return {"conn_type": "anthropic_batch", "host": base_url, "password": password}
+
+
 @contextmanager
 def openai_dag_env(
     airflow_home: dict[str, str],

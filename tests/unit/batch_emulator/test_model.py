@@ -63,11 +63,48 @@ def test_invoice_extraction_leaves_absent_fields_empty() -> None:
         "total": None,
         "currency": None,
         "vendor": None,
+        "line_items": [],
     }
     euro = model.extract_invoice("Invoice #A17 from Müller GmbH on 3 March 2024: 99,50 EUR or 1.234,00 €")
     assert euro["invoice_number"] == "A17"
     assert euro["dates"] == ["3 March 2024"]
     assert euro["currency"] == "EUR"
+
+
+def test_invoice_extraction_reads_each_billed_line_with_its_quantity_price_and_amount() -> None:
+    text = (
+        "Invoice No: INV-2025-000042\nVendor: Contoso Supplies\nItems:\n"
+        "  Toner cartridge, black: 2 x €45.00 = €90.00\n"
+        "  Printer paper, A4, 5 reams: 1 x €1,024.50 = €1,024.50\n"
+        "  Consulting hours: 3 x CHF 120.00 = CHF 360.00\n"
+        "Subtotal: €1,114.50\nTotal due: €1,337.40"
+    )
+    assert model.extract_invoice(text)["line_items"] == [
+        {"description": "Toner cartridge, black", "quantity": 2, "unit_price": 45.0, "amount": 90.0},
+        {"description": "Printer paper, A4, 5 reams", "quantity": 1, "unit_price": 1024.5, "amount": 1024.5},
+        {"description": "Consulting hours", "quantity": 3, "unit_price": 120.0, "amount": 360.0},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "category"),
+    [
+        ("Line: Toner cartridge, black", "office_supplies"),
+        ("Line: Desk organiser set", "office_supplies"),  # a tie goes to the earlier category
+        ("Line: Ergonomic office chair", "furniture"),
+        ("Line: USB-C docking station", "it_hardware"),
+        ("Line: Annual software licence", "software"),
+        ("Line: Consulting hours", "services"),
+        ("Line: Shipping and handling", "logistics"),
+        ("Line: Gift basket", "other"),
+    ],
+)
+def test_a_spend_category_prompt_gets_the_category_its_keywords_decide(line: str, category: str) -> None:
+    reply = model.respond("Give the spend category of one line of a supplier invoice.", line)
+    assert reply.task == "categorisation"
+    answer = json.loads(reply.text)
+    assert answer["category"] == category
+    assert 0.5 <= answer["confidence"] <= 0.99
 
 
 def test_tokens_are_a_quarter_of_the_utf8_bytes_rounded_up() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_batch_provider.core.json_path import parse_path, read_path
+from airflow_batch_provider.core.json_path import MissingStep, follow_path, parse_path, read_path, spell_path
 from airflow_batch_provider.exceptions import ConfigurationError
 
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_\-]{0,6}", fullmatch=True)
@@ -42,6 +42,31 @@ def test_a_step_that_is_not_there_reads_none_not_an_error() -> None:
     assert read_path(answer, parse_path("$.label[0]")) is None  # an index into a string
     assert read_path(answer, parse_path("$.scores.x")) is None  # a field of a list
     assert read_path(answer, parse_path("$")) == answer
+
+
+@given(STEPS)
+def test_a_path_is_spelled_back_as_it_parses(steps: list[str | int]) -> None:
+    assert spell_path(tuple(steps)) == _spell(steps)
+
+
+@pytest.mark.parametrize(
+    ("path", "reached", "found"),
+    [
+        ("$.missing", "$", "the keys ['label', 'none', 'scores']"),
+        ("$.scores[3]", "$.scores", "a list of 1"),
+        ("$.label[0]", "$.label", "a str"),
+        ("$.none.x", "$.none", "null"),
+    ],
+)
+def test_following_a_step_that_is_not_there_says_how_far_the_path_went_and_what_is_there(
+    path: str, reached: str, found: str
+) -> None:
+    answer = {"label": "positive", "scores": [0.9], "none": None}
+    with pytest.raises(MissingStep) as raised:
+        follow_path(answer, parse_path(path))
+    assert (raised.value.reached, raised.value.found) == (reached, found)
+    assert str(raised.value) == f"{reached} holds {found}"
+    assert follow_path(answer, parse_path("$.none")) is None  # a null that is there is a value
 
 
 @pytest.mark.parametrize(

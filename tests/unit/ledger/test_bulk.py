@@ -27,3 +27,27 @@ def test_a_staged_write_on_sqlite_takes_the_write_lock_before_it_reads(tmp_path:
     finally:
         other.close()
         ledger.engine.dispose()
+
+
+def test_keyset_pages_read_each_row_once_in_key_order_a_short_read_per_page(ledger: Ledger) -> None:
+    from sqlalchemy import event, select
+
+    from airflow_batch_provider.ledger import schema as s
+    from tests.unit.ledger.store_support import prep
+
+    ledger.start_run("wl", "r1", "openai", "gpt-4o-mini")
+    # two versions of some keys: the key is the pair, so the pages split between them too
+    ledger.upsert_items("wl", "r1", [prep(f"a{n}", version=v) for n in range(7) for v in ("v1", "v2")])
+    reads: list[str] = []
+
+    @event.listens_for(ledger.engine, "before_cursor_execute")
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        reads.append(statement)
+
+    c = s.items.c
+    query = select(c.prompt_version, c.item_key, c.app_id).where(c.workload == "wl")
+    pages = list(bulk.keyset_pages(ledger.engine, query, (c.item_key, c.prompt_version), page=4))
+    assert [len(p) for p in pages] == [4, 4, 4, 2]
+    keys = [(r.item_key, r.prompt_version) for p in pages for r in p]
+    assert keys == sorted(keys) and len(set(keys)) == 14
+    assert len(reads) == 4

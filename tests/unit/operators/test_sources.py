@@ -16,6 +16,8 @@ from airflow_batch_provider.operators.batch import BatchPrepareOperator
 from airflow_batch_provider.operators.sources import describe_source
 from airflow_batch_provider.services.sources_parquet import ParquetSource
 from airflow_batch_provider.services.sources_sql import SqlSource
+from airflow_batch_provider.services.sources_workload import WorkloadSource
+from tests.unit.ledger.answered import answered_run
 
 PROMPT = PromptTemplate(version="v1", model="gpt-4o-mini", user="{{ channel }}: {{ text }}", id_field="id")
 RUN = "manual__2026-12-01T00:00:00+00:00"
@@ -129,6 +131,7 @@ def test_a_source_is_described_by_its_table_or_path_and_its_connection_id_only()
     assert describe_source(SqlSource(conn_id="wh", table="t")) == "SqlSource(table t through connection 'wh')"
     assert describe_source(ParquetSource("/x.parquet")) == "ParquetSource(/x.parquet)"
     assert describe_source(lambda context: []) == "callable"
+    assert describe_source(WorkloadSource("extract")) == "WorkloadSource(answers of workload 'extract')"
 
 
 def test_a_path_source_declares_its_path_and_a_callable_declares_nothing_for_lineage() -> None:
@@ -141,3 +144,37 @@ def test_a_path_source_declares_its_path_and_a_callable_declares_nothing_for_lin
     assert source_dataset(ParquetSource("/data/t.parquet")) == DatasetRef("path", "/data/t.parquet")
     assert source_dataset(SqlSource(conn_id="db", table="t")) == DatasetRef("table", "t", "db")
     assert source_dataset(lambda context: [{"id": "1"}]) is None
+
+
+def test_prepare_reads_another_workloads_answers_from_the_ledger_its_source_names(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    answers = {"a": {"channel": "chat", "text": "one"}, "b": {"channel": "mail", "text": "two"}}
+    answered_run(ledger, "extract", "r1", answers)  # in the prepare's own ledger
+    fields = {"channel": "$.answer.channel", "text": "$.answer.text"}
+    source = WorkloadSource(workload="{{ params.step1 }}", fields=fields)
+    prepare(source).execute({"run_id": RUN, "params": {"step1": "extract"}})  # type: ignore[arg-type]
+    assert ledger.count_states("src", RUN) == {"staged": 2}
+    assert {r["app_id"] for r in ledger.iter_items("src", RUN)} == {"a", "b"}
+    # another ledger, through its own connection
+    other = Ledger.from_url(f"sqlite:///{tmp_path / 'other.sqlite'}")
+    answered_run(other, "extract", "r1", {"c": {"channel": "chat", "text": "three"}})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STEP1_LEDGER",
+        json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "other.sqlite")}),
+    )
+    elsewhere = WorkloadSource(workload="extract", fields=fields, ledger_conn_id="step1_ledger")
+    prepare(elsewhere, workload="src2").execute({"run_id": RUN})  # type: ignore[arg-type]
+    assert {r["app_id"] for r in ledger.iter_items("src2", RUN)} == {"c"}
+
+
+def test_prepare_from_a_workload_with_no_published_answers_fails_naming_it_and_the_remedy(
+    ledger: Ledger,
+) -> None:
+    with pytest.raises(
+        RecordSourceError,
+        match=r"WorkloadSource\(answers of workload 'invoice_entities'\) stopped early: after 0 records, reading "
+        r"the source raised RecordSourceError: workload 'invoice_entities' has no published answers in this "
+        r"ledger.*Run the workload's DAG first",
+    ):
+        prepare(WorkloadSource(workload="invoice_entities")).execute({"run_id": RUN})  # type: ignore[arg-type]
