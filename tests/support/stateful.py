@@ -185,6 +185,9 @@ class Run:
     :param prompt_version: the prompt version its prepare rendered
     :param records: the input its prepare read
     :param prompt: the prompt its prepare rendered
+    :param in_flight_at_prepare: the items (key, prompt version) a batch held when its prepare read
+        the input (a job with a batch, or whose create may have reached the provider): the send
+        guard keeps them with that batch, so they are answered for the input it was sent with
     :param published_while_finished: its last publish ran while the ledger held the run finished
         (its report recorded and the run not reopened by a cleared prepare): that publish must
         leave the recorded report as it was
@@ -204,6 +207,7 @@ class Run:
     records: list[dict[str, str]] = field(default_factory=list)
     prompt: PromptTemplate | None = None
     published_while_finished: bool = False
+    in_flight_at_prepare: frozenset[tuple[str, str]] = frozenset()
 
 
 #: report fields that name when, not what
@@ -265,6 +269,9 @@ class StatefulWorkload:
         #: the same version): each one after the first may resend its items, for the reason the
         #: ledger records (``abp_prompt_changes``)
         self.prompt_contents: dict[str, set[str]] = {"v1": {self.prompt.fingerprint}}
+        #: job id -> the fingerprint of the prompt its requests were rendered with (the run's, when
+        #: the step that made the job ran): a job a run adopts keeps the prompt it was sent with
+        self.job_prompts: dict[str, str] = {}
         #: custom ids whose billed answer line :meth:`damage_result_file` cut short (unreadable usage)
         self.damaged: list[str] = []
         #: lines :meth:`damage_result_file` made unreadable (cut short, or a broken copy added)
@@ -548,6 +555,7 @@ class StatefulWorkload:
             return None
         run.tries[key] = run.tries.get(key, 0) + 1
         finished_before = key[0] == "publish" and self._finished_in_ledger(run)
+        in_flight = self._items_a_batch_holds() if key[0] == "prepare" else frozenset()
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:
@@ -561,6 +569,7 @@ class StatefulWorkload:
                 self._check_lease_refusal(run)
             raise
         finally:
+            self._note_job_prompts(run)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -571,12 +580,48 @@ class StatefulWorkload:
             run.records = [dict(r) for r in self.records]
             run.prompt_version = self.prompt.version
             run.prompt = self.prompt
+            run.in_flight_at_prepare = in_flight
         if key[0] == "publish":
             run.finished = True
             run.publish_followed_change = run.published_after_change
             run.published_after_change = False
             run.published_while_finished = finished_before
         return key
+
+    def _note_job_prompts(self, run: Run) -> None:
+        """Remember the prompt of each job the step made (the run's, which every task of it renders)."""
+        from sqlalchemy import select
+
+        from airflow_batch_provider.ledger import schema as s
+
+        with self.ledger().engine.connect() as conn:
+            ids = conn.execute(select(s.jobs.c.job_id).where(s.jobs.c.workload == WORKLOAD)).scalars().all()
+        prompt = (run.prompt or self.prompt).fingerprint
+        for job_id in ids:
+            self.job_prompts.setdefault(str(job_id), prompt)
+
+    def _items_a_batch_holds(self) -> frozenset[tuple[str, str]]:
+        """The items in flight in a job whose batch exists or may exist (read from the ledger's rows)."""
+        from sqlalchemy import and_, or_, select
+
+        from airflow_batch_provider.ledger import schema as s
+
+        i, j = s.items.c, s.jobs.c
+        q = (
+            select(i.item_key, i.prompt_version)
+            .select_from(s.items.join(s.jobs, j.job_id == i.job_id))
+            .where(
+                i.workload == WORKLOAD,
+                i.state.in_(("staged", "submitted")),
+                or_(
+                    j.batch_id.is_not(None),
+                    j.state.in_(("submitting", "in_doubt")),
+                    and_(j.claim_owner.is_not(None), j.state == "staged"),
+                ),
+            )
+        )
+        with self.ledger().engine.connect() as conn:
+            return frozenset((str(k), str(v)) for k, v in conn.execute(q))
 
     def _finished_in_ledger(self, run: Run) -> bool:
         """Whether the ledger holds the run finished now (its report recorded, not reopened)."""

@@ -46,6 +46,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
@@ -196,7 +197,16 @@ def check(workload: StatefulWorkload, history: History, published: Collection[st
         if len(lines) < 2:
             continue
         ordered = sorted(lines, key=lambda a: (a["attempt"], a["created_at"]))
-        edits = workload.edits.get(app_of.get(key, key), 0) + prompt_changed[(key, version)]
+        # an answer sent under one wording of the prompt and the next under another: the prompt was
+        # edited in place between them (a run that took over a dead run's batch harvests answers of
+        # the wording that batch was sent with, and the next run sends the new wording)
+        reworded = sum(
+            1
+            for a, b in pairwise(ordered)
+            if None not in (workload.job_prompts.get(a["job_id"]), workload.job_prompts.get(b["job_id"]))
+            and workload.job_prompts[a["job_id"]] != workload.job_prompts[b["job_id"]]
+        )
+        edits = workload.edits.get(app_of.get(key, key), 0) + max(prompt_changed[(key, version)], reworded)
         unexplained = [
             a
             for a in ordered[:-1]
@@ -367,6 +377,12 @@ def _at_rest(workload: StatefulWorkload, record: dict[str, Any], snap: dict[str,
             renderable[rec["id"]].add(last.prompt.render(rec).input_hash)
     for app_id, hashes in sorted(renderable.items()):
         row = rows.get((item_key(app_id), version))
+        # an item a batch held when the last run read the input keeps the input that batch was
+        # sent with (the send guard: never sent again while a batch may answer it); the next run
+        # sends its new input (docs/reliability.md, "An input changed while its item is in flight")
+        held = (item_key(app_id), version) in last.in_flight_at_prepare and row is not None
+        if held and row["state"] in FINAL_STATES:
+            continue
         if row is not None and row["input_hash"] not in hashes:
             out.append(
                 f"input row {app_id} ({version}): the item holds another input than the last run read "
