@@ -5,9 +5,11 @@ through one guarded function, :func:`_write`: an ``INSERT ... ON CONFLICT DO UPD
 whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
+A batch of rows is staged at the database's floor (``COPY`` on PostgreSQL, one prepared
+``executemany`` on SQLite) and written by one ``INSERT ... SELECT`` with that guard.
 
 The results a delivery reads are the run's published final answers (``abp_results``, states
-``succeeded`` and ``unchanged``), each with what the sink was last given for it.
+``succeeded`` and ``unchanged``), each with what the sink was last given for it, a page at a time.
 """
 
 from __future__ import annotations
@@ -16,15 +18,29 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal
 
-from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
+from sqlalchemy import (
+    Column,
+    Integer,
+    Table,
+    Text,
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    true,
+    tuple_,
+)
 from sqlalchemy.engine import Connection
 
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.bulk import dialect_insert
+from airflow_batch_provider.ledger.bulk import STAGING_META, chunks, dialect_insert, pair_filter, stage
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged"]
@@ -37,6 +53,32 @@ MOVES: Final[dict[str, frozenset[str | None]]] = {
     "acknowledged": frozenset({"offered"}),
 }
 PAGE: Final = 1000
+#: The columns a delivery row's key is written with.
+KEY_COLUMNS: Final = ("workload", "sink", "app_id", "prompt_version")
+
+#: Per-connection staging table of :func:`_write`: what differs from row to row of one write (the
+#: workload, sink, run, state and time are the same for all and travel as parameters).
+DELIVERIES_STAGE: Final = Table(
+    "abp_stage_deliveries",
+    STAGING_META,
+    Column("app_id", Text),
+    Column("prompt_version", Text),
+    Column("item_key", Text),
+    Column("result_sha256", Text),
+    Column("delivery_key", Text),
+    Column("error", Text),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+#: The digest's JSON: keys sorted, text as is, anything else as ``str`` (built once, not per row).
+_DIGEST_JSON: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
+#: The same JSON from the C encoder itself, made once (``JSONEncoder.encode`` makes one per call,
+#: half a digest's time); ``None`` where the interpreter has no C encoder.
+_DIGEST_C: Final = (
+    c_make_encoder(None, str, encode_basestring, None, ": ", ", ", True, False, True)
+    if c_make_encoder is not None
+    else None
+)
 
 
 def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> str:
@@ -56,8 +98,9 @@ def values_sha256(values: Mapping[str, Any]) -> str:
 
     :param values: column -> value
     """
-    raw = json.dumps(dict(values), sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
-    return hashlib.sha256(raw).hexdigest()
+    found = values if isinstance(values, dict) else dict(values)
+    raw = "".join(_DIGEST_C(found, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(found)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -102,54 +145,76 @@ class Delivery:
     error: str | None = None
 
 
-def iter_candidates(
+def candidate_pages(
     ledger: Ledger, workload: str, sink: str, run_id: str, page: int = PAGE
-) -> Iterator[Candidate]:
-    """Yield the run's published final answers in key order (keyset pages), with the sink's record.
+) -> Iterator[list[Candidate]]:
+    """Yield the run's published final answers in key order, ``page`` at a time, with the sink's record.
+
+    Each page is two reads: the run's next answers (a keyset on ``ix_abp_results_run``), then the
+    sink's records of those answers by their primary key. (One outer join reads the same, but
+    PostgreSQL's planner, without statistics on ``abp_deliveries``, joins each answer through
+    ``ix_abp_deliveries_run`` and walks every record of the sink for it.) On PostgreSQL the
+    statistics are refreshed before the first page and each time the pages read since have
+    doubled the table (a first delivery fills it faster than autovacuum looks), so that a page's
+    records are read by their key, not by scanning the sink's.
 
     :param ledger: the ledger
     :param workload: workload name
     :param sink: the sink's name
     :param run_id: the run whose published answers are delivered
-    :param page: rows per query
+    :param page: answers per page
     """
     r, d = s.published.c, s.deliveries.c
+    answers = (
+        select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json)
+        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
+        .order_by(r.item_key, r.prompt_version)
+        .limit(page)
+    )
+    records = select(d.app_id, d.prompt_version, d.state, d.result_sha256).where(
+        d.workload == workload, d.sink == sink
+    )
     after: tuple[str, str] | None = None
+    read, analyzed, table_rows = 0, -1, 0
     while True:
-        q = (
-            select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
-            .select_from(
-                s.published.outerjoin(
-                    s.deliveries,
-                    and_(
-                        d.workload == r.workload,
-                        d.sink == sink,
-                        d.app_id == r.app_id,
-                        d.prompt_version == r.prompt_version,
-                    ),
-                )
-            )
-            .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
-            .order_by(r.item_key, r.prompt_version)
-            .limit(page)
-        )
-        if after is not None:
-            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
+        if ledger.engine.dialect.name == "postgresql" and (
+            analyzed < 0 or read - analyzed >= max(page, table_rows)
+        ):
+            table_rows, analyzed = _analyze(ledger), read
+        q = answers if after is None else answers.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
         with ledger.engine.connect() as conn:
             rows = conn.execute(q).all()
-        for key, version, app_id, state, output_json, rec_state, rec_sha in rows:
-            yield Candidate(
+            if not rows:
+                return
+            pairs = [(app_id, version) for _, version, app_id, _, _ in rows]
+            found = conn.execute(records.where(pair_filter(d.app_id, d.prompt_version, pairs)))
+            held = {(app_id, version): (state, sha) for app_id, version, state, sha in found}
+        yield [
+            Candidate(
                 key,
                 app_id,
                 version,
                 state,
-                json.loads(output_json) if output_json else None,
-                rec_state,
-                rec_sha,
+                json.loads(out) if out else None,
+                *held.get((app_id, version), (None, None)),
             )
+            for key, version, app_id, state, out in rows
+        ]
         if len(rows) < page:
             return
+        read += len(rows)
         after = (rows[-1][0], rows[-1][1])
+
+
+def _analyze(ledger: Ledger) -> int:
+    """PostgreSQL: refresh the planner's statistics on ``abp_deliveries``; return its rows as counted."""
+    with ledger.engine.begin() as conn:
+        conn.execute(text(f"ANALYZE {s.deliveries.name}"))
+        found = conn.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = CAST(:name AS regclass)"),
+            {"name": s.deliveries.name},
+        ).scalar()
+    return max(0, int(found or 0))
 
 
 def record_deliveries(
@@ -182,46 +247,66 @@ def _write(
     allowed = MOVES[state]
     now = utcnow()
     d = s.deliveries.c
-    records = [
-        {
-            "workload": workload,
-            "sink": sink,
-            "app_id": row.app_id,
-            "prompt_version": row.prompt_version,
-            "item_key": row.item_key,
-            "state": state,
-            "result_sha256": row.result_sha256,
-            "delivery_key": delivery_key(workload, sink, row.app_id, row.prompt_version),
-            "run_id": run_id,
-            "error": row.error,
-            "writes": 1,
-            "delivered_at": now,
-        }
-        for row in rows
-    ]
     if None not in allowed:  # an update only: the row must exist in one of the allowed states
-        for record in records:
+        for row in rows:
             conn.execute(
                 s.deliveries.update()
                 .where(
                     d.workload == workload,
                     d.sink == sink,
-                    d.app_id == record["app_id"],
-                    d.prompt_version == record["prompt_version"],
+                    d.app_id == row.app_id,
+                    d.prompt_version == row.prompt_version,
                     d.state.in_(sorted(str(a) for a in allowed)),
                 )
                 .values(state=state, run_id=run_id, delivered_at=now, writes=d.writes + 1)
             )
         return
-    ins = dialect_insert(conn)(s.deliveries)
-    changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
-    # the states are this module's constants, inlined: an executemany takes no expanding IN
-    before = or_(
-        *(d.state == literal_column(f"'{a}'") for a in sorted(str(a) for a in allowed if a is not None))
+    # one statement per slice writes each row once: a row given twice goes with its later values
+    last = {(row.app_id, row.prompt_version): row for row in rows}
+    staged = [
+        (
+            row.app_id,
+            row.prompt_version,
+            row.item_key,
+            row.result_sha256,
+            delivery_key(workload, sink, row.app_id, row.prompt_version),
+            row.error,
+        )
+        for row in last.values()
+    ]
+    st = DELIVERIES_STAGE.c
+    written = select(
+        literal(workload, Text),
+        literal(sink, Text),
+        st.app_id,
+        st.prompt_version,
+        st.item_key,
+        literal(state, Text),
+        st.result_sha256,
+        st.delivery_key,
+        literal(run_id, Text),
+        st.error,
+        literal(1, Integer),
+        literal(now, s.deliveries.c.delivered_at.type),
+    ).where(true())  # SQLite reads ``SELECT ... ON CONFLICT`` as a join without a WHERE
+    ins = dialect_insert(conn)(s.deliveries).from_select(
+        [
+            *KEY_COLUMNS,
+            "item_key",
+            "state",
+            "result_sha256",
+            "delivery_key",
+            "run_id",
+            "error",
+            "writes",
+            "delivered_at",
+        ],
+        written,
     )
-    guard = and_(before, changed)
+    changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
+    before = d.state.in_(sorted(str(a) for a in allowed if a is not None))
     stmt = ins.on_conflict_do_update(
-        index_elements=["workload", "sink", "app_id", "prompt_version"],
+        index_elements=list(KEY_COLUMNS),
         set_={
             "item_key": ins.excluded.item_key,
             "state": ins.excluded.state,
@@ -231,10 +316,11 @@ def _write(
             "writes": d.writes + 1,
             "delivered_at": ins.excluded.delivered_at,
         },
-        where=guard,
+        where=and_(before, changed),
     )
-    for start in range(0, len(records), PAGE):
-        conn.execute(stmt, records[start : start + PAGE])
+    for part in chunks(staged, PAGE):
+        stage(conn, DELIVERIES_STAGE, part, analyze=False)
+        conn.execute(stmt)
 
 
 def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from airflow_batch_provider.ledger.deliveries import (
     Delivery,
@@ -11,6 +12,7 @@ from airflow_batch_provider.ledger.deliveries import (
     delivery_rows,
     pending_for,
     record_deliveries,
+    values_sha256,
 )
 from tests.unit.services.workload import RUN, WORKLOAD, world
 from tests.unit.sinks.target import publish_run
@@ -68,3 +70,22 @@ def test_a_consumer_that_crashes_before_acknowledging_gets_the_same_keys_and_nev
         assert pending_for(w.ledger, WORKLOAD, "tickets") == []
         states = {r["state"] for r in delivery_rows(w.ledger, WORKLOAD, "tickets")}
         assert states == {"acknowledged"}
+
+
+def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their_types() -> None:
+    import hashlib
+    import json
+    from datetime import date
+    from decimal import Decimal
+
+    cases: list[dict[Any, Any]] = [
+        {"ticket_id": 12, "sentiment": "neutral", "confidence": 0.73},
+        {"b": 'quote " back \\ tab \t nl \n ctl \x01 é 雪 \u2028', "a": None, "c": True, "d": False},
+        {"x": float("nan"), "y": float("inf"), "z": -float("inf"), "w": -0.0, "v": 1e300, "u": 10**30},
+        {"nested": {"k": [1, "two"]}, "day": date(2026, 12, 1), "money": Decimal("1.10")},
+        {"1": "one", "10": "ten", "2": "two", "B": 1, "a": 2},
+        {},
+    ]
+    for values in cases:
+        expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
+        assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values
