@@ -78,3 +78,47 @@ def test_a_refused_row_in_a_batch_is_named_with_the_databases_message_and_the_ot
         refused = writer.write([row(1, "a"), row(2, "bad"), row(3, "c")])
     assert list(refused) == [1] and "check" in refused[1].lower() and refused[1].startswith("CheckViolation")
     assert target.rows("SELECT ticket_id, label FROM scores ORDER BY 1") == [(1, "a"), (2, None), (3, "c")]
+
+
+def test_a_batch_after_a_refused_one_on_the_same_connection_is_written_and_a_value_of_the_wrong_type_is_refused(
+    target: Target,
+) -> None:
+    with sink("upsert").open() as writer:
+        refused = writer.write([row(1, "a"), row(2, "bad")])  # rolled back whole, then row by row
+        assert list(refused) == [1]
+        bad_date = SinkRow(
+            {"ticket_id": 4}, {"label": "d", "confidence": 0.5, "due": "not a date", "meta": None}
+        )
+        refused = writer.write([row(3, "c"), bad_date, row(5, "e")])
+        assert list(refused) == [1] and refused[1].startswith(("InvalidDatetimeFormat", "DataError"))
+        assert writer.write([row(6, "f"), row(1, "g")]) == {}
+    assert target.rows("SELECT ticket_id, label FROM scores ORDER BY 1") == [
+        (1, "g"),
+        (3, "c"),
+        (5, "e"),
+        (6, "f"),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["upsert", "update"])
+def test_a_psycopg2_connection_gets_the_same_rows_as_the_hooks_psycopg_3_one(
+    target: Target, mode: str
+) -> None:
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from airflow_batch_provider.sinks.sql import _DbApiWriter
+
+    url = make_url(target.url)
+    conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    target.execute("INSERT INTO scores (ticket_id) VALUES (1), (2)")
+    try:
+        upsert = sink(mode)
+        writer = PgBatchWriter(upsert, conn, _DbApiWriter(upsert, conn, upsert.statement("%s")))
+        refused = writer.write([row(1, "a", 0.25), row(2, "bad"), row(3, "c")])
+        assert list(refused) == [1] and refused[1].startswith("CheckViolation")
+        assert writer.write([row(2, "b"), row(1, "x"), row(1, "y")]) == {}
+    finally:
+        conn.close()
+    expected = [(1, "y", 0.5), (2, "b", 0.5)] + ([(3, "c", 0.5)] if mode == "upsert" else [])
+    assert target.rows("SELECT ticket_id, label, confidence FROM scores ORDER BY 1") == expected
