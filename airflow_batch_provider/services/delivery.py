@@ -1,7 +1,7 @@
 """Deliver a run's final answers to one sink, each written once and recorded per item.
 
 A delivery reads the run's published answers with what the sink was last given for each
-(:func:`~airflow_batch_provider.ledger.deliveries.candidate_pages`), maps each to the sink's row,
+(:func:`~airflow_batch_provider.ledger.candidates.candidate_pages`), maps each to the sink's row,
 and leaves out every row whose values the sink already holds (the same digest, ``delivered``).
 The rest go in batches: the sink commits a batch (one transaction), then the ledger records it.
 
@@ -24,13 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.ledger.deliveries import (
-    Candidate,
-    Delivery,
-    candidate_pages,
-    record_deliveries,
-    values_sha256,
-)
+from airflow_batch_provider.ledger.candidates import Candidate, candidate_pages
+from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries, values_sha256
 from airflow_batch_provider.ledger.store import Ledger
 
 #: At most this many refusal messages are kept in a delivery's counts (all are in the ledger).

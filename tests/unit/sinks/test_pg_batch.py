@@ -1,4 +1,4 @@
-"""A PostgreSQL sink's batch in one multi-row statement, against a real PostgreSQL through its Airflow connection."""
+"""A PostgreSQL sink's batch in one statement (COPY then INSERT ... SELECT on psycopg 3, multi-row on psycopg2), against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def row(key: int, label: str, confidence: float = 0.5) -> SinkRow:
     )
 
 
-def test_a_postgresql_upsert_batch_is_written_by_the_multi_row_writer_and_a_key_given_twice_ends_with_its_later_values(
+def test_a_postgresql_upsert_batch_is_written_by_the_batch_writer_and_a_key_given_twice_ends_with_its_later_values(
     target: Target,
 ) -> None:
     with sink("upsert").open() as writer:
@@ -122,3 +122,26 @@ def test_a_psycopg2_connection_gets_the_same_rows_as_the_hooks_psycopg_3_one(
         conn.close()
     expected = [(1, "y", 0.5), (2, "b", 0.5)] + ([(3, "c", 0.5)] if mode == "upsert" else [])
     assert target.rows("SELECT ticket_id, label, confidence FROM scores ORDER BY 1") == expected
+
+
+def test_a_psycopg_3_batch_travels_by_copy_into_a_temporary_table_of_the_target_columns_types(
+    target: Target,
+) -> None:
+    with sink("upsert").open() as writer:
+        assert isinstance(writer, PgBatchWriter)
+        assert writer.write([row(1, "a")]) == {}
+        cursor = writer.conn.cursor()
+        cursor.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_class c"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0"
+            " WHERE c.relname LIKE 'abp_stage_%' AND c.relpersistence = 't' ORDER BY a.attnum"
+        )
+        staged = cursor.fetchall()
+        cursor.close()
+    assert staged == [
+        ("ticket_id", "integer"),
+        ("label", "text"),
+        ("confidence", "double precision"),
+        ("due", "date"),
+        ("meta", "jsonb"),
+    ]
