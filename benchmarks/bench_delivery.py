@@ -3,9 +3,10 @@
 Subject: :func:`~airflow_batch_provider.services.delivery.deliver` of a run's published answers
 (``{"sentiment": ..., "confidence": ...}``) through a ``SqlUpsertSink`` (``INSERT ... ON CONFLICT
 (ticket_id) DO UPDATE``, batches of 1,000 rows, one transaction each) behind a real Airflow
-``postgres`` connection and its hook, each batch then recorded per item in the ledger (SQLite
-file, as the embedded default). Every timed delivery starts with an empty target table and no
-delivery recorded.
+``postgres`` connection and its hook, each batch then recorded per item in the ledger: once with
+the ledger in a SQLite file (the embedded default), once in a PostgreSQL database (on the same
+server as the target). Every timed delivery starts with an empty target table and no delivery
+recorded; each ledger is warmed first by the delivery of another, small run.
 
 Baselines, measured in the same run on the same rows and database:
 
@@ -13,15 +14,15 @@ Baselines, measured in the same run on the same rows and database:
 - one ``executemany`` of the same ``INSERT ... ON CONFLICT`` in one transaction, on the driver
   the Airflow hook uses (psycopg 3, which pipelines it): the least a hand-written upsert does.
 
-Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results: a
-delivery that holds one batch at a time has a 10N/N ratio near 1.
+Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results (SQLite
+ledger): a delivery that holds one batch at a time has a 10N/N ratio near 1.
 
-Usage: ``python benchmarks/bench_delivery.py [--size tiny|small|default|large]``
+Usage: ``python benchmarks/bench_delivery.py [--size tiny|small|default|large]`` (``large``: the
+1,000,000-result delivery, memory at 100,000 and 1,000,000)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    Timing,
     airflow_postgres_conn,
     check_size,
     cli,
@@ -44,18 +46,19 @@ from common import (
     timed,
     traced_peak,
 )
-from sqlalchemy import create_engine, delete, insert, text
+from sqlalchemy import create_engine, delete, text
 from sqlalchemy.engine import make_url
 
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.bulk import db_stamp, insert_rows
 from airflow_batch_provider.services.delivery import deliver
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
-#: size -> (results N for the memory runs (and 10N), results for throughput, timing repeats)
+#: size -> (results N for the memory runs, results for throughput (and 10N), timing repeats)
 SIZES: dict[str, tuple[int, int, int]] = {
-    "tiny": (200, 500, 1),
+    "tiny": (50, 500, 1),
     "small": (2_000, 20_000, 1),
     "default": (10_000, 100_000, 1),
     "large": (100_000, 1_000_000, 1),
@@ -63,43 +66,42 @@ SIZES: dict[str, tuple[int, int, int]] = {
 CONN_ID = "bench_target"
 WORKLOAD = "bench_delivery"
 RUN = "manual__2026-12-01T00:00:00+00:00"
+#: The small run each ledger's warm-up delivers (its own tickets, untimed).
+WARM_RUN, WARM = "manual__2026-11-30T00:00:00+00:00", 1_000
+#: The run of N results the memory figure compares with the run's 10N.
+SMALL_RUN = "manual__2026-11-29T00:00:00+00:00"
+LEDGER_DB = "abp_bench_delivery_ledger"
 LABELS = ("negative", "neutral", "positive")
 TABLE = "CREATE TABLE tickets (ticket_id BIGINT PRIMARY KEY, sentiment TEXT, confidence DOUBLE PRECISION)"
 
 
-def answer(i: int) -> dict[str, Any]:
-    """The published answer of ticket ``i``."""
-    return {"sentiment": LABELS[i % 3], "confidence": round(0.5 + (i % 50) / 100, 2)}
+def answer(i: int) -> str:
+    """The published answer of ticket ``i`` (JSON)."""
+    return f'{{"sentiment": "{LABELS[i % 3]}", "confidence": {round(0.5 + (i % 50) / 100, 2)}}}'
 
 
-def seed(ledger: Ledger, n: int) -> None:
-    """Untimed setup: ``n`` published answers of one run (the rows publish leaves in ``abp_results``)."""
-    now = datetime.now(UTC)
+def seed(ledger: Ledger, n: int, small: int) -> None:
+    """Untimed setup: ``n`` published answers of the run, ``small`` of another, and the warm-up run's."""
+    columns = [c.name for c in s.published.c]  # tuples in the table's column order
     with ledger.engine.begin() as conn:
         conn.execute(delete(s.published))
-        for start in range(0, n, 50_000):
-            conn.execute(
-                insert(s.published),
-                [
-                    {
-                        "workload": WORKLOAD,
-                        "item_key": item_key(str(i)),
-                        "prompt_version": "v1",
-                        "app_id": str(i),
-                        "run_id": RUN,
-                        "state": "succeeded",
-                        "output_json": json.dumps(answer(i)),
-                        "published_at": now,
-                    }
-                    for i in range(start, min(n, start + 50_000))
-                ],
-            )
+        now = db_stamp(conn, datetime.now(UTC))
+        for run_id, first, count in ((WARM_RUN, 10**9, WARM), (SMALL_RUN, 2 * 10**9, small), (RUN, 0, n)):
+            for start in range(first, first + count, 50_000):
+                rows = [
+                    (WORKLOAD, item_key(str(i)), "v1", str(i), run_id, "succeeded", answer(i), now)
+                    for i in range(start, min(first + count, start + 50_000))
+                ]
+                insert_rows(conn, s.published, columns, rows)
 
 
 def reset(ledger: Ledger, target: Any) -> None:
     """Untimed: an empty target table and no delivery recorded."""
     with ledger.engine.begin() as conn:
-        conn.execute(delete(s.deliveries))
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {s.deliveries.name}"))  # no dead rows left for the next delivery
+        else:
+            conn.execute(delete(s.deliveries))
     with target.begin() as conn:
         conn.execute(text("TRUNCATE tickets"))
 
@@ -114,11 +116,37 @@ def sink() -> SqlUpsertSink:
     )
 
 
-def subject(ledger: Ledger, n: int) -> int:
-    counts = deliver(ledger, WORKLOAD, RUN, sink())
+def subject(ledger: Ledger, n: int, run_id: str = RUN) -> int:
+    counts = deliver(ledger, WORKLOAD, run_id, sink())
     if counts.written != n:
         raise AssertionError(f"delivered {counts.written} rows of {n}")
     return counts.written
+
+
+def timed_delivery(ledger: Ledger, target: Any, n: int, small: int, repeat: int) -> Timing:
+    """Seed the ledger, warm it (and the hook) with the warm-up run, then time the delivery of ``n``."""
+    seed(ledger, n, small)
+    reset(ledger, target)
+    subject(ledger, WARM, WARM_RUN)  # untimed: the hook, the connections, the caches
+    return timed(lambda: subject(ledger, n), repeat, setup=lambda: reset(ledger, target))
+
+
+def postgres_ledger(url: str) -> Ledger:
+    """A ledger in a fresh database of the target's server."""
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {LEDGER_DB}"))
+        conn.execute(text(f"CREATE DATABASE {LEDGER_DB}"))
+    admin.dispose()
+    return Ledger.from_url(make_url(url).set(database=LEDGER_DB).render_as_string(hide_password=False))
+
+
+def drop_postgres_ledger(ledger: Ledger, url: str) -> None:
+    ledger.engine.dispose()
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {LEDGER_DB}"))
+    admin.dispose()
 
 
 def executemany(target: Any, rows: list[tuple[Any, ...]]) -> int:
@@ -147,16 +175,18 @@ def run(size: str = "default") -> dict[str, Any]:
     os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = airflow_postgres_conn(url)
     target = create_engine(url)
     rows_out: list[dict[str, Any]] = []
+    with target.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS tickets"))
+        conn.execute(text(TABLE))
+    rows = [(i, LABELS[i % 3], round(0.5 + (i % 50) / 100, 2)) for i in range(n_speed)]
     with tempfile.TemporaryDirectory(prefix="abp-bench-delivery-") as tmp:
         ledger = Ledger.from_url(f"sqlite:///{Path(tmp) / 'ledger.sqlite'}")
-        with target.begin() as conn:
-            conn.execute(text("DROP TABLE IF EXISTS tickets"))
-            conn.execute(text(TABLE))
-        seed(ledger, n_speed)
-        rows = [(i, *answer(i).values()) for i in range(n_speed)]
-        reset(ledger, target)
-        subject(ledger, n_speed)  # warm: the hook, the connection, the caches; untimed
-        timing = timed(lambda: subject(ledger, n_speed), repeat, setup=lambda: reset(ledger, target))
+        timings = {"SQLite": timed_delivery(ledger, target, n_speed, n_mem, repeat)}
+        pg_ledger = postgres_ledger(url)
+        try:
+            timings["PostgreSQL"] = timed_delivery(pg_ledger, target, n_speed, n_mem, repeat)
+        finally:
+            drop_postgres_ledger(pg_ledger, url)
         copy = timed(
             lambda: floor_insert(target, "tickets", ["ticket_id", "sentiment", "confidence"], rows),
             repeat,
@@ -165,32 +195,32 @@ def run(size: str = "default") -> dict[str, Any]:
         same_driver = create_engine(pg.set(drivername="postgresql+psycopg"))
         many = timed(lambda: executemany(same_driver, rows), repeat, setup=lambda: reset(ledger, target))
         same_driver.dispose()
-        for name, base in (
-            ("COPY FROM STDIN of the same rows, one transaction", copy),
-            ("one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction", many),
-        ):
-            rows_out.append(
-                row(
-                    f"deliver {n_speed:,} results into PostgreSQL",
-                    "rows/s",
-                    per_s(n_speed, timing.best_s),
-                    per_s(n_speed, base.best_s),
-                    subject="deliver(), SqlUpsertSink upsert, batches of 1,000, recorded in the ledger",
-                    baseline_name=name,
+        for kind, timing in timings.items():
+            for name, base in (
+                ("COPY FROM STDIN of the same rows, one transaction", copy),
+                ("one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction", many),
+            ):
+                rows_out.append(
+                    row(
+                        f"deliver {n_speed:,} results into PostgreSQL, ledger on {kind}",
+                        "rows/s",
+                        per_s(n_speed, timing.best_s),
+                        per_s(n_speed, base.best_s),
+                        subject="deliver(), SqlUpsertSink upsert, batches of 1,000, recorded in the ledger",
+                        baseline_name=name,
+                    )
                 )
-            )
         peaks = []
-        for n in (n_mem, 10 * n_mem):
-            seed(ledger, n)
+        for n, run_id in ((n_mem, SMALL_RUN), (n_speed, RUN)):  # the SQLite ledger seeded above
             reset(ledger, target)
-            nbytes, _ = traced_peak(lambda n=n: subject(ledger, n))  # type: ignore[misc]
+            nbytes, _ = traced_peak(lambda n=n, run_id=run_id: subject(ledger, n, run_id))  # type: ignore[misc]
             peaks.append(nbytes)
         rows_out.append(
             row(
-                f"peak memory growth, {n_mem:,} -> {10 * n_mem:,} results",
+                f"peak memory growth, {n_mem:,} -> {n_speed:,} results",
                 "peak(10N)/peak(N)",
                 peaks[1] / max(1, peaks[0]),
-                subject=f"deliver(); peak at N: {mib(peaks[0]):.1f} MiB, at 10N: {mib(peaks[1]):.1f} MiB",
+                subject=f"deliver(), ledger on SQLite; peak at N: {mib(peaks[0]):.1f} MiB, at 10N: {mib(peaks[1]):.1f} MiB",
                 note="1.0 = flat; a delivery that held every row would be near 10",
             )
         )
@@ -199,7 +229,7 @@ def run(size: str = "default") -> dict[str, Any]:
     return result(
         "delivery",
         size,
-        {"results_memory": [n_mem, 10 * n_mem], "results_speed": n_speed, "repeat": repeat, "postgres": how},
+        {"results_memory": [n_mem, n_speed], "results_speed": n_speed, "repeat": repeat, "postgres": how},
         rows_out,
         notes=[
             "ratio = subject / baseline on the same PostgreSQL table in the same run.",

@@ -107,7 +107,12 @@ def bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, A
 
 
 def stage(
-    conn: Connection, table: Table, rows: Sequence[tuple[Any, ...]], columns: Sequence[str] | None = None
+    conn: Connection,
+    table: Table,
+    rows: Sequence[tuple[Any, ...]],
+    columns: Sequence[str] | None = None,
+    *,
+    analyze: bool = True,
 ) -> None:
     """Fill a per-connection temporary table with ``rows`` (tuples in column order), emptied first.
 
@@ -119,6 +124,9 @@ def stage(
     :param table: the staging table (``TEMPORARY``)
     :param rows: the rows
     :param columns: the columns the tuples fill (default: every column, in order); the others stay NULL
+    :param analyze: on PostgreSQL, give the planner the staged rows' statistics (a statement that
+        joins the staged rows needs them; one that only reads them in order, as an ``INSERT ...
+        SELECT`` does, does not)
     """
     if conn.dialect.name == "sqlite":
         # Take the ledger's write lock first (waiting out the busy timeout): a transaction whose
@@ -128,7 +136,7 @@ def stage(
     conn.execute(CreateTable(table, if_not_exists=True))
     conn.execute(table.delete())
     insert_rows(conn, table, [c.name for c in table.c] if columns is None else columns, rows)
-    if conn.dialect.name == "postgresql":
+    if analyze and conn.dialect.name == "postgresql":
         # Autovacuum never sees a temporary table: without statistics the planner may pick a
         # hash join that scans the whole items table for a slice of a few thousand rows.
         conn.execute(text(f"ANALYZE {table.name}"))

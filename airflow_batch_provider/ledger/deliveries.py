@@ -5,31 +5,47 @@ through one guarded function, :func:`_write`: an ``INSERT ... ON CONFLICT DO UPD
 whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
+A batch of rows is staged at the database's floor (``COPY`` on PostgreSQL, one prepared
+``executemany`` on SQLite) and written by one ``INSERT ... SELECT`` with that guard.
 
 A consumer's row moves ``offered`` -> ``acknowledged`` (it acted), ``refused`` (its function
 failed: offered again by its next try, with the same key) or ``left_out`` (its filter left the
 answer out: offered again only when the answer changes).
 
-The results a delivery reads are the run's published final answers (``abp_results``, states
-``succeeded`` and ``unchanged``), each with what the sink was last given for it.
+The answers a delivery reads (the run's published final answers, ``abp_results`` in states
+``succeeded`` and ``unchanged``), each with what the sink was last given for it, come from
+:mod:`airflow_batch_provider.ledger.candidates`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal
 
-from sqlalchemy import and_, func, literal, literal_column, or_, select, tuple_
+from sqlalchemy import (
+    Column,
+    Integer,
+    Table,
+    Text,
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+    tuple_,
+)
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.selectable import Join
 
 from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.bulk import dialect_insert, keyset_pages
+from airflow_batch_provider.ledger.bulk import STAGING_META, chunks, dialect_insert, stage
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
@@ -47,6 +63,32 @@ MOVES: Final[dict[str, frozenset[str | None]]] = {
 #: The consumer's states after an offer (:func:`settle`).
 Settled = Literal["acknowledged", "refused", "left_out"]
 PAGE: Final = 1000
+#: The columns a delivery row's key is written with.
+KEY_COLUMNS: Final = ("workload", "sink", "app_id", "prompt_version")
+
+#: Per-connection staging table of :func:`_write`: what differs from row to row of one write (the
+#: workload, sink, run, state and time are the same for all and travel as parameters).
+DELIVERIES_STAGE: Final = Table(
+    "abp_stage_deliveries",
+    STAGING_META,
+    Column("app_id", Text),
+    Column("prompt_version", Text),
+    Column("item_key", Text),
+    Column("result_sha256", Text),
+    Column("delivery_key", Text),
+    Column("error", Text),
+    prefixes=["TEMPORARY"],
+    postgresql_on_commit="DELETE ROWS",
+)
+#: The digest's JSON: keys sorted, text as is, anything else as ``str`` (built once, not per row).
+_DIGEST_JSON: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
+#: The same JSON from the C encoder itself, made once (``JSONEncoder.encode`` makes one per call,
+#: half a digest's time); ``None`` where the interpreter has no C encoder.
+_DIGEST_C: Final = (
+    c_make_encoder(None, str, encode_basestring, None, ": ", ", ", True, False, True)
+    if c_make_encoder is not None
+    else None
+)
 
 
 def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> str:
@@ -66,30 +108,9 @@ def values_sha256(values: Mapping[str, Any]) -> str:
 
     :param values: column -> value
     """
-    raw = json.dumps(dict(values), sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
-    return hashlib.sha256(raw).hexdigest()
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A published final answer of the run, with what the sink holds of it.
-
-    :param item_key: the item's ledger key
-    :param app_id: the application id
-    :param prompt_version: the prompt version of the answer
-    :param state: ``succeeded`` or ``unchanged``
-    :param output: the parsed answer (``None`` when it has none)
-    :param recorded_state: the delivery row's state (``None``: never delivered)
-    :param recorded_sha256: the digest of the values the sink was last given
-    """
-
-    item_key: str
-    app_id: str
-    prompt_version: str
-    state: str
-    output: Any
-    recorded_state: str | None
-    recorded_sha256: str | None
+    found = values if isinstance(values, dict) else dict(values)
+    raw = "".join(_DIGEST_C(found, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(found)
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -126,36 +147,6 @@ def _published_with(sink: str) -> Join:
     )
 
 
-def iter_candidates(
-    ledger: Ledger, workload: str, sink: str, run_id: str, page: int = PAGE
-) -> Iterator[Candidate]:
-    """Yield the run's published final answers in key order (keyset pages), with the sink's record.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param sink: the sink's name
-    :param run_id: the run whose published answers are delivered
-    :param page: rows per query
-    """
-    r, d = s.published.c, s.deliveries.c
-    query = (
-        select(r.item_key, r.prompt_version, r.app_id, r.state, r.output_json, d.state, d.result_sha256)
-        .select_from(_published_with(sink))
-        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
-    )
-    for rows in keyset_pages(ledger.engine, query, (r.item_key, r.prompt_version), page):
-        for key, version, app_id, state, output_json, rec_state, rec_sha in rows:
-            yield Candidate(
-                key,
-                app_id,
-                version,
-                state,
-                json.loads(output_json) if output_json else None,
-                rec_state,
-                rec_sha,
-            )
-
-
 def record_deliveries(
     ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[Delivery]
 ) -> None:
@@ -186,46 +177,66 @@ def _write(
     allowed = MOVES[state]
     now = utcnow()
     d = s.deliveries.c
-    records = [
-        {
-            "workload": workload,
-            "sink": sink,
-            "app_id": row.app_id,
-            "prompt_version": row.prompt_version,
-            "item_key": row.item_key,
-            "state": state,
-            "result_sha256": row.result_sha256,
-            "delivery_key": delivery_key(workload, sink, row.app_id, row.prompt_version),
-            "run_id": run_id,
-            "error": row.error,
-            "writes": 1,
-            "delivered_at": now,
-        }
-        for row in rows
-    ]
     if None not in allowed:  # an update only: the row must exist in one of the allowed states
-        for record in records:
+        for row in rows:
             conn.execute(
                 s.deliveries.update()
                 .where(
                     d.workload == workload,
                     d.sink == sink,
-                    d.app_id == record["app_id"],
-                    d.prompt_version == record["prompt_version"],
+                    d.app_id == row.app_id,
+                    d.prompt_version == row.prompt_version,
                     d.state.in_(sorted(str(a) for a in allowed)),
                 )
                 .values(state=state, run_id=run_id, delivered_at=now, writes=d.writes + 1)
             )
         return
-    ins = dialect_insert(conn)(s.deliveries)
-    changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
-    # the states are this module's constants, inlined: an executemany takes no expanding IN
-    before = or_(
-        *(d.state == literal_column(f"'{a}'") for a in sorted(str(a) for a in allowed if a is not None))
+    # one statement per slice writes each row once: a row given twice goes with its later values
+    last = {(row.app_id, row.prompt_version): row for row in rows}
+    staged = [
+        (
+            row.app_id,
+            row.prompt_version,
+            row.item_key,
+            row.result_sha256,
+            delivery_key(workload, sink, row.app_id, row.prompt_version),
+            row.error,
+        )
+        for row in last.values()
+    ]
+    st = DELIVERIES_STAGE.c
+    written = select(
+        literal(workload, Text),
+        literal(sink, Text),
+        st.app_id,
+        st.prompt_version,
+        st.item_key,
+        literal(state, Text),
+        st.result_sha256,
+        st.delivery_key,
+        literal(run_id, Text),
+        st.error,
+        literal(1, Integer),
+        literal(now, s.deliveries.c.delivered_at.type),
+    ).where(true())  # SQLite reads ``SELECT ... ON CONFLICT`` as a join without a WHERE
+    ins = dialect_insert(conn)(s.deliveries).from_select(
+        [
+            *KEY_COLUMNS,
+            "item_key",
+            "state",
+            "result_sha256",
+            "delivery_key",
+            "run_id",
+            "error",
+            "writes",
+            "delivered_at",
+        ],
+        written,
     )
-    guard = and_(before, changed)
+    changed = or_(d.state != ins.excluded.state, d.result_sha256 != ins.excluded.result_sha256)
+    before = d.state.in_(sorted(str(a) for a in allowed if a is not None))
     stmt = ins.on_conflict_do_update(
-        index_elements=["workload", "sink", "app_id", "prompt_version"],
+        index_elements=list(KEY_COLUMNS),
         set_={
             "item_key": ins.excluded.item_key,
             "state": ins.excluded.state,
@@ -235,10 +246,11 @@ def _write(
             "writes": d.writes + 1,
             "delivered_at": ins.excluded.delivered_at,
         },
-        where=guard,
+        where=and_(before, changed),
     )
-    for start in range(0, len(records), PAGE):
-        conn.execute(stmt, records[start : start + PAGE])
+    for part in chunks(staged, PAGE):
+        stage(conn, DELIVERIES_STAGE, part, analyze=False)
+        conn.execute(stmt)
 
 
 def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Deliver a run's final answers to one sink, each written once and recorded per item.
 
 A delivery reads the run's published answers with what the sink was last given for each
-(:func:`~airflow_batch_provider.ledger.deliveries.iter_candidates`), maps each to the sink's row,
+(:func:`~airflow_batch_provider.ledger.candidates.candidate_pages`), maps each to the sink's row,
 and leaves out every row whose values the sink already holds (the same digest, ``delivered``).
 The rest go in batches: the sink commits a batch (one transaction), then the ledger records it.
 
@@ -18,19 +18,15 @@ delivery; the others of its batch are written. No Airflow here: the sink brings 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.ledger.deliveries import (
-    Candidate,
-    Delivery,
-    iter_candidates,
-    record_deliveries,
-    values_sha256,
-)
+from airflow_batch_provider.ledger.candidates import Candidate, candidate_pages
+from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries, values_sha256
 from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.staging import Staging
 
@@ -114,19 +110,12 @@ class DeliveryCounts:
         }
 
 
-def _pages(results: Iterator[Candidate], size: int) -> Iterator[list[Candidate]]:
-    page: list[Candidate] = []
-    for result in results:
-        page.append(result)
-        if len(page) >= size:
-            yield page
-            page = []
-    if page:
-        yield page
-
-
 def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryCounts:
     """Deliver the run's final answers that the sink does not hold yet; record each row.
+
+    A batch is recorded in the ledger (on a second thread) while the next page is read and mapped;
+    the next batch goes to the sink only once that record is committed, so the ledger is never
+    more than the batch the sink just committed behind it (what a crash between the two leaves).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -134,22 +123,12 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
     :param sink: the sink
     """
     counts = DeliveryCounts(sink.sink_name)
-    with sink.open() as writer:
-        for page in _pages(iter_candidates(ledger, workload, sink.sink_name, run_id), sink.batch_size):
-            todo: list[tuple[Candidate, SinkRow, str]] = []
-            refused: list[Delivery] = []
-            for result in page:
-                try:
-                    row = sink.row_for(result)
-                except (KeyError, TypeError, ValueError) as exc:  # the mapping refused the answer
-                    message = f"the sink's column mapping failed on this answer: {exc!r}"
-                    refused.append(_refusal(result, values_sha256({"error": message}), message, counts))
-                    continue
-                digest = values_sha256({**row.keys, **row.values})
-                if result.recorded_state == "delivered" and result.recorded_sha256 == digest:
-                    counts.unchanged += 1
-                    continue
-                todo.append((result, row, digest))
+    with sink.open() as writer, ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as recorder:
+        recording: Future[None] | None = None
+        for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
+            todo, refused = _rows(sink, page, counts)
+            if recording is not None:
+                recording.result()
             rejected = writer.write([row for _, row, _ in todo]) if todo else {}
             failpoint("deliver.after_sink_commit")
             done: list[Delivery] = []
@@ -161,8 +140,37 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
                         Delivery(result.item_key, result.app_id, result.prompt_version, "delivered", digest)
                     )
             counts.written += len(done)
-            record_deliveries(ledger, workload, sink.sink_name, run_id, [*done, *refused])
+            rows = [*done, *refused]
+            recording = recorder.submit(record_deliveries, ledger, workload, sink.sink_name, run_id, rows)
+        if recording is not None:
+            recording.result()
     return counts
+
+
+def _rows(
+    sink: Sink, page: Sequence[Candidate], counts: DeliveryCounts
+) -> tuple[list[tuple[Candidate, SinkRow, str]], list[Delivery]]:
+    """Map a page to the sink's rows and their digests; leave out those the sink holds; refuse the unmappable.
+
+    :param sink: the sink
+    :param page: the answers with the sink's records
+    :param counts: the delivery's counts (``unchanged``, ``refused``)
+    """
+    todo: list[tuple[Candidate, SinkRow, str]] = []
+    refused: list[Delivery] = []
+    for result in page:
+        try:
+            row = sink.row_for(result)
+        except (KeyError, TypeError, ValueError) as exc:  # the mapping refused the answer
+            message = f"the sink's column mapping failed on this answer: {exc!r}"
+            refused.append(_refusal(result, values_sha256({"error": message}), message, counts))
+            continue
+        digest = values_sha256({**row.keys, **row.values})
+        if result.recorded_state == "delivered" and result.recorded_sha256 == digest:
+            counts.unchanged += 1
+            continue
+        todo.append((result, row, digest))
+    return todo, refused
 
 
 def _refusal(result: Candidate, digest: str, message: str, counts: DeliveryCounts) -> Delivery:

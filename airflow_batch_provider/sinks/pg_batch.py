@@ -1,13 +1,20 @@
-"""PostgreSQL: a sink's batch written by one multi-row statement instead of one statement per row.
+"""PostgreSQL: a sink's batch written by ``COPY`` and one set-based statement, not a statement per row.
 
 ``executemany`` of the one-row ``INSERT ... ON CONFLICT`` (or ``UPDATE``) costs the database one
-statement per row; here a batch is one statement (or a few, under PostgreSQL's 65,535 parameters):
+statement per row. Here, on psycopg 3 (the driver of the Airflow ``postgres`` hook), a batch is
+copied (``COPY ... FROM STDIN``) into a temporary table whose columns have the target columns'
+types (read from the catalog once; the table is emptied at every commit), then written by one
+statement:
 
-- ``upsert``: ``INSERT INTO t (keys, cols) VALUES (...), (...) ON CONFLICT (keys) DO UPDATE SET
-  col = excluded.col``;
-- ``update``: ``UPDATE t SET col = v.col FROM (VALUES (...), (...)) AS v (keys, cols) WHERE
-  t.key = v.key``, each value cast to its column's type (read from the catalog once), as a
-  one-row ``UPDATE`` would assign it.
+- ``upsert``: ``INSERT INTO t (keys, cols) SELECT keys, cols FROM stage ON CONFLICT (keys) DO
+  UPDATE SET col = excluded.col``;
+- ``update``: ``UPDATE t SET col = v.col FROM stage AS v WHERE t.key = v.key``.
+
+Each value is parsed by the server as its column's type (a value that does not parse is the
+database refusing its row, as a type error of the one-row statement is). On psycopg2 the batch is
+one multi-row statement instead (or a few, under PostgreSQL's 65,535 parameters): ``INSERT ...
+VALUES (...), (...) ON CONFLICT``, or ``UPDATE ... FROM (VALUES ...)`` with each value cast to its
+column's type.
 
 The guarantees are the one-row writer's (:mod:`airflow_batch_provider.sinks.sql`): one
 transaction per batch; the same values onto the same rows when a batch is written again; a key
@@ -19,6 +26,7 @@ are written. A callable column mapping (each row names its columns) goes row by 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -55,18 +63,16 @@ def column_types(conn: Any, table: str) -> dict[str, str]:
     return found
 
 
-def last_per_key(sink: SqlUpsertSink, rows: Sequence[SinkRow]) -> list[SinkRow]:
-    """The rows with each key once: its last row (as statements run in order would leave it).
+def last_per_key(sink: SqlUpsertSink, params: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows' parameters with each key once: its last row's (as statements run in order would leave it).
 
-    :param sink: the sink (its key columns)
-    :param rows: the batch
+    :param sink: the sink (its key columns and mode, which place the key in the parameters)
+    :param params: each row's parameters, in :meth:`SqlUpsertSink.params` order
     """
-    kept: dict[tuple[Any, ...], SinkRow] = {}
-    for row in rows:
-        key = tuple(row.keys[k] for k in sink.key_columns)
-        kept.pop(key, None)
-        kept[key] = row
-    return list(kept.values())
+    width = len(sink.key_columns)
+    key = slice(0, width) if sink.mode == "upsert" else slice(-width, None)
+    kept = {one[key]: one for one in params}
+    return params if len(kept) == len(params) else list(kept.values())
 
 
 @dataclass
@@ -90,19 +96,54 @@ class PgBatchWriter:
         """
         if not self.sink.column_names():
             return self.rows_writer.write(rows)
-        unique = last_per_key(self.sink, rows)
+        params = last_per_key(self.sink, [self.sink.params(row) for row in rows])
         width = len(self.sink.key_columns) + len(self.sink.column_names())
         per_statement = max(1, MAX_PARAMETERS // width)
 
         def run(cursor: Any) -> None:
-            for start in range(0, len(unique), per_statement):
-                part = unique[start : start + per_statement]
-                params = [value for row in part for value in self.sink.params(row)]
-                cursor.execute(self.statement(len(part)), params)
+            if hasattr(cursor, "copy"):  # psycopg 3
+                self.copy(cursor, params)
+                return
+            for start in range(0, len(params), per_statement):
+                part = params[start : start + per_statement]
+                cursor.execute(self.statement(len(part)), [value for one in part for value in one])
 
         if write_batch(self.conn, run):
             return {}
         return self.rows_writer.one_by_one(rows)
+
+    def copy(self, cursor: Any, params: Sequence[tuple[Any, ...]]) -> None:
+        """Copy the rows into the staging table and write them with one statement (psycopg 3).
+
+        :param cursor: a psycopg 3 cursor, in the batch's transaction
+        :param params: each row's values in :meth:`SqlUpsertSink.params` order
+        """
+        order = self.order()
+        types = self.types()
+        stage = "abp_stage_" + hashlib.sha256(repr((self.sink.table, order, types)).encode()).hexdigest()[:16]
+        columns = ", ".join(order)
+        declared = ", ".join(f"{c} {types.get(c, 'text')}" for c in order)
+        # emptied at every commit; a rolled-back batch takes it away, and the next creates it again
+        cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} ({declared}) ON COMMIT DELETE ROWS")
+        with cursor.copy(f"COPY pg_temp.{stage} ({columns}) FROM STDIN") as copy:
+            for one in params:
+                copy.write_row(one)
+        keys, cols, table = list(self.sink.key_columns), self.sink.column_names(), self.sink.table
+        if self.sink.mode == "upsert":
+            sets = ", ".join(f"{c} = excluded.{c}" for c in cols)
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT {columns} FROM pg_temp.{stage} "
+                f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+            )
+        else:
+            sets = ", ".join(f"{c} = abp_v.{c}" for c in cols)
+            where = " AND ".join(f"{table}.{k} = abp_v.{k}" for k in keys)
+            cursor.execute(f"UPDATE {table} SET {sets} FROM pg_temp.{stage} AS abp_v WHERE {where}")
+
+    def order(self) -> list[str]:
+        """The columns in :meth:`SqlUpsertSink.params` order (keys first for an upsert, last for an update)."""
+        keys, cols = list(self.sink.key_columns), self.sink.column_names()
+        return [*keys, *cols] if self.sink.mode == "upsert" else [*cols, *keys]
 
     def statement(self, count: int) -> str:
         """The statement of ``count`` rows (parameters in :meth:`SqlUpsertSink.params` order, row after row).
@@ -119,7 +160,7 @@ class PgBatchWriter:
                 f"INSERT INTO {table} ({', '.join([*keys, *cols])}) VALUES {', '.join([one] * count)} "
                 f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
             )
-        order = [*cols, *keys]  # the update's parameter order
+        order = self.order()
         types = self.types()
         one = "(" + ", ".join(f"CAST(%s AS {types[c]})" if c in types else "%s" for c in order) + ")"
         sets = ", ".join(f"{c} = abp_v.{c}" for c in cols)

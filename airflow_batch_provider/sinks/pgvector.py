@@ -28,7 +28,7 @@ from typing import Any, Final, Literal
 from airflow_batch_provider.core.json_path import parse_path, read_path
 from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError, VectorDimensionError
-from airflow_batch_provider.ledger.deliveries import Candidate
+from airflow_batch_provider.ledger.candidates import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
 from airflow_batch_provider.sinks.sql import ColumnSource, SqlUpsertSink
 

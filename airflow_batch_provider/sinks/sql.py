@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 from airflow_batch_provider.core.json_path import parse_path, read_path
 from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.ledger.deliveries import Candidate
+from airflow_batch_provider.ledger.candidates import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
 from airflow_batch_provider.sinks.db_batch import refused_by_database, write_batch
 
@@ -77,8 +77,9 @@ class SqlUpsertSink:
     name: str | None = None
     batch_size: int = 1000
     key_type: Callable[[str], Any] = str
-    _paths: dict[str, tuple[str | int, ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
+    #: each mapped column with its JSON path's steps or its callable (built once, read per row)
+    _plan: list[tuple[str, tuple[str | int, ...], Callable[[Candidate], Any] | None]] = field(
+        default_factory=list, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
@@ -104,8 +105,10 @@ class SqlUpsertSink:
                 if column in keys:
                     raise ConfigurationError(f"SqlUpsertSink column {column!r} is a key column; map it once.")
                 if isinstance(source, str):
-                    self._paths[column] = parse_path(source)
-                elif not callable(source):
+                    self._plan.append((column, parse_path(source), None))
+                elif callable(source):
+                    self._plan.append((column, (), source))
+                else:
                     raise ConfigurationError(
                         f"SqlUpsertSink column {column!r}: {source!r}; give a JSON path ('$.label') or a callable."
                     )
@@ -136,18 +139,22 @@ class SqlUpsertSink:
         keys: dict[str, Any] = {self.key_columns[0]: self.key_type(result.app_id)}
         if len(self.key_columns) == 2:
             keys[self.key_columns[1]] = result.prompt_version
-        if isinstance(self.columns, Mapping):
+        if self._plan:
+            output = result.output
             values = {}
-            for column, source in self.columns.items():
-                if isinstance(source, str):
-                    values[column] = read_path(result.output, self._paths[column])
+            for column, steps, call in self._plan:
+                if call is not None:
+                    value = call(result)
+                elif len(steps) == 1 and type(output) is dict:  # "$.name", the most common path
+                    value = output.get(steps[0])
                 else:
-                    values[column] = source(result)
+                    value = read_path(output, steps)
+                values[column] = _bindable(value) if isinstance(value, (dict, list)) else value
         else:
-            values = dict(self.columns(result))
+            values = {k: _bindable(v) for k, v in dict(self.columns(result)).items()}  # type: ignore[operator]
             for column in values:
                 _ident("column", column)
-        return SinkRow(keys, {k: _bindable(v) for k, v in values.items()})
+        return SinkRow(keys, values)
 
     @contextmanager
     def open(self) -> Iterator[RowWriter]:
@@ -210,8 +217,8 @@ class SqlUpsertSink:
 
         :param row: the row
         """
-        cols = self.column_names() or list(row.values)
-        values = tuple(row.values.get(c) for c in cols)
+        got = row.values
+        values = tuple(got.get(c) for c, _, _ in self._plan) if self._plan else tuple(got.values())
         keys = tuple(row.keys[k] for k in self.key_columns)
         return (*values, *keys) if self.mode == "update" else (*keys, *values)
 

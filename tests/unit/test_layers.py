@@ -535,7 +535,6 @@ TEST_MODULE_DEBT = frozenset(
         "operators/base.py",
         "operators/prepare.py",
         "plugins/deliveries.py",
-        "services/delivery.py",
     }
 )
 

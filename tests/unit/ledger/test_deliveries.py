@@ -18,6 +18,7 @@ from airflow_batch_provider.ledger.deliveries import (
     pending_for,
     record_deliveries,
     settle,
+    values_sha256,
 )
 from tests.unit.ledger.nights import night
 from tests.unit.services.workload import RUN, WORKLOAD, world
@@ -140,3 +141,22 @@ def test_a_consumers_counts_in_the_report_are_the_ledgers_and_a_rerun_replaces_t
     stored = json.loads(ledger.runs(WL)[0]["report_json"])
     assert stored["deliveries"] == rerun["deliveries"]
     assert note_handoffs_in_report(ledger, WL, "never-published", "crm", {}) is None
+
+
+def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their_types() -> None:
+    import hashlib
+    import json
+    from datetime import date
+    from decimal import Decimal
+
+    cases: list[dict[Any, Any]] = [
+        {"ticket_id": 12, "sentiment": "neutral", "confidence": 0.73},
+        {"b": 'quote " back \\ tab \t nl \n ctl \x01 é 雪 \u2028', "a": None, "c": True, "d": False},
+        {"x": float("nan"), "y": float("inf"), "z": -float("inf"), "w": -0.0, "v": 1e300, "u": 10**30},
+        {"nested": {"k": [1, "two"]}, "day": date(2026, 12, 1), "money": Decimal("1.10")},
+        {"1": "one", "10": "ten", "2": "two", "B": 1, "a": 2},
+        {},
+    ]
+    for values in cases:
+        expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
+        assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values

@@ -11,7 +11,8 @@ import pytest
 
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.exceptions import ConfigurationError, VectorDimensionError
-from airflow_batch_provider.ledger.deliveries import Candidate, delivery_rows
+from airflow_batch_provider.ledger.candidates import Candidate
+from airflow_batch_provider.ledger.deliveries import delivery_rows
 from airflow_batch_provider.services.delivery import deliver
 from airflow_batch_provider.sinks.pgvector import PgVectorSink
 from tests.unit.services.workload import RUN, WORKLOAD, world

@@ -130,7 +130,7 @@ def test_a_sink_with_a_key_or_column_that_is_not_an_identifier_is_refused_when_b
 
 
 def test_a_key_type_converts_the_application_id_and_json_paths_read_into_the_answer() -> None:
-    from airflow_batch_provider.ledger.deliveries import Candidate
+    from airflow_batch_provider.ledger.candidates import Candidate
 
     sink = SqlUpsertSink(
         conn_id=CONN_ID,
