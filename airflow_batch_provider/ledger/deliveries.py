@@ -1,7 +1,7 @@
 """What each sink wrote and each consumer was handed (table ``abp_deliveries``, schema version 5).
 
 One row per workload, sink (or consumer), application id and prompt version. Every write goes
-through one guarded function, :func:`_write`: an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
+through one guarded function, :func:`write_deliveries`: an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
 whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal
@@ -37,20 +37,17 @@ from sqlalchemy import (
     or_,
     select,
     true,
-    tuple_,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.selectable import Join
 
 from airflow_batch_provider.core.clock import utcnow
-from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.bulk import STAGING_META, chunks, dialect_insert, stage
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
 #: For each state written, the states the row may hold before (``None``: no row yet). A sink's row
-#: (``delivered``/``refused``) is rewritten only when its hash or state changes; see :func:`_write`.
+#: (``delivered``/``refused``) is rewritten only when its hash or state changes; see :func:`write_deliveries`.
 #: A consumer's row is ``offered`` before it is handed out, then settled: ``acknowledged`` (final),
 #: ``refused`` (its function failed on it) or ``left_out`` (its filter left the answer out).
 MOVES: Final[dict[str, frozenset[str | None]]] = {
@@ -60,13 +57,11 @@ MOVES: Final[dict[str, frozenset[str | None]]] = {
     "acknowledged": frozenset({"offered"}),
     "left_out": frozenset({"offered"}),
 }
-#: The consumer's states after an offer (:func:`settle`).
-Settled = Literal["acknowledged", "refused", "left_out"]
 PAGE: Final = 1000
 #: The columns a delivery row's key is written with.
 KEY_COLUMNS: Final = ("workload", "sink", "app_id", "prompt_version")
 
-#: Per-connection staging table of :func:`_write`: what differs from row to row of one write (the
+#: Per-connection staging table of :func:`write_deliveries`: what differs from row to row of one write (the
 #: workload, sink, run, state and time are the same for all and travel as parameters).
 DELIVERIES_STAGE: Final = Table(
     "abp_stage_deliveries",
@@ -133,20 +128,6 @@ class Delivery:
     error: str | None = None
 
 
-def _published_with(sink: str) -> Join:
-    """The published answers, each with the sink's (or consumer's) delivery row where it has one."""
-    r, d = s.published.c, s.deliveries.c
-    return s.published.outerjoin(
-        s.deliveries,
-        and_(
-            d.workload == r.workload,
-            d.sink == sink,
-            d.app_id == r.app_id,
-            d.prompt_version == r.prompt_version,
-        ),
-    )
-
-
 def record_deliveries(
     ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[Delivery]
 ) -> None:
@@ -162,10 +143,10 @@ def record_deliveries(
         return
     with ledger.engine.begin() as conn:
         for state in sorted({row.state for row in rows}):
-            _write(conn, workload, sink, run_id, state, [row for row in rows if row.state == state])
+            write_deliveries(conn, workload, sink, run_id, state, [row for row in rows if row.state == state])
 
 
-def _write(
+def write_deliveries(
     conn: Connection, workload: str, sink: str, run_id: str, state: str, rows: Sequence[Delivery]
 ) -> None:
     """The one write of a delivery row: an upsert guarded by :data:`MOVES`.
@@ -325,177 +306,6 @@ def delivery_counts(ledger: Ledger, workload: str, run_id: str) -> dict[str, dic
     return out
 
 
-@dataclass(frozen=True)
-class HandOff:
-    """A result handed to a consumer, with the idempotency key to pass on to the external system.
-
-    :param key: stable for this item and prompt version: the same until it is acknowledged
-    :param app_id: the application id
-    :param prompt_version: the prompt version of the answer
-    :param output: the parsed answer
-    :param item_key: the item's ledger key (with ``prompt_version``, where the next page starts)
-    """
-
-    key: str
-    app_id: str
-    prompt_version: str
-    output: Any
-    item_key: str
-
-
-def _answer_sha256(output_json: str | None) -> str:
-    return hashlib.sha256((output_json or "").encode("utf-8")).hexdigest()
-
-
-def pending_for(
-    ledger: Ledger,
-    workload: str,
-    consumer: str,
-    run_id: str | None = None,
-    limit: int = PAGE,
-    after: tuple[str, str] | None = None,
-) -> list[HandOff]:
-    """Offer a consumer the published final answers it has not acknowledged, at most ``limit``.
-
-    The offer is recorded (``offered``) before it is returned: a consumer that crashes before
-    :func:`acknowledge` is offered the same items again with the same keys; an acknowledged item
-    is never offered again, and one its filter left out (:func:`settle`) only once its answer
-    changed. Answers come in item key order; ``after`` starts past the last one of a page, so that
-    a consumer pages past the ones it leaves unacknowledged (failed) in this try.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param consumer: the consumer's name
-    :param run_id: only this run's answers (``None``: every published answer of the workload)
-    :param limit: at most this many
-    :param after: ``(item_key, prompt_version)`` of the last hand-off of the previous page
-    """
-    r, d = s.published.c, s.deliveries.c
-    found: list[tuple[Any, ...]] = []
-    while len(found) < limit:
-        q = (
-            select(r.item_key, r.app_id, r.prompt_version, r.output_json, r.run_id, d.state, d.result_sha256)
-            .select_from(_published_with(consumer))
-            .where(
-                r.workload == workload,
-                r.state.in_(sorted(USABLE_STATES)),
-                or_(d.state.is_(None), d.state != "acknowledged"),
-            )
-            .order_by(r.item_key, r.prompt_version)
-            .limit(limit)
-        )
-        if run_id is not None:
-            q = q.where(r.run_id == run_id)
-        if after is not None:
-            q = q.where(tuple_(r.item_key, r.prompt_version) > tuple_(*after))
-        with ledger.engine.connect() as conn:
-            rows = conn.execute(q).all()
-        for row in rows:  # left out, and the same answer still: not offered again
-            if not (row[5] == "left_out" and row[6] == _answer_sha256(row[3])):
-                found.append(tuple(row[:5]))
-        if len(rows) < limit:
-            break
-        after = (rows[-1][0], rows[-1][2])
-    found = found[:limit]
-    by_run: dict[str, list[Delivery]] = {}
-    for key, app_id, version, out, run in found:
-        by_run.setdefault(run, []).append(Delivery(key, app_id, version, "offered", _answer_sha256(out)))
-    for run, group in by_run.items():
-        record_deliveries(ledger, workload, consumer, run, group)
-    return [
-        HandOff(
-            delivery_key(workload, consumer, app_id, version),
-            app_id,
-            version,
-            json.loads(out) if out else None,
-            key,
-        )
-        for key, app_id, version, out, _ in found
-    ]
-
-
-def acknowledge(ledger: Ledger, workload: str, consumer: str, keys: Iterable[str]) -> int:
-    """Record that a consumer acted on the hand-offs with these keys; return how many moved.
-
-    Only an offered hand-off is acknowledged (a key never offered, or acknowledged already, is not
-    counted); repeating the call changes nothing.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param consumer: the consumer's name
-    :param keys: keys from :func:`pending_for`
-    """
-    return settle(ledger, workload, consumer, keys, "acknowledged")
-
-
-def settle(
-    ledger: Ledger,
-    workload: str,
-    consumer: str,
-    keys: Iterable[str],
-    state: Settled,
-    error: str | None = None,
-) -> int:
-    """Move offered hand-offs to ``state``; return how many moved (one transaction).
-
-    ``acknowledged``: the consumer acted (never offered again). ``refused``: its function failed,
-    with ``error`` (offered again by its next try, with the same key; listed by
-    :func:`refused_rows` meanwhile). ``left_out``: its filter left the answer out (offered again
-    only when the answer changes). A key that is not offered is not counted; repeating the call
-    changes nothing.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param consumer: the consumer's name
-    :param keys: keys from :func:`pending_for`
-    :param state: where they move
-    :param error: the failure's message (``refused``)
-    """
-    wanted = sorted(set(keys))
-    if not wanted:
-        return 0
-    d = s.deliveries.c
-    moved = 0
-    with ledger.engine.begin() as conn:
-        for start in range(0, len(wanted), PAGE):
-            found = conn.execute(
-                select(d.item_key, d.app_id, d.prompt_version, d.result_sha256, d.run_id).where(
-                    d.workload == workload,
-                    d.sink == consumer,
-                    d.state == "offered",
-                    d.delivery_key.in_(wanted[start : start + PAGE]),
-                )
-            ).all()
-            for key, app_id, version, sha, run in found:
-                _write(
-                    conn, workload, consumer, run, state, [Delivery(key, app_id, version, state, sha, error)]
-                )
-            moved += len(found)
-    return moved
-
-
-def handoff_states(ledger: Ledger, workload: str, consumer: str, run_id: str) -> dict[str, int]:
-    """How many of the run's published final answers the consumer's rows hold in each state.
-
-    ``pending``: never offered. An answer acknowledged in an earlier run (the same item and prompt
-    version, unchanged since) counts as ``acknowledged``.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param consumer: the consumer's name
-    :param run_id: the run
-    """
-    r, d = s.published.c, s.deliveries.c
-    q = (
-        select(d.state, func.count())
-        .select_from(_published_with(consumer))
-        .where(r.workload == workload, r.run_id == run_id, r.state.in_(sorted(USABLE_STATES)))
-        .group_by(d.state)
-    )
-    with ledger.engine.connect() as conn:
-        return {str(state or "pending"): int(n) for state, n in conn.execute(q)}
-
-
 def note_in_report(
     ledger: Ledger,
     workload: str,
@@ -527,47 +337,10 @@ def note_in_report(
         "messages": list(counts.get("messages", ())),
         "last_try": {k: counts[k] for k in ("written", "unchanged", "refused") if k in counts},
     }
-    return _put_in_report(ledger, workload, run_id, sink, entry, then)
+    return put_in_report(ledger, workload, run_id, sink, entry, then)
 
 
-def note_handoffs_in_report(
-    ledger: Ledger,
-    workload: str,
-    run_id: str,
-    consumer: str,
-    counts: Mapping[str, Any],
-    then: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any] | None:
-    """Put a consumer's counts in the run's stored report, under ``deliveries``/``consumer``.
-
-    ``kind`` is ``consumer``; of the run's answers: ``acted`` (acted on and acknowledged by the
-    latest try), ``already_acknowledged`` (before it, by an earlier try or run), ``left_out`` (by
-    its filter), ``failed`` (its function failed on them in the latest try: offered again by the
-    next), ``pending`` (not offered yet), and the latest try's failure messages. A rerun replaces
-    them; a run without a report is left alone (``None``).
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param run_id: the run
-    :param consumer: the consumer's name
-    :param counts: what the latest try did (acted, failed, messages)
-    :param then: as for :func:`note_in_report`
-    """
-    states = handoff_states(ledger, workload, consumer, run_id)
-    acted = int(counts.get("acted", 0))
-    entry = {
-        "kind": "consumer",
-        "acted": acted,
-        "already_acknowledged": max(states.get("acknowledged", 0) - acted, 0),
-        "left_out": states.get("left_out", 0),
-        "failed": states.get("refused", 0),
-        "pending": states.get("pending", 0) + states.get("offered", 0),
-        "messages": list(counts.get("messages", ())),
-    }
-    return _put_in_report(ledger, workload, run_id, consumer, entry, then)
-
-
-def _put_in_report(
+def put_in_report(
     ledger: Ledger,
     workload: str,
     run_id: str,
@@ -575,7 +348,15 @@ def _put_in_report(
     entry: dict[str, Any],
     then: Callable[[dict[str, Any]], None] | None,
 ) -> dict[str, Any] | None:
-    """Set ``deliveries``/``name`` of the run's stored report to ``entry``, the run's row locked."""
+    """Set ``deliveries``/``name`` of the run's stored report to ``entry``, the run's row locked.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param run_id: the run
+    :param name: the sink's or consumer's name
+    :param entry: its counts
+    :param then: called with the updated report before it is committed (see :func:`note_in_report`)
+    """
     r = s.runs.c
     with ledger.engine.begin() as conn:
         found = conn.execute(

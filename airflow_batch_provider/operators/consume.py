@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batch_provider.exceptions import ConsumerActError
-from airflow_batch_provider.ledger.deliveries import note_handoffs_in_report
-from airflow_batch_provider.operators.deliver import PublishedAnswersOperator
+from airflow_batch_provider.ledger.handoffs import note_handoffs_in_report
+from airflow_batch_provider.operators.deliver import BatchPublishedAnswersOperator
 from airflow_batch_provider.services.consumers import HandOffConsumer, consume
 
 
-class BatchConsumeOperator(PublishedAnswersOperator):
+class BatchConsumeOperator(BatchPublishedAnswersOperator):
     """Hand the run's published final answers to ``consumer``, each acted on once (after publish).
 
     Each answer its filter keeps that it has not acknowledged is handed to its function with a
@@ -24,7 +24,7 @@ class BatchConsumeOperator(PublishedAnswersOperator):
     :param workload: the workload's name
     :param consumer: the consumer (:class:`~airflow_batch_provider.sinks.consumer.Consumer`)
     :param kwargs: ``ledger_conn_id``, ``run_id`` (default: this DAG run), ``staging_root``,
-        ``staging_conn_id`` (:class:`~airflow_batch_provider.operators.deliver.PublishedAnswersOperator`)
+        ``staging_conn_id`` (:class:`~airflow_batch_provider.operators.deliver.BatchPublishedAnswersOperator`)
         and the ``BaseOperator`` arguments
     """
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from airflow_batch_provider.operators.lineage import Lineage
 
 
-class PublishedAnswersOperator(BaseOperator):
+class BatchPublishedAnswersOperator(BaseOperator):
     """What a task after publish shares: the run whose published answers it takes, the ledger, the report.
 
     :param workload: the workload's name
@@ -63,7 +63,7 @@ class PublishedAnswersOperator(BaseOperator):
         )
 
 
-class BatchDeliverOperator(PublishedAnswersOperator):
+class BatchDeliverOperator(BatchPublishedAnswersOperator):
     """Deliver the run's published final answers to ``sink`` (after publish).
 
     Only answers the sink does not hold yet are written (a cleared, retried or killed try skips
@@ -77,7 +77,7 @@ class BatchDeliverOperator(PublishedAnswersOperator):
     :param workload: the workload's name
     :param sink: the sink (e.g. :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`)
     :param kwargs: ``ledger_conn_id``, ``run_id``, ``staging_root``, ``staging_conn_id``
-        (:class:`PublishedAnswersOperator`) and the ``BaseOperator`` arguments
+        (:class:`BatchPublishedAnswersOperator`) and the ``BaseOperator`` arguments
     """
 
     def __init__(self, *, workload: str, sink: Sink, **kwargs: Any) -> None:

@@ -1,7 +1,7 @@
 """Hand a run's final answers to a consumer that acts on each once: open a ticket, send an email.
 
 For side effects that cannot be upserted. The consumer pages through the answers it has not
-acknowledged (:func:`~airflow_batch_provider.ledger.deliveries.pending_for`, which records each
+acknowledged (:func:`~airflow_batch_provider.ledger.handoffs.pending_for`, which records each
 offer first), and for each hand-off its filter keeps, calls its function with the hand-off, whose
 ``key`` is the idempotency key to pass on to the external system (stable per item, prompt version
 and consumer: a new prompt version is a new key). Then:
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_batch_provider.core.failpoints import failpoint
-from airflow_batch_provider.ledger.deliveries import HandOff, acknowledge, pending_for, settle
+from airflow_batch_provider.ledger.handoffs import HandOff, acknowledge, pending_for, settle
 from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.services.delivery import MESSAGES_SHOWN
 

@@ -9,7 +9,7 @@ records every delivery and hand-off.
 
 from __future__ import annotations
 
-from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.ledger.handoffs import HandOff
 from airflow_batch_provider.sinks.consumer import Consumer
 from airflow_batch_provider.sinks.pgvector import PgVectorSink
 from airflow_batch_provider.sinks.sql import SqlUpsertSink

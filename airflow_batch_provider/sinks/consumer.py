@@ -2,7 +2,7 @@
 
 Given in ``batch_inference_group(sinks=[...])`` beside the table sinks, it becomes a
 ``deliver_<name>`` task after ``publish`` (or give it to ``BatchConsumeOperator`` on its own). Its
-function is called once per answer with a :class:`~airflow_batch_provider.ledger.deliveries.HandOff`
+function is called once per answer with a :class:`~airflow_batch_provider.ledger.handoffs.HandOff`
 whose ``key`` is the idempotency key to pass on to the external API; what each call did is
 recorded in the ledger (see :mod:`airflow_batch_provider.services.consumers`).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.ledger.handoffs import HandOff
 
 _NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
@@ -26,7 +26,7 @@ class Consumer:
     :param name: the name its hand-offs are recorded under and its task is named after
         (``deliver_<name>``); letters, digits and ``_``. Renaming it starts over: every answer is
         handed to the new name again, with new keys
-    :param act: called with one :class:`~airflow_batch_provider.ledger.deliveries.HandOff` (``key``,
+    :param act: called with one :class:`~airflow_batch_provider.ledger.handoffs.HandOff` (``key``,
         ``app_id``, ``prompt_version``, ``output``); pass ``key`` on as the external system's
         idempotency key. Raise to fail this item (recorded with the message; the others go on)
     :param where: which answers to act on (``None``: all); one it leaves out is not offered again

@@ -5,13 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.deliveries import (
-    Delivery,
-    acknowledge,
-    pending_for,
-    record_deliveries,
-    settle,
-)
+from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries
+from airflow_batch_provider.ledger.handoffs import acknowledge, pending_for, settle
 from airflow_batch_provider.ledger.refused_review import SINK_REFUSED, refused_review_rows
 from tests.unit.ledger.nights import night
 from tests.unit.services.workload import RUN, WORKLOAD, world

@@ -21,7 +21,7 @@ from airflow_batch_provider.core.clock import utcnow
 from airflow_batch_provider.exceptions import LedgerError
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.deliveries import acknowledge, pending_for
+from airflow_batch_provider.ledger.handoffs import acknowledge, pending_for
 from airflow_batch_provider.ledger.late_harvest import move_job_to_run, resolved_jobs_of_finished_runs
 from airflow_batch_provider.ledger.retention import PRUNE, RetentionPolicy, prune
 from tests.unit.ledger import prune_worker

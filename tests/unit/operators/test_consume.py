@@ -9,7 +9,7 @@ import pytest
 
 from airflow_batch_provider.exceptions import ConsumerActError
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.ledger.handoffs import HandOff
 from airflow_batch_provider.operators.consume import BatchConsumeOperator
 from airflow_batch_provider.sinks.consumer import Consumer
 from airflow_batch_provider.staging import Staging

@@ -288,7 +288,7 @@ def test_rows_a_sink_refused_are_in_the_review_queue_with_its_message_and_the_co
 def test_a_consumers_counts_are_on_the_run_pages_and_a_hand_off_it_failed_on_is_in_the_review_queue(
     seeded: Seeded,
 ) -> None:
-    from airflow_batch_provider.ledger.deliveries import (
+    from airflow_batch_provider.ledger.handoffs import (
         acknowledge,
         note_handoffs_in_report,
         pending_for,

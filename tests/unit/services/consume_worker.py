@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.ledger.handoffs import HandOff
 from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.services.consumers import consume
 from airflow_batch_provider.sinks.consumer import Consumer

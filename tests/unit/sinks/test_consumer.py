@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_batch_provider.exceptions import ConfigurationError
-from airflow_batch_provider.ledger.deliveries import HandOff
+from airflow_batch_provider.ledger.handoffs import HandOff
 from airflow_batch_provider.sinks.consumer import Consumer
 
 
