@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+AIRFLOW_SITE = REPO_ROOT / "tests" / "support" / "airflow_site"
 if str(REPO_ROOT) not in sys.path:  # so that ``tests.support`` imports under any --import-mode
     sys.path.insert(0, str(REPO_ROOT))
 
@@ -177,7 +178,10 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
+            # tests/support/airflow_site: the in-process execution API serves the newest version only
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(AIRFLOW_SITE), str(REPO_ROOT), env.get("PYTHONPATH", "")])
+            ),
         }
     )
     result = subprocess.run(
