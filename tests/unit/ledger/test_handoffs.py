@@ -107,3 +107,15 @@ def test_a_consumers_counts_in_the_report_are_the_ledgers_and_a_rerun_replaces_t
     stored = json.loads(ledger.runs(WL)[0]["report_json"])
     assert stored["deliveries"] == rerun["deliveries"]
     assert note_handoffs_in_report(ledger, WL, "never-published", "crm", {}) is None
+
+
+def test_an_acknowledged_item_is_not_offered_again_when_a_later_run_changes_its_answer_under_that_version(
+    ledger: Ledger,
+) -> None:
+    night(ledger, WL, "r1", {"a1": "first text"}, outputs={"a1": {"label": "negative"}})
+    (handed,) = pending_for(ledger, WL, "crm")
+    assert acknowledge(ledger, WL, "crm", [handed.key]) == 1
+    # the input changed, so r2 answers it again under v1, with another answer
+    night(ledger, WL, "r2", {"a1": "second text"}, outputs={"a1": {"label": "positive"}})
+    assert pending_for(ledger, WL, "crm") == []  # the side effect happened once: never a second time
+    assert pending_for(ledger, WL, "crm", "r2") == []
