@@ -109,6 +109,7 @@ def test_on_mysql_a_batch_is_one_insert_statement_and_an_update_batch_one_commit
 
     for mode, statement in (("upsert", "Com_insert"), ("update", "Com_update")):
         with tickets_sink(batch_size=5, mode=mode).open() as writer:
+            assert writer.conn.get_autocommit() is False  # the batch is one transaction
             before = {what: counted(writer, what) for what in (statement, "Com_commit")}
             assert writer.write(rows) == {}
             after = {what: counted(writer, what) for what in (statement, "Com_commit")}
