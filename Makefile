@@ -7,6 +7,16 @@ STAMP := $(VENV)/.installed-stamp
 VENV_GOOGLE ?= .venv-google
 STAMP_GOOGLE := $(VENV_GOOGLE)/.installed-stamp
 GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/dags/test_gcs_staging.py
+# the MySQL provider's environment (`make test-mysql`): its own venv, pinned by constraints-mysql.txt, as
+# the provider requires mysqlclient, which builds from source (a C compiler, pkg-config, libmariadb-dev);
+# its tests (the `mysql` marker) start a throw-away MariaDB server (tests/support/mysql.py)
+VENV_MYSQL ?= .venv-mysql
+STAMP_MYSQL := $(VENV_MYSQL)/.installed-stamp
+MYSQL_TESTS ?= tests/unit/sinks/test_sql.py tests/unit/sinks/test_dialects.py tests/unit/sinks/test_db_batch.py \
+	tests/unit/services/test_sources_sql.py
+# one process: two xdist workers would each start Airflow and a server for 18 tests (measured on the
+# shared 2 cores, load 2.5-3.4, 2026-12-03: 46 s with -n 2, 27 s with -n 0, the server's start 2-3 s)
+MYSQL_PYTEST_ARGS ?= -q --durations=5 -n 0
 # the declared floors (`make venv-lowest`, `make test-lowest`): tests/support/floor_env.py builds
 # $(VENV_LOWEST): Airflow at the floor the built wheel's metadata declares, with every Airflow provider
 # the wheel requires at its floor (an Airflow deployment), the wheel installed into it by that venv's
@@ -48,6 +58,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # (CI=true), so CI cannot pass without having run the real engine
 ABP_ENGINE_REQUIRED ?= $(if $(filter true 1,$(CI)),1,)
 PIP := $(BIN)/python -m pip
+COMMA := ,
 PIP_FLAGS ?= --disable-pip-version-check --progress-bar off
 # two workers (pytest-xdist; the CI machine has 2 cores): most of the suite waits on Airflow processes
 PYTEST_ARGS ?= -q --durations=10 -n 2 --dist worksteal
@@ -60,7 +71,7 @@ export PIP_ROOT_USER_ACTION := ignore
 export PIP_NO_INPUT := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-google venv-lowest test test-google test-lowest test-vllm test-vllm-core venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google clean
+.PHONY: help venv venv-google venv-mysql venv-lowest test test-google test-mysql test-lowest test-vllm test-vllm-core venv-vllm chaos-long lint format typecheck pytest demo stack stack-down bench constraints constraints-google constraints-mysql clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -79,12 +90,13 @@ $(STAMP): pyproject.toml constraints.txt
 	@if $(PIP) show --quiet torch 2>/dev/null; then echo "torch got installed: nothing here needs it" >&2; exit 1; fi
 	touch $@
 
-test: venv ## lint, format check, type check, the whole test suite, then the Google provider's tests, the floors' tests and the real vLLM engine's
+test: venv ## lint, format check, type check, the whole test suite, then the Google and MySQL providers' tests, the floors' tests and the real vLLM engine's
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	ABP_FLOOR_VENV="$(CURDIR)/$(VENV_LOWEST)" $(BIN)/pytest $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-google
+	$(MAKE) --no-print-directory test-mysql
 	$(MAKE) --no-print-directory test-lowest
 	$(MAKE) --no-print-directory test-vllm
 
@@ -100,6 +112,20 @@ $(STAMP_GOOGLE): $(STAMP) pyproject.toml constraints-google.txt
 # up over gRPC, which a JSON-only endpoint such as the test GCS server does not speak: set off here
 test-google: venv-google ## the Google provider's branch: Vertex, gs:// staging and Gemini tests with the provider installed
 	GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false $(VENV_GOOGLE)/bin/python -m pytest $(PYTEST_ARGS) $(GOOGLE_TESTS)
+
+venv-mysql: $(STAMP_MYSQL) ## create ./.venv-mysql: the `mysql` extra (the MySQL provider, mysqlclient built from source) pinned by constraints-mysql.txt
+
+# uv (pinned in constraints.txt, installed in ./.venv) builds it; mysqlclient compiles against
+# libmariadb-dev (or libmysqlclient-dev) found through pkg-config (apt-get install pkg-config libmariadb-dev)
+$(STAMP_MYSQL): $(STAMP) pyproject.toml constraints-mysql.txt
+	test -x $(VENV_MYSQL)/bin/python || $(BIN)/uv venv --quiet --python $(BIN)/python $(VENV_MYSQL)
+	VIRTUAL_ENV="$(CURDIR)/$(VENV_MYSQL)" $(BIN)/uv pip install --quiet --compile-bytecode -c constraints-mysql.txt -e '.[mysql,openai,emulator]' --group test-mysql
+	touch $@
+
+# ABP_MYSQL_LANE=1: here a missing MySQL provider fails the tests instead of skipping them (the main
+# run skips them, as its venv has no provider); without mariadbd they skip, and fail under CI
+test-mysql: venv-mysql ## the MySQL provider's branch: the SQL sink and source against a throw-away MariaDB server
+	ABP_MYSQL_LANE=1 $(VENV_MYSQL)/bin/python -m pytest $(MYSQL_PYTEST_ARGS) -m mysql $(MYSQL_TESTS)
 
 venv-lowest: $(STAMP_LOWEST) ## create ./.venv-lowest: Airflow at its floor with the wheel, then every direct dependency at its declared floor
 
@@ -188,18 +214,27 @@ constraints: ## regenerate constraints.txt from an unconstrained install in a th
 	rm -rf build
 	@echo "constraints.txt: $$(grep -vc '^#' constraints.txt) pins"
 
-constraints-google: venv ## regenerate constraints-google.txt: the Google extras and the `test-google` group, preferring constraints.txt's pins
+# $(call lane_constraints,NAME,EXTRAS,SUMMARY,DIFFERENCE): regenerate constraints-NAME.txt, a lane's pins
+# (the extras EXTRAS and the dependency group test-NAME), compiled by uv preferring constraints.txt's pins
+define lane_constraints
 	set -eu; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	grep -v '^#' constraints.txt > "$$tmp/pins.txt"; \
-	printf '%s\n' '$(CURDIR)[google,gemini,emulator,postgres]' 'apache-airflow==3.3.2' > "$$tmp/in.txt"; \
-	$(BIN)/uv pip compile --quiet --python $(BIN)/python --no-header --no-annotate --group pyproject.toml:test-google --output-file "$$tmp/pins.txt" "$$tmp/in.txt"; \
-	{ echo "# Pinned versions of the Google provider's test environment ('make venv-google': the Google extras and the test-google group)."; \
-	  echo "# Generated by 'make constraints-google' on $$(date -u +%Y-%m-%d) with uv, preferring constraints.txt's pins; regenerate, do not hand-edit."; \
-	  echo "# It differs from constraints.txt where the Google provider requires it (google-genai<3; openai<3 through litellm)."; \
+	printf '%s\n' '$(CURDIR)[$(2)]' 'apache-airflow==3.3.2' > "$$tmp/in.txt"; \
+	$(BIN)/uv pip compile --quiet --python $(BIN)/python --no-header --no-annotate --group pyproject.toml:test-$(1) --output-file "$$tmp/pins.txt" "$$tmp/in.txt"; \
+	{ echo "# Pinned versions of $(3)."; \
+	  echo "# Generated by 'make constraints-$(1)' on $$(date -u +%Y-%m-%d) with uv, preferring constraints.txt's pins; regenerate, do not hand-edit."; \
+	  echo "# $(4)"; \
 	  grep -v '^$(CURDIR)' "$$tmp/pins.txt"; \
-	} > constraints-google.txt
-	@echo "constraints-google.txt: $$(grep -vc '^#' constraints-google.txt) pins"
+	} > constraints-$(1).txt
+	@echo "constraints-$(1).txt: $$(grep -vc '^#' constraints-$(1).txt) pins"
+endef
+
+constraints-google: venv ## regenerate constraints-google.txt: the Google extras and the `test-google` group, preferring constraints.txt's pins
+	$(call lane_constraints,google,google$(COMMA)gemini$(COMMA)emulator$(COMMA)postgres,the Google provider's test environment ('make venv-google': the Google extras and the test-google group),It differs from constraints.txt where the Google provider requires it (google-genai<3; openai<3 through litellm).)
+
+constraints-mysql: venv ## regenerate constraints-mysql.txt: the `mysql` extra and the `test-mysql` group, preferring constraints.txt's pins
+	$(call lane_constraints,mysql,mysql$(COMMA)openai$(COMMA)emulator,the MySQL provider's test environment ('make venv-mysql': the mysql$(COMMA) openai and emulator extras and the test-mysql group),It adds to constraints.txt's pins the MySQL provider and its drivers (mysqlclient$(COMMA) built from source).)
 
 clean: ## remove the venv, demo state, caches and build outputs
-	rm -rf $(VENV) $(VENV_GOOGLE) $(VENV_LOWEST) $(VENV_VLLM) .demo .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .coverage htmlcov
+	rm -rf $(VENV) $(VENV_GOOGLE) $(VENV_MYSQL) $(VENV_LOWEST) $(VENV_VLLM) .demo .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info .coverage htmlcov
 	find . -name __pycache__ -type d -prune -not -path './.git/*' -exec rm -rf {} +

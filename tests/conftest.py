@@ -25,6 +25,7 @@ if str(REPO_ROOT) not in sys.path:  # so that ``tests.support`` imports under an
     sys.path.insert(0, str(REPO_ROOT))
 
 if TYPE_CHECKING:
+    from tests.support.mysql import MysqlServer
     from tests.support.postgres import PostgresServer
     from tests.support.s3 import S3Server
 
@@ -32,10 +33,13 @@ POSTGRES_FIXTURES = frozenset({"postgres_server", "postgres_url"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that uses the PostgreSQL server ``postgres``, so ``-m "not postgres"`` works."""
+    """Mark every test that uses the PostgreSQL server ``postgres`` (so ``-m "not postgres"`` works),
+    and every test that uses the MariaDB server ``mysql`` (``make test-mysql`` runs ``-m mysql``)."""
     for item in items:
         if POSTGRES_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+        if "mysql_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.mysql)
 
 
 @pytest.fixture(autouse=True)
@@ -102,6 +106,22 @@ def pgvector_server(
     with _started_postgres(
         tmp_path_factory.mktemp("pgvector"), "PostgreSQL with pgvector", "vector"
     ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> Iterator[MysqlServer]:
+    """A throw-away MariaDB server running for the whole session (:mod:`tests.support.mysql`).
+
+    Its tests skip where the MySQL provider is not installed (the main venv: ``make test-mysql``
+    runs them in its own) and, outside CI, where MariaDB is not; in the MySQL lane and under CI
+    (``CI=true``) those are failures.
+    """
+    from tests.support.ci import under_ci
+    from tests.support.mysql import require_mysql, running_mysql
+
+    require_mysql(lane=os.environ.get("ABP_MYSQL_LANE") == "1", ci=under_ci())
+    with running_mysql() as server:
         yield server
 
 

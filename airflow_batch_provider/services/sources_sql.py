@@ -14,7 +14,10 @@ on their own, so that every row is a record or a reject and the counts add up:
   a ``missing_id`` reject naming its row;
 - a full page that ends inside a run of rows with the same id: that id's rows are read by a
   statement of their own before the next page (the first is the item, the others
-  ``duplicate_id`` rejects, as in a file), each once.
+  ``duplicate_id`` rejects, as in a file), each once. Which rows of the page belong to that run
+  is the database's equality, not Python's: under a collation that holds ``'a' = 'A'`` (MySQL's
+  and MariaDB's defaults, SQLite's ``NOCASE``), a text id's run is looked up first (its ids only),
+  so that no row of it is read twice.
 
 The id column should be unique and indexed (a primary key): each page is then an index range scan.
 """
@@ -155,12 +158,13 @@ def select_parts(source: SqlSource, id_column: str) -> tuple[str, str]:
     return wanted, base
 
 
-def page_queries(source: SqlSource, id_column: str, placeholder: str) -> tuple[str, str, str, str]:
-    """The four statements a SQL source is read with: first page, next page, one id's rows, NULL ids.
+def page_queries(source: SqlSource, id_column: str, placeholder: str) -> tuple[str, str, str, str, str]:
+    """The statements a SQL source is read with: first page, next page, one id's rows, NULL ids, one id's ids.
 
-    The second and third take the last id as a parameter. With a ``%s`` marker (the ``format``
+    The last is the ids the database holds equal to one (a text id's run, under its collation).
+    The second, third and fifth take the last id as a parameter. With a ``%s`` marker (the ``format``
     and ``pyformat`` drivers: psycopg, MySQL) a ``%`` of the user's own query (``LIKE 'a%'``) is
-    doubled in those two, as the driver then reads every ``%`` as the start of a marker.
+    doubled in those three, as the driver then reads every ``%`` as the start of a marker.
 
     :param source: the source (its ``sql`` already rendered)
     :param id_column: the id column
@@ -174,6 +178,7 @@ def page_queries(source: SqlSource, id_column: str, placeholder: str) -> tuple[s
         f"SELECT {wanted} FROM {with_params} WHERE {id_column} > {placeholder} {limit}",
         f"SELECT {wanted} FROM {with_params} WHERE {id_column} = {placeholder}",
         f"SELECT {wanted} FROM {base} WHERE {id_column} IS NULL",
+        f"SELECT {id_column} FROM {with_params} WHERE {id_column} = {placeholder}",
     )
 
 
@@ -194,7 +199,7 @@ def read_sql(
     :param paging: counts what was read, when given
     """
     id_column = source.id_column or id_field
-    first, after, same_id, null_ids = page_queries(source, id_column, placeholder)
+    first, after, same_id, null_ids, equal_ids = page_queries(source, id_column, placeholder)
     counts = paging if paging is not None else SqlPaging()
     position = 0
 
@@ -238,8 +243,18 @@ def read_sql(
         full = len(rows) == source.page_size
         # A full page may end inside a run of rows sharing its last id (the next page starts after
         # that id): the id's rows are all read by a statement of their own instead, so that each
-        # is read once, whatever order the database returns equal ids in.
-        keep = [row for row in rows if row[key] != last] if full else rows
+        # is read once, whatever order the database returns equal ids in. A text id's run is the
+        # ids its collation holds equal ('a' and 'A' under MySQL's default): looked up first.
+        keep = rows
+        if full and isinstance(last, str):
+            cursor, _ = run(equal_ids, (last,))
+            try:
+                run_ids = {row[0] for row in _batches(cursor, source.page_size)}
+            finally:
+                cursor.close()
+            keep = [row for row in rows if row[key] not in run_ids]
+        elif full:
+            keep = [row for row in rows if row[key] != last]
         for index, row in enumerate(keep, start=1):
             yield record(names, row, f"page {page}, row {index} ({id_column} {row[key]!r})")
             position += 1

@@ -12,6 +12,10 @@ from typing import Any, Final
 
 #: DB-API exception classes that mean "the database refused this row" (not "the database failed").
 REFUSALS: Final = frozenset({"DataError", "IntegrityError"})
+#: MySQL and MariaDB errors of a row refused for its values that mysqlclient raises as
+#: ``OperationalError`` (it maps only some codes to ``DataError``): 1292 a value that is not a date
+#: or number, 1366 a value that is not of the column's type, 3819 MySQL's CHECK, 4025 MariaDB's CHECK.
+MYSQL_REFUSALS: Final = frozenset({1292, 1366, 3819, 4025})
 
 
 def refused_by_database(exc: BaseException) -> bool:
@@ -19,7 +23,10 @@ def refused_by_database(exc: BaseException) -> bool:
 
     :param exc: the exception a driver raised
     """
-    return any(cls.__name__ in REFUSALS for cls in type(exc).__mro__)
+    if any(cls.__name__ in REFUSALS for cls in type(exc).__mro__):
+        return True
+    mysql = type(exc).__module__.split(".")[0] == "MySQLdb"
+    return mysql and bool(exc.args) and exc.args[0] in MYSQL_REFUSALS
 
 
 def write_batch(conn: Any, run: Callable[[Any], object]) -> bool:

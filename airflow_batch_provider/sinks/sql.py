@@ -2,10 +2,11 @@
 
 Through whatever ``common.sql`` hook the connection's type names (``DbApiHook``). Two modes:
 
-- ``upsert``: insert the row, or update it when its key is there. PostgreSQL and SQLite get
-  their own ``INSERT ... ON CONFLICT (keys) DO UPDATE``; other databases go through the hook's
-  ``insert_rows(replace=True)`` (``MERGE``/``REPLACE`` where the hook's dialect writes one; where
-  it cannot, the delivery fails with a message naming the sink and ``mode="update"``).
+- ``upsert``: insert the row, or update it in place when its key is there: PostgreSQL and SQLite
+  get ``INSERT ... ON CONFLICT (keys) DO UPDATE``, MySQL and MariaDB ``INSERT ... ON DUPLICATE KEY
+  UPDATE``; other databases go through the hook's ``insert_rows(replace=True)`` where that is an
+  upsert (``MERGE``), and a hook that writes a ``REPLACE`` (delete, then insert) is refused with a
+  message naming ``mode="update"`` (which statement on which database: :mod:`.dialects`).
 - ``update``: ``UPDATE table SET ... WHERE keys = ...``, to write the label back onto the source
   row; a key with no row there writes nothing.
 
@@ -32,11 +33,15 @@ from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.candidates import Candidate
 from airflow_batch_provider.services.delivery import RowWriter, SinkRow
 from airflow_batch_provider.sinks.db_batch import refused_by_database, write_batch
+from airflow_batch_provider.sinks.dialects import (
+    MULTI_ROW,
+    Upsert,
+    hook_upsert_sql,
+    no_upsert,
+    row_statement,
+    upsert_of,
+)
 
-#: The connection types whose dialect writes ``INSERT ... ON CONFLICT`` here.
-ON_CONFLICT_TYPES: Final = frozenset({"postgres", "postgresql", "sqlite"})
-#: The connection types written by one multi-row statement per batch (:mod:`.pg_batch`).
-PG_TYPES: Final = frozenset({"postgres", "postgresql"})
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 #: A column's value: a JSON path into the answer (``"$.label"``) or a callable of the result.
@@ -162,14 +167,14 @@ class SqlUpsertSink:
         from airflow_batch_provider.hooks.sql import sql_connection_hook
 
         hook, conn_type = sql_connection_hook(self.conn_id, "a SqlUpsertSink")
-        conn_type = conn_type.lower()
-        if self.mode == "upsert" and conn_type not in ON_CONFLICT_TYPES:
-            yield _ReplaceWriter(self, hook)
+        upsert = upsert_of(conn_type)
+        if self.mode == "upsert" and upsert is None:
+            yield _HookWriter(self, hook)
             return
         dbapi = hook.get_conn()
         try:
-            rows_writer = self.writer(dbapi, hook.placeholder)
-            if conn_type in PG_TYPES:  # a batch in one multi-row statement
+            rows_writer = self.writer(dbapi, hook.placeholder, upsert or "on_conflict")
+            if conn_type.lower() in MULTI_ROW:  # a batch in one multi-row statement
                 from airflow_batch_provider.sinks.pg_batch import PgBatchWriter
 
                 yield PgBatchWriter(self, dbapi, rows_writer)
@@ -178,7 +183,7 @@ class SqlUpsertSink:
         finally:
             dbapi.close()
 
-    def writer(self, dbapi: Any, placeholder: str) -> _DbApiWriter:
+    def writer(self, dbapi: Any, placeholder: str, upsert: Upsert = "on_conflict") -> _DbApiWriter:
         """The writer of this sink's statement on an open DB-API connection (the caller closes it).
 
         ``executemany`` of :meth:`statement`, one commit per batch; a batch the database refuses
@@ -186,27 +191,21 @@ class SqlUpsertSink:
 
         :param dbapi: the DB-API connection
         :param placeholder: the driver's placeholder (``%s``, ``?``)
+        :param upsert: the database's upsert statement (:mod:`.dialects`)
         """
-        return _DbApiWriter(self, dbapi, self.statement(placeholder))
+        return _DbApiWriter(self, dbapi, self.statement(placeholder, upsert), placeholder, upsert)
 
-    def statement(self, placeholder: str) -> str:
-        """The SQL of one row (``INSERT ... ON CONFLICT`` or ``UPDATE``), for ``executemany``.
+    def statement(
+        self, placeholder: str, upsert: Upsert = "on_conflict", columns: Sequence[str] | None = None
+    ) -> str:
+        """The SQL of one row (the database's upsert, or ``UPDATE``), for ``executemany``.
 
         :param placeholder: the driver's placeholder (``%s``, ``?``)
+        :param upsert: the database's upsert statement (:mod:`.dialects`)
+        :param columns: the written columns (default: the mapping's)
         """
-        keys = list(self.key_columns)
-        cols = self.column_names()
-        if self.mode == "update":
-            sets = ", ".join(f"{c} = {placeholder}" for c in cols)
-            where = " AND ".join(f"{k} = {placeholder}" for k in keys)
-            return f"UPDATE {self.table} SET {sets} WHERE {where}"
-        every = [*keys, *cols]
-        marks = ", ".join([placeholder] * len(every))
-        sets = ", ".join(f"{c} = excluded.{c}" for c in cols)
-        return (
-            f"INSERT INTO {self.table} ({', '.join(every)}) VALUES ({marks}) "
-            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
-        )
+        written = self.column_names() if columns is None else list(columns)
+        return row_statement(self.mode, upsert, self.table, self.key_columns, written, placeholder)
 
     def column_names(self) -> list[str]:
         """The written columns when they are known up front (a mapping), else ``[]``."""
@@ -237,6 +236,8 @@ class _DbApiWriter:
     sink: SqlUpsertSink
     conn: Any
     sql: str
+    placeholder: str = "%s"
+    upsert: Upsert = "on_conflict"
 
     def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
         if not self.sink.column_names():  # a callable mapping: every row names its own columns
@@ -256,8 +257,8 @@ class _DbApiWriter:
         try:
             for index, row in enumerate(rows):
                 sql = self.sql
-                if not self.sink.column_names():
-                    sql = _row_statement(self.sink, row, self.sql)
+                if not self.sink.column_names():  # the row names its columns
+                    sql = self.sink.statement(self.placeholder, self.upsert, list(row.values))
                 try:
                     cursor.execute(sql, self.sink.params(row))
                     self.conn.commit()
@@ -271,35 +272,21 @@ class _DbApiWriter:
         return refused
 
 
-def _row_statement(sink: SqlUpsertSink, row: SinkRow, template: str) -> str:
-    """The statement of a row whose columns a callable mapping named."""
-    placeholder = "?" if "?" in template else "%s"
-    named = SqlUpsertSink(
-        conn_id=sink.conn_id,
-        table=sink.table,
-        key_columns=sink.key_columns,
-        columns={c: "$" for c in row.values},
-        mode=sink.mode,
-    )
-    return named.statement(placeholder)
-
-
 @dataclass
-class _ReplaceWriter:
-    """Other databases: the hook's ``insert_rows(replace=True)`` (its dialect's ``MERGE``/``REPLACE``)."""
+class _HookWriter:
+    """Other databases: the hook's ``insert_rows(replace=True)``, where that is an upsert (``MERGE``)."""
 
     sink: SqlUpsertSink
     hook: Any
 
     def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
+        fields = self._fields(rows)
+        hook_upsert_sql(self.hook, self.sink.table, fields, self.sink.key_columns, self.sink.sink_name)
         try:
             self._insert(rows)
             return {}
         except NotImplementedError as exc:
-            raise ConfigurationError(
-                f"sink {self.sink.sink_name!r}: the {type(self.hook).__name__} of connection "
-                f"{self.sink.conn_id!r} writes no upsert ({exc}); use mode='update' (update by key) instead."
-            ) from exc
+            raise no_upsert(self.hook, self.sink.sink_name, str(exc)) from exc
         except Exception as exc:
             if not refused_by_database(exc):
                 raise
@@ -313,14 +300,19 @@ class _ReplaceWriter:
                 refused[index] = f"{type(exc).__name__}: {str(exc).strip()}"
         return refused
 
+    def _fields(self, rows: Sequence[SinkRow]) -> list[str]:
+        return [*self.sink.key_columns, *(self.sink.column_names() or list(rows[0].values))]
+
     def _insert(self, rows: Sequence[SinkRow]) -> None:
-        fields = [*self.sink.key_columns, *(self.sink.column_names() or list(rows[0].values))]
+        fields = self._fields(rows)
         values = [tuple({**row.keys, **row.values}.get(f) for f in fields) for row in rows]
         self.hook.insert_rows(
             self.sink.table,
             values,
             target_fields=fields,
-            commit_every=0,
+            # the batch in one transaction: commit_every=0 says so, but a hook that supports
+            # executemany (PostgreSQL's, SQL Server's) then inserts nothing (chunks of 0 rows)
+            commit_every=len(rows),
             replace=True,
             replace_index=list(self.sink.key_columns),
         )

@@ -28,6 +28,7 @@ import pytest
 from airflow_batch_provider.core.states import OPEN_STATES
 from airflow_batch_provider.ledger import Ledger
 from tests.stack.test_stack import login, wait_for
+from tests.support.ci import missing_program, under_ci
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "nightly_feedback_classification"
@@ -41,16 +42,8 @@ def require_redis_server(ci: bool) -> None:
 
     :param ci: running under CI (``CI=true``)
     """
-    if shutil.which("redis-server") is not None:
-        return
-    if ci:
-        pytest.fail(f"{NO_REDIS}; CI installs it in .ci/run")
-    pytest.skip(NO_REDIS)
-
-
-def under_ci() -> bool:
-    """``CI`` set to a true value, as CI services set it."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+    if shutil.which("redis-server") is None:
+        missing_program(NO_REDIS, ci)
 
 
 @pytest.fixture(scope="module")

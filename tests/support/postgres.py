@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -215,7 +215,55 @@ def _wait_until_gone(pid: int, timeout: float) -> bool:
     return not process_alive(pid)
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def plain_dbname(name: str | None) -> str:
+    """A database name safe to quote into SQL: ``name`` checked, or a unique ``db_<hex>`` when ``None``.
+
+    :param name: a lower-case identifier, or ``None``
+    :raises ValueError: ``name`` is not a plain lower-case identifier
+    """
+    name = name or f"db_{uuid.uuid4().hex[:16]}"
+    if not _VALID_DBNAME.match(name):
+        raise ValueError(f"not a plain lower-case identifier: {name!r}")
+    return name
+
+
+def wait_for_server(
+    connect: Callable[[], object],
+    process: subprocess.Popen[bytes] | None,
+    log_file: Path,
+    what: str,
+    unavailable: type[Exception],
+    timeout: float,
+) -> None:
+    """Block until ``connect()`` succeeds: the server started by ``process`` accepts connections.
+
+    :param connect: opens and closes one connection; raises while the server is starting
+    :param process: the server's process (its exit ends the wait), if a child of this one
+    :param log_file: the server's log, whose tail the error shows
+    :param what: the server, for the message (``MariaDB on port 5432``)
+    :param unavailable: the exception raised when it exits or does not answer in time
+    :param timeout: seconds before giving up
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise unavailable(
+                f"{what} exited with {process.returncode}:\n--- server log ---\n{log_tail(log_file)}"
+            )
+        try:
+            connect()
+            return
+        except Exception as exc:  # the driver's OperationalError while it starts
+            last_error = exc
+            time.sleep(0.05)
+    raise unavailable(
+        f"{what} did not accept connections within {timeout}s: {last_error}\n"
+        f"--- server log ---\n{log_tail(log_file)}"
+    )
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -304,7 +352,7 @@ class PostgresServer:
         if check and proc.returncode != 0:
             raise PostgresUnavailable(
                 f"{args[0]} exited with {proc.returncode}:\n{output}\n"
-                f"--- server log ---\n{_tail(self.log_file)}"
+                f"--- server log ---\n{log_tail(self.log_file)}"
             )
         return output
 
@@ -332,23 +380,13 @@ class PostgresServer:
         :param timeout: seconds before giving up.
         :raises PostgresUnavailable: when the server does not answer in time.
         """
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise PostgresUnavailable(
-                    f"postgres exited with {self._process.returncode} on port {self.port}:\n"
-                    f"{_tail(self.log_file)}"
-                )
-            try:
-                self._connect("postgres", timeout=2).close()  # libpq minimum
-                return
-            except Exception as exc:  # psycopg2.OperationalError while starting up
-                last_error = exc
-                time.sleep(0.1)
-        raise PostgresUnavailable(
-            f"PostgreSQL on port {self.port} did not accept connections within {timeout}s: {last_error}\n"
-            f"--- server log ---\n{_tail(self.log_file)}"
+        wait_for_server(
+            lambda: self._connect("postgres", timeout=2).close(),  # libpq minimum
+            self._process,
+            self.log_file,
+            f"PostgreSQL on port {self.port}",
+            PostgresUnavailable,
+            timeout,
         )
 
     def execute(self, sql: str, dbname: str = "postgres") -> list[tuple[Any, ...]]:
@@ -372,9 +410,7 @@ class PostgresServer:
         :param name: lower-case identifier; a unique ``db_<hex>`` name when omitted.
         :return: the database name.
         """
-        name = name or f"db_{uuid.uuid4().hex[:16]}"
-        if not _VALID_DBNAME.match(name):
-            raise ValueError(f"not a plain lower-case identifier: {name!r}")
+        name = plain_dbname(name)
         self.execute(f'CREATE DATABASE "{name}"')
         return name
 
@@ -383,9 +419,7 @@ class PostgresServer:
 
         :param name: the database name.
         """
-        if not _VALID_DBNAME.match(name):
-            raise ValueError(f"not a plain lower-case identifier: {name!r}")
-        self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.execute(f'DROP DATABASE IF EXISTS "{plain_dbname(name)}" WITH (FORCE)')
 
     def postmaster_pid(self) -> int | None:
         """The server's process id from ``postmaster.pid``, or ``None`` when it is not running."""

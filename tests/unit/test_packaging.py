@@ -30,13 +30,14 @@ RUNTIME_EXTRAS = {
     "google",
     "postgres",
     "sql",
+    "mysql",
     "http",
     "parquet",
     "emulator",
     "openlineage",
 }
 # development requirements: PEP 735 dependency groups, never published as extras
-DEV_GROUPS = {"stack", "test", "test-google"}
+DEV_GROUPS = {"stack", "test", "test-google", "test-mysql"}
 
 
 def pins(name: str = "constraints.txt") -> dict[str, Version]:
@@ -64,9 +65,10 @@ def runtime_requirements() -> list[Requirement]:
 
 
 def test_every_floor_is_at_or_below_the_pin_that_the_main_suite_runs_with() -> None:
-    """Both ends are tested: the pins of constraints.txt (`make test`) or constraints-google.txt
-    (`make test-google`) from above, the floors themselves by `make test-lowest` from below."""
-    environments = [pins(), pins("constraints-google.txt")]
+    """Both ends are tested: the pins of constraints.txt (`make test`), constraints-google.txt
+    (`make test-google`) or constraints-mysql.txt (`make test-mysql`) from above, the floors
+    themselves by `make test-lowest` from below."""
+    environments = [pins(), pins("constraints-google.txt"), pins("constraints-mysql.txt")]
     wrong = []
     for req in runtime_requirements():
         if _norm(req.name) == "airflow-batch-provider":
@@ -77,7 +79,9 @@ def test_every_floor_is_at_or_below_the_pin_that_the_main_suite_runs_with() -> N
             continue
         tested = [env[_norm(req.name)] for env in environments if _norm(req.name) in env]
         if not tested:
-            wrong.append(f"{req}: not pinned in constraints.txt or constraints-google.txt")
+            wrong.append(
+                f"{req}: not pinned in constraints.txt, constraints-google.txt or constraints-mysql.txt"
+            )
         elif not any(floors[0] <= pin for pin in tested):
             wrong.append(f"{req}: above every tested pin ({', '.join(map(str, tested))})")
     assert not wrong, "\n".join(wrong)
@@ -116,6 +120,35 @@ def test_the_google_extra_stays_out_of_all_because_it_cannot_sit_beside_the_open
     google, main = pins("constraints-google.txt"), pins()
     assert google["openai"].major < main["openai"].major
     assert google["google-genai"].major < main["google-genai"].major
+
+
+def test_the_mysql_extra_stays_out_of_all_and_its_lane_adds_only_the_mysql_provider_to_the_main_pins() -> (
+    None
+):
+    """The MySQL provider requires mysqlclient, built from source (a C compiler and MariaDB's headers):
+    `make venv` must not need them; `make test-mysql` (part of `make test`) tests the extra."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "mysql" not in Requirement(extras["all"][0]).extras
+    assert [_norm(Requirement(r).name) for r in extras["mysql"]] == [
+        "airflow-batch-provider",  # [sql]: common.sql and the hooks the tests also use
+        "apache-airflow-providers-mysql",
+    ]
+    main, mysql = pins(), pins("constraints-mysql.txt")
+    differ = {name for name in main.keys() & mysql.keys() if main[name] != mysql[name]}
+    assert not differ, (
+        f"pins that differ: {sorted(differ)}; run `make constraints-mysql` after `make constraints`"
+    )
+    assert set(mysql) - set(main) == {
+        "apache-airflow-providers-mysql",
+        "mysqlclient",
+        "mysql-connector-python",
+        "pymysql",
+        "aiomysql",
+    }
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "-c constraints-mysql.txt -e '.[mysql,openai,emulator]' --group test-mysql" in makefile
+    test = makefile.split("\ntest: venv ", 1)[1].split("\n\n", 1)[0]
+    assert test.index("test-google") < test.index("test-mysql"), "`make test` runs the MySQL lane"
 
 
 def _top_level_imports(path: Path) -> set[str]:

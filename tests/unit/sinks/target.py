@@ -30,6 +30,11 @@ class Target:
     url: str
     conn_json: str
 
+    @property
+    def database(self) -> str:
+        """The database's name (a server's; SQLite: the file)."""
+        return self.url.rsplit("/", 1)[-1].split("?", 1)[0]
+
     def execute(self, sql: str) -> None:
         engine = create_engine(self.url)
         try:
@@ -49,13 +54,16 @@ class Target:
 
 @contextmanager
 def target_for(kind: str, tmp_path: Path, server: Any = None) -> Iterator[Target]:
-    """A fresh target database of ``kind`` (``sqlite`` or ``postgresql``)."""
+    """A fresh target database of ``kind`` (``sqlite``, ``postgresql`` or ``mysql``)."""
     if kind == "sqlite":
         path = tmp_path / "target.sqlite"
         yield Target(f"sqlite:///{path}", json.dumps({"conn_type": "sqlite", "host": str(path)}))
         return
     name = server.create_database(f"target_{tmp_path.name[-20:].lower().replace('-', '_')}")
     try:
+        if kind == "mysql":
+            yield Target(server.url_for(name), server.conn_json(name))
+            return
         conn = {
             "conn_type": "postgres",
             "host": "127.0.0.1",
