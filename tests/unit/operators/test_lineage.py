@@ -92,7 +92,12 @@ def test_a_file_is_an_input_a_callable_declares_nothing_and_the_text_is_rendered
 def test_a_dataset_that_cannot_be_named_is_left_out_with_a_warning_and_the_others_are_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="airflow_batch_provider.operators.lineage"):
+    # the handler on the module's logger itself: looking the connection up configures Airflow's
+    # logging, which replaces the root logger's handlers (caplog's among them) when it is the
+    # first thing in the process to do so
+    logger = logging.getLogger("airflow_batch_provider.operators.lineage")
+    logger.addHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
         lineage = operator_lineage(
             inputs=[
                 DatasetRef("table", "tickets", "no_such_conn"),
@@ -101,6 +106,7 @@ def test_a_dataset_that_cannot_be_named_is_left_out_with_a_warning_and_the_other
             ],
             render=str,
         )
+    logger.removeHandler(caplog.handler)
     assert named(lineage.inputs) == [("file", "/data/tickets.jsonl")]
     messages = [r.getMessage() for r in caplog.records]
     assert any(
