@@ -188,6 +188,8 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 
 def _copy_text(value: Any) -> str:
     """One value in PostgreSQL's COPY text format."""
+    if type(value) is str:  # most values: text with nothing to escape (no control character, no backslash)
+        return value if value.isprintable() and "\\" not in value else value.translate(_COPY_ESCAPES)
     if value is None:
         return "\\N"
     if value is True:

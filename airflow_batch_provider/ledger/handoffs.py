@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy import and_, func, literal_column, or_, select, tuple_
 from sqlalchemy.sql.selectable import Join
 
 from airflow_batch_provider.core.states import USABLE_STATES
@@ -187,7 +187,7 @@ def settle(
                 select(d.item_key, d.app_id, d.prompt_version, d.result_sha256, d.run_id).where(
                     d.workload == workload,
                     d.sink == consumer,
-                    d.state == "offered",
+                    d.state == literal_column("'offered'"),  # a literal: the partial index's condition
                     d.delivery_key.in_(wanted[start : start + PAGE]),
                 )
             ).all()

@@ -1,4 +1,7 @@
-"""Upgrade step: create the indexes an older ledger lacks (:data:`~airflow_batch_provider.ledger.schema.ADDED_INDEXES`).
+"""Upgrade steps: create the indexes an older ledger lacks, drop those a later version replaced.
+
+(:data:`~airflow_batch_provider.ledger.schema.ADDED_INDEXES`,
+:data:`~airflow_batch_provider.ledger.schema.DROPPED_INDEXES`.)
 
 ``metadata.create_all`` creates a missing table with every index, but adds no index to a table
 that exists. Each index is its own idempotent step (``CREATE INDEX IF NOT EXISTS``), so workers
@@ -7,7 +10,7 @@ opening the ledger at once, or a later version adding more, need nothing else.
 
 from __future__ import annotations
 
-from sqlalchemy import Index, inspect
+from sqlalchemy import Index, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex
 
@@ -40,3 +43,22 @@ def add_missing_indexes(engine: Engine) -> list[str]:
             conn.execute(CreateIndex(index, if_not_exists=True))
         made.append(name)
     return made
+
+
+def drop_replaced_indexes(engine: Engine) -> list[str]:
+    """Drop each index of :data:`~airflow_batch_provider.ledger.schema.DROPPED_INDEXES` the ledger has.
+
+    ``DROP INDEX IF EXISTS``: workers opening the ledger at once drop it once between them.
+
+    :param engine: the ledger's engine
+    :return: the indexes dropped
+    """
+    inspector = inspect(engine)
+    dropped: list[str] = []
+    for name, table in s.DROPPED_INDEXES.items():
+        if name not in {ix["name"] for ix in inspector.get_indexes(table)}:
+            continue
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
+        dropped.append(name)
+    return dropped

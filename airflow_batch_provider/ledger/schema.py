@@ -38,8 +38,11 @@ from sqlalchemy import (
 #: 6: indexes for the reads of a ledger with a long history (``ix_abp_runs_started``,
 #: ``ix_abp_jobs_state``, ``ix_abp_items_review``, ``ix_abp_results_run``: :data:`ADDED_INDEXES`,
 #: created when missing on open, each on its own).
+#: 7: ``abp_deliveries``' index by delivery key holds only the hand-offs a consumer is offered
+#: (``ix_abp_deliveries_offered``, partial; the full ``ix_abp_deliveries_key`` it replaces, which
+#: every sink row paid for, is dropped on open: :data:`DROPPED_INDEXES`).
 #: Older ledgers are upgraded in place on open.
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -395,7 +398,11 @@ ADDED_INDEXES: Final[tuple[str, ...]] = (
     "ix_abp_jobs_state",
     "ix_abp_items_review",
     "ix_abp_results_run",
+    "ix_abp_deliveries_offered",
 )
+#: Indexes a later version replaced, with their tables (schema version 7): dropped on open where a ledger has them
+#: (:func:`airflow_batch_provider.ledger.indexes.drop_replaced_indexes`).
+DROPPED_INDEXES: Final[dict[str, str]] = {"ix_abp_deliveries_key": "abp_deliveries"}
 
 #: Infrastructure cost of a self-hosted job (the vLLM lane): GPU time of its pod, at the
 #: connection's hourly rate. One row per job; a re-run of the pod task overwrites it.
@@ -481,5 +488,13 @@ deliveries = Table(
     Column("writes", Integer, nullable=False, default=1),
     Column("delivered_at", UTCDateTime(), nullable=False),
     Index("ix_abp_deliveries_run", "workload", "sink", "run_id"),
-    Index("ix_abp_deliveries_key", "workload", "sink", "delivery_key"),
+    # a consumer's offered hand-offs by key (schema version 7); a sink's rows are never looked up by key
+    Index(
+        "ix_abp_deliveries_offered",
+        "workload",
+        "sink",
+        "delivery_key",
+        sqlite_where=text("state = 'offered'"),
+        postgresql_where=text("state = 'offered'"),
+    ),
 )

@@ -21,7 +21,7 @@ from airflow_batch_provider.exceptions import (
     LedgerError,
 )
 from airflow_batch_provider.ledger import schema as s
-from airflow_batch_provider.ledger.indexes import add_missing_indexes
+from airflow_batch_provider.ledger.indexes import add_missing_indexes, drop_replaced_indexes
 from airflow_batch_provider.ledger.room import Room
 
 #: PostgreSQL advisory lock held while the schema is created or upgraded (any constant will do;
@@ -73,6 +73,7 @@ class SchemaRoom(Room):
             )
         self._add_missing_columns()
         add_missing_indexes(self.engine)
+        drop_replaced_indexes(self.engine)
         with self.engine.begin() as conn:
             if found is None:
                 conn.execute(s.meta.insert().values(key="schema_version", value=str(s.SCHEMA_VERSION)))

@@ -20,10 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from airflow_batch_provider.core.collector import old_objects_frozen
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.ledger.candidates import Candidate, candidate_pages
 from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries, values_sha256
@@ -113,9 +114,14 @@ class DeliveryCounts:
 def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryCounts:
     """Deliver the run's final answers that the sink does not hold yet; record each row.
 
-    A batch is recorded in the ledger (on a second thread) while the next page is read and mapped;
-    the next batch goes to the sink only once that record is committed, so the ledger is never
-    more than the batch the sink just committed behind it (what a crash between the two leaves).
+    Two threads: this one reads and maps the answers a page at a time; a second one opens the
+    sink, writes each batch (the sink commits it) and then records it in the ledger, one batch after
+    the other, while the next page is read and mapped here. So the ledger is never more than the
+    batch the sink just committed behind it (what a crash between the two leaves: rows a later
+    delivery writes again, with the same values), and at most one mapped batch waits while another
+    is written. The sink is opened, written and closed on that one thread (a DB-API connection may
+    belong to the thread that made it, as ``sqlite3``'s does). The collector is kept off the
+    process's older objects meanwhile (:func:`~airflow_batch_provider.core.collector.old_objects_frozen`).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -123,28 +129,68 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
     :param sink: the sink
     """
     counts = DeliveryCounts(sink.sink_name)
-    with sink.open() as writer, ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as recorder:
-        recording: Future[None] | None = None
-        for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
-            todo, refused = _rows(sink, page, counts)
-            if recording is not None:
-                recording.result()
-            rejected = writer.write([row for _, row, _ in todo]) if todo else {}
-            failpoint("deliver.after_sink_commit")
-            done: list[Delivery] = []
-            for index, (result, _, digest) in enumerate(todo):
-                if index in rejected:
-                    refused.append(_refusal(result, digest, rejected[index], counts))
-                else:
-                    done.append(
-                        Delivery(result.item_key, result.app_id, result.prompt_version, "delivered", digest)
-                    )
-            counts.written += len(done)
-            rows = [*done, *refused]
-            recording = recorder.submit(record_deliveries, ledger, workload, sink.sink_name, run_id, rows)
-        if recording is not None:
-            recording.result()
+    opened = ExitStack()
+    with old_objects_frozen(), ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as worker:
+        writer = worker.submit(opened.enter_context, sink.open()).result()
+        batch = _Batch(ledger, workload, sink.sink_name, run_id, writer)
+        try:
+            writing: Future[_Written] | None = None
+            for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
+                todo, refused = _rows(sink, page, counts)
+                if writing is not None:
+                    _count(writing.result(), counts)
+                writing = worker.submit(batch.write, todo, refused)
+            if writing is not None:
+                _count(writing.result(), counts)
+        finally:
+            worker.submit(opened.close).result()
     return counts
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What the sink did with one batch: rows written, and the rows it refused (app id, message)."""
+
+    written: int
+    refused: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The second thread's work: one batch into the sink, then its record into the ledger."""
+
+    ledger: Ledger
+    workload: str
+    sink: str
+    run_id: str
+    writer: RowWriter
+
+    def write(self, todo: Sequence[tuple[Candidate, SinkRow, str]], refused: list[Delivery]) -> _Written:
+        """Write ``todo`` (the sink commits), then record it with ``refused`` (the unmappable) in the ledger.
+
+        :param todo: each answer with its row and the digest of the row's values
+        :param refused: the page's answers the mapping refused, recorded with the batch
+        """
+        rejected = self.writer.write([row for _, row, _ in todo]) if todo else {}
+        failpoint("deliver.after_sink_commit")
+        done: list[Delivery] = []
+        by_sink: list[tuple[str, str]] = []
+        for index, (result, _, digest) in enumerate(todo):
+            if index in rejected:
+                refused.append(_refused(result, digest, rejected[index]))
+                by_sink.append((result.app_id, rejected[index]))
+            else:
+                done.append(
+                    Delivery(result.item_key, result.app_id, result.prompt_version, "delivered", digest)
+                )
+        record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
+        return _Written(len(done), by_sink)
+
+
+def _count(written: _Written, counts: DeliveryCounts) -> None:
+    counts.written += written.written
+    for app_id, message in written.refused:
+        _note_refusal(counts, app_id, message)
 
 
 def _rows(
@@ -163,7 +209,8 @@ def _rows(
             row = sink.row_for(result)
         except (KeyError, TypeError, ValueError) as exc:  # the mapping refused the answer
             message = f"the sink's column mapping failed on this answer: {exc!r}"
-            refused.append(_refusal(result, values_sha256({"error": message}), message, counts))
+            refused.append(_refused(result, values_sha256({"error": message}), message))
+            _note_refusal(counts, result.app_id, message)
             continue
         digest = values_sha256({**row.keys, **row.values})
         if result.recorded_state == "delivered" and result.recorded_sha256 == digest:
@@ -173,11 +220,14 @@ def _rows(
     return todo, refused
 
 
-def _refusal(result: Candidate, digest: str, message: str, counts: DeliveryCounts) -> Delivery:
+def _refused(result: Candidate, digest: str, message: str) -> Delivery:
+    return Delivery(result.item_key, result.app_id, result.prompt_version, "refused", digest, message)
+
+
+def _note_refusal(counts: DeliveryCounts, app_id: str, message: str) -> None:
     counts.refused += 1
     if len(counts.messages) < MESSAGES_SHOWN:
-        counts.messages.append(f"{result.app_id}: {message}")
-    return Delivery(result.item_key, result.app_id, result.prompt_version, "refused", digest, message)
+        counts.messages.append(f"{app_id}: {message}")
 
 
 def report_json_writer(staging: Staging, workload: str, run_id: str) -> Callable[[dict[str, Any]], None]:

@@ -88,6 +88,8 @@ class PgBatchWriter:
     conn: Any
     rows_writer: _DbApiWriter
     _types: dict[str, str] | None = field(default=None, init=False, repr=False)
+    #: the staging table made by a committed batch on this connection (it lasts the session)
+    _staged_in: str | None = field(default=None, init=False, repr=False)
 
     def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
         """Write ``rows`` in one transaction; return the refused rows (index -> the database's message).
@@ -108,8 +110,13 @@ class PgBatchWriter:
                 part = params[start : start + per_statement]
                 cursor.execute(self.statement(len(part)), [value for one in part for value in one])
 
-        if write_batch(self.conn, run):
-            return {}
+        try:
+            if write_batch(self.conn, run):
+                return {}
+        except Exception:
+            self._staged_in = None  # rolled back: a staging table made by this batch is gone
+            raise
+        self._staged_in = None
         return self.rows_writer.one_by_one(rows)
 
     def copy(self, cursor: Any, params: Sequence[tuple[Any, ...]]) -> None:
@@ -123,8 +130,11 @@ class PgBatchWriter:
         stage = "abp_stage_" + hashlib.sha256(repr((self.sink.table, order, types)).encode()).hexdigest()[:16]
         columns = ", ".join(order)
         declared = ", ".join(f"{c} {types.get(c, 'text')}" for c in order)
-        # emptied at every commit; a rolled-back batch takes it away, and the next creates it again
-        cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} ({declared}) ON COMMIT DELETE ROWS")
+        # emptied at every commit; made once per session (a round trip less per batch): a rolled-back
+        # batch takes it away with it, and the next batch makes it again
+        if self._staged_in != stage:
+            cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} ({declared}) ON COMMIT DELETE ROWS")
+            self._staged_in = stage
         with cursor.copy(f"COPY pg_temp.{stage} ({columns}) FROM STDIN") as copy:
             for one in params:
                 copy.write_row(one)

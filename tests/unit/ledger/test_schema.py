@@ -147,10 +147,12 @@ def test_a_ledger_written_by_schema_version_1_is_upgraded_in_place_and_keeps_its
 
     upgraded = Ledger.from_url(ledger_url)
     try:
-        assert upgraded.schema_version == s.SCHEMA_VERSION == 6
+        assert upgraded.schema_version == s.SCHEMA_VERSION == 7
         assert set(inspect(upgraded.engine).get_table_names()) >= TABLES
         for index in s.ADDED_INDEXES:
-            assert index in {ix["name"] for t in TABLES for ix in inspect(upgraded.engine).get_indexes(t)}
+            assert index in {
+                ix["name"] for t in s.metadata.tables for ix in inspect(upgraded.engine).get_indexes(t)
+            }
         for table, names in s.ADDED_COLUMNS.items():
             assert set(names) <= {c["name"] for c in inspect(upgraded.engine).get_columns(table)}
         [run] = upgraded.runs("wl")
@@ -201,7 +203,7 @@ def test_a_version_5_ledger_gets_the_history_indexes_once_each(ledger_url: str) 
 
     upgraded = Ledger.from_url(ledger_url)
     try:
-        assert upgraded.schema_version == 6
+        assert upgraded.schema_version == s.SCHEMA_VERSION
         names = {ix["name"] for t in s.metadata.tables for ix in inspect(upgraded.engine).get_indexes(t)}
         assert set(s.ADDED_INDEXES) <= names
         assert add_missing_indexes(upgraded.engine) == []
