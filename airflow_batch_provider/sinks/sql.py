@@ -86,6 +86,8 @@ class SqlUpsertSink:
     _plan: list[tuple[str, tuple[str | int, ...], Callable[[Candidate], Any] | None]] = field(
         default_factory=list, init=False, repr=False, compare=False
     )
+    #: the mapped columns' names, in the mapping's order (empty for a callable mapping)
+    _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _ident("table", self.table)
@@ -103,6 +105,7 @@ class SqlUpsertSink:
         if self.batch_size < 1:
             raise ConfigurationError(f"SqlUpsertSink batch_size={self.batch_size}; use 1 or more.")
         if isinstance(self.columns, Mapping):
+            object.__setattr__(self, "_names", tuple(self.columns))
             if not self.columns:
                 raise ConfigurationError("SqlUpsertSink columns is empty; map at least one column.")
             for column, source in self.columns.items():
@@ -209,7 +212,7 @@ class SqlUpsertSink:
 
     def column_names(self) -> list[str]:
         """The written columns when they are known up front (a mapping), else ``[]``."""
-        return list(self.columns) if isinstance(self.columns, Mapping) else []
+        return list(self._names)
 
     def params(self, row: SinkRow) -> tuple[Any, ...]:
         """One row's parameters in :meth:`statement`'s order.
@@ -217,9 +220,10 @@ class SqlUpsertSink:
         :param row: the row
         """
         got = row.values
-        values = tuple(got.get(c) for c, _, _ in self._plan) if self._plan else tuple(got.values())
-        keys = tuple(row.keys[k] for k in self.key_columns)
-        return (*values, *keys) if self.mode == "update" else (*keys, *values)
+        # map over the names (a C loop): a generator here was a fifth of a delivery's write
+        values = tuple(map(got.get, self._names)) if self._plan else tuple(got.values())
+        keys = tuple(map(row.keys.__getitem__, self.key_columns))
+        return values + keys if self.mode == "update" else keys + values
 
 
 def _bindable(value: Any) -> Any:
