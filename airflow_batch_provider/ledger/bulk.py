@@ -85,10 +85,19 @@ def pair_filter(key_col: Any, version_col: Any, pairs: Iterable[tuple[str, str]]
     :param version_col: the version column
     :param pairs: the (key, version) pairs
     """
+    by_version = keys_by_version(pairs)
+    return or_(*(and_(version_col == v, key_col.in_(ks)) for v, ks in by_version.items()))
+
+
+def keys_by_version(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """(key, version) pairs grouped by version, each group in the pairs' order (:func:`pair_filter`'s shape).
+
+    :param pairs: the (key, version) pairs
+    """
     by_version: dict[str, list[str]] = {}
     for key, version in pairs:
         by_version.setdefault(version, []).append(key)
-    return or_(*(and_(version_col == v, key_col.in_(ks)) for v, ks in by_version.items()))
+    return by_version
 
 
 def bulk_update(conn: Connection, table: Any, where: Any, rows: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from airflow_batch_provider.core.states import USABLE_STATES
 from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.bulk import keys_by_version
 from airflow_batch_provider.ledger.store import Ledger
 
 #: Answers per page, unless the caller says otherwise (a sink reads a page per batch).
@@ -96,9 +97,8 @@ def candidate_pages(
                 rows = conn.exec_driver_sql(later, (workload, run_id, *after)).all()
             if not rows:
                 return
-            by_version: dict[str, list[str]] = {}
-            for _, version, app_id, _, _ in rows:
-                by_version.setdefault(version, []).append(app_id)
+            # pair_filter's shape (version = v AND app_id IN (...) per version), on the driver's markers
+            by_version = keys_by_version((app_id, version) for _, version, app_id, _, _ in rows)
             pairs = " OR ".join(
                 f"(prompt_version = {mark} AND app_id IN ({', '.join([mark] * len(ids))}))"
                 for ids in by_version.values()

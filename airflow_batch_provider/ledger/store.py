@@ -112,9 +112,10 @@ class Ledger(
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
                 cur.execute("PRAGMA foreign_keys=ON")
-                # A million-row table's random-keyed indexes (abp_deliveries' delivery key) touch a
-                # page per row: a 32 MiB page cache (at most, per connection) and a checkpoint per
-                # 10,000 WAL pages (not 1,000: one per batch) keep those writes off the disk's path.
+                # A million-row table written in random key order (abp_deliveries' primary key: a
+                # delivery goes in item-key order, a hash) touches an index page per row: a 32 MiB
+                # page cache (at most, per connection) and a checkpoint per 10,000 WAL pages (not
+                # 1,000: one per batch) keep those writes off the disk's path.
                 cur.execute("PRAGMA cache_size=-32768")
                 cur.execute("PRAGMA wal_autocheckpoint=10000")
                 cur.close()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow_batch_provider.services.delivery import SinkRow
@@ -88,8 +89,8 @@ class PgBatchWriter:
     conn: Any
     rows_writer: _DbApiWriter
     _types: dict[str, str] | None = field(default=None, init=False, repr=False)
-    #: the staging table made by a committed batch on this connection (it lasts the session)
-    _staged_in: str | None = field(default=None, init=False, repr=False)
+    #: whether this session holds the staging table (a rolled-back batch that made it takes it away)
+    _staged: bool = field(default=False, init=False, repr=False)
 
     def write(self, rows: Sequence[SinkRow]) -> dict[int, str]:
         """Write ``rows`` in one transaction; return the refused rows (index -> the database's message).
@@ -114,9 +115,9 @@ class PgBatchWriter:
             if write_batch(self.conn, run):
                 return {}
         except Exception:
-            self._staged_in = None  # rolled back: a staging table made by this batch is gone
+            self._staged = False  # rolled back: a staging table made by this batch is gone
             raise
-        self._staged_in = None
+        self._staged = False
         return self.rows_writer.one_by_one(rows)
 
     def copy(self, cursor: Any, params: Sequence[tuple[Any, ...]]) -> None:
@@ -125,30 +126,39 @@ class PgBatchWriter:
         :param cursor: a psycopg 3 cursor, in the batch's transaction
         :param params: each row's values in :meth:`SqlUpsertSink.params` order
         """
+        create, copy_in, write = self._copy_statements
+        # emptied at every commit; made once per session (a round trip less per batch): a rolled-back
+        # batch takes it away with it, and the next batch makes it again
+        if not self._staged:
+            cursor.execute(create)
+            self._staged = True
+        with cursor.copy(copy_in) as copy:
+            for one in params:
+                copy.write_row(one)
+        cursor.execute(write)
+
+    @cached_property
+    def _copy_statements(self) -> tuple[str, str, str]:
+        """The staging table's ``CREATE``, its ``COPY`` and the write from it (made on the first batch)."""
         order = self.order()
         types = self.types()
         stage = "abp_stage_" + hashlib.sha256(repr((self.sink.table, order, types)).encode()).hexdigest()[:16]
         columns = ", ".join(order)
         declared = ", ".join(f"{c} {types.get(c, 'text')}" for c in order)
-        # emptied at every commit; made once per session (a round trip less per batch): a rolled-back
-        # batch takes it away with it, and the next batch makes it again
-        if self._staged_in != stage:
-            cursor.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} ({declared}) ON COMMIT DELETE ROWS")
-            self._staged_in = stage
-        with cursor.copy(f"COPY pg_temp.{stage} ({columns}) FROM STDIN") as copy:
-            for one in params:
-                copy.write_row(one)
+        create = f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} ({declared}) ON COMMIT DELETE ROWS"
+        copy_in = f"COPY pg_temp.{stage} ({columns}) FROM STDIN"
         keys, cols, table = list(self.sink.key_columns), self.sink.column_names(), self.sink.table
         if self.sink.mode == "upsert":
             sets = ", ".join(f"{c} = excluded.{c}" for c in cols)
-            cursor.execute(
+            write = (
                 f"INSERT INTO {table} ({columns}) SELECT {columns} FROM pg_temp.{stage} "
                 f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
             )
         else:
             sets = ", ".join(f"{c} = abp_v.{c}" for c in cols)
             where = " AND ".join(f"{table}.{k} = abp_v.{k}" for k in keys)
-            cursor.execute(f"UPDATE {table} SET {sets} FROM pg_temp.{stage} AS abp_v WHERE {where}")
+            write = f"UPDATE {table} SET {sets} FROM pg_temp.{stage} AS abp_v WHERE {where}"
+        return create, copy_in, write
 
     def order(self) -> list[str]:
         """The columns in :meth:`SqlUpsertSink.params` order (keys first for an upsert, last for an update)."""

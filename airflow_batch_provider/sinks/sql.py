@@ -221,7 +221,7 @@ class SqlUpsertSink:
         """
         got = row.values
         # map over the names (a C loop): a generator here was a fifth of a delivery's write
-        values = tuple(map(got.get, self._names)) if self._plan else tuple(got.values())
+        values = tuple(map(got.get, self._names)) if self._names else tuple(got.values())
         keys = tuple(map(row.keys.__getitem__, self.key_columns))
         return values + keys if self.mode == "update" else keys + values
 
