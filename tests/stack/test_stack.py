@@ -93,6 +93,24 @@ def component_pid(state: dict[str, Any], name: str) -> tuple[int, int]:
     return int(info["pid"]), int(info["restarts"])
 
 
+def deferral_events_received(state: dict[str, Any], run_id: str, admin: httpx.Client) -> bool:
+    """Whether the scheduler has logged the executor's event for every deferred wait task of the run."""
+    tis = admin.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    keys = [
+        f"TaskInstanceKey(dag_id='{DAG_ID}', task_id='{ti['task_id']}', run_id='{run_id}',"
+        f" try_number={ti['try_number']}, map_index={ti['map_index']})"
+        for ti in tis
+        if ti["task_id"].endswith(".wait") and ti["state"] == "deferred"
+    ]
+    log = (state["base"] / "logs" / "scheduler.log").read_text(encoding="utf-8", errors="replace")
+    received = set(
+        re.findall(
+            r"Received executor event with state \w+ for task instance (TaskInstanceKey\([^)]*\))", log
+        )
+    )
+    return bool(keys) and all(key in received for key in keys)
+
+
 #: Seconds of emulated work each batch of the crashed run holds until the triggerer is restarted
 #: (at the stack's time scale, far longer than any machine takes to defer and restart).
 HELD_S = 20_000.0
@@ -134,6 +152,16 @@ def finished_run(stack: dict[str, Any]) -> dict[str, Any]:
         return [f"{ti['task_id']}[{ti['map_index']}]" for ti in waits] if ready else None
 
     waiting = wait_for("every batch task to defer", deferred, 600, every=0.5)
+    # a wait task is "deferred" once its worker said so; the scheduler learns that the worker has
+    # exited only later, from the executor. Releasing the batches before then lets a trigger resume
+    # the task first, and the late event of the deferral fails the resumed try (Airflow's race, seen
+    # here after 5 s under load): release them only once the scheduler has had every such event
+    wait_for(
+        "the scheduler to receive every deferral's executor event",
+        lambda: deferral_events_received(stack, run_id, admin) or None,
+        600,
+        every=0.5,
+    )
     old_pid, restarts = component_pid(stack, "triggerer")
     os.killpg(old_pid, signal.SIGKILL)  # the triggerer and the trigger runner it started, mid-poll
     new_pid, _ = wait_for(
