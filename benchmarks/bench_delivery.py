@@ -14,6 +14,11 @@ Baselines, measured in the same run on the same rows and database:
 - one ``executemany`` of the same ``INSERT ... ON CONFLICT`` in one transaction, on the driver
   the Airflow hook uses (psycopg 3, which pipelines it): the least a hand-written upsert does.
 
+Where the time goes: one more delivery with each ledger and one more ``executemany``, each with
+this process's CPU and the PostgreSQL server's CPU per row (the server's processes read from
+``/proc``; left out where they cannot be read). A delivery does two writes a row (the sink's and
+the ledger's record) and reads the answers and the sink's records; the baseline does one write.
+
 Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results (SQLite
 ledger): a delivery that holds one batch at a time has a 10N/N ratio near 1.
 
@@ -33,13 +38,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    CpuSplit,
     Timing,
     airflow_postgres_conn,
     check_size,
     cli,
+    cpu_split,
     floor_insert,
     mib,
     per_s,
+    postgres_server_cpu,
     postgres_url,
     result,
     row,
@@ -131,6 +139,46 @@ def timed_delivery(ledger: Ledger, target: Any, n: int, small: int, repeat: int)
     return timed(lambda: subject(ledger, n), repeat, setup=lambda: reset(ledger, target))
 
 
+def split_delivery(ledger: Ledger, target: Any, n: int, server: Any) -> CpuSplit:
+    """One more delivery of ``n`` (after the timed ones), with this process's and the server's CPU."""
+    reset(ledger, target)
+    return cpu_split(lambda: subject(ledger, n), n, server)
+
+
+def split_rows(n: int, splits: dict[str, CpuSplit], many: CpuSplit) -> list[dict[str, Any]]:
+    """The CPU figures per row: each ledger's delivery against the ``executemany``'s."""
+    out: list[dict[str, Any]] = []
+    baseline = "one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction"
+    for kind, split in splits.items():
+        out.append(
+            row(
+                f"this process's CPU per row, {n:,} results, ledger on {kind}",
+                "us/row",
+                split.client_us,
+                many.client_us,
+                subject="deliver() (every thread)",
+                baseline_name=baseline,
+                note=f"wall {split.wall_us:.1f} us/row against {many.wall_us:.1f}",
+            )
+        )
+        if split.server_us is not None and many.server_us is not None:
+            out.append(
+                row(
+                    f"PostgreSQL server's CPU per row, {n:,} results, ledger on {kind}",
+                    "us/row",
+                    split.server_us,
+                    many.server_us,
+                    subject="deliver(): the sink's writes, and the ledger's reads and writes where it is on PostgreSQL",
+                    baseline_name=baseline,
+                    note=(
+                        "the server's processes as /proc counts them (the postmaster and its children), "
+                        "in 10 ms ticks: read it at 10,000 rows or more"
+                    ),
+                )
+            )
+    return out
+
+
 def postgres_ledger(url: str) -> Ledger:
     """A ledger in a fresh database of the target's server."""
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
@@ -179,12 +227,16 @@ def run(size: str = "default") -> dict[str, Any]:
         conn.execute(text("DROP TABLE IF EXISTS tickets"))
         conn.execute(text(TABLE))
     rows = [(i, LABELS[i % 3], round(0.5 + (i % 50) / 100, 2)) for i in range(n_speed)]
+    server = postgres_server_cpu(target)
+    splits: dict[str, CpuSplit] = {}
     with tempfile.TemporaryDirectory(prefix="abp-bench-delivery-") as tmp:
         ledger = Ledger.from_url(f"sqlite:///{Path(tmp) / 'ledger.sqlite'}")
         timings = {"SQLite": timed_delivery(ledger, target, n_speed, n_mem, repeat)}
+        splits["SQLite"] = split_delivery(ledger, target, n_speed, server)
         pg_ledger = postgres_ledger(url)
         try:
             timings["PostgreSQL"] = timed_delivery(pg_ledger, target, n_speed, n_mem, repeat)
+            splits["PostgreSQL"] = split_delivery(pg_ledger, target, n_speed, server)
         finally:
             drop_postgres_ledger(pg_ledger, url)
         copy = timed(
@@ -194,6 +246,8 @@ def run(size: str = "default") -> dict[str, Any]:
         )
         same_driver = create_engine(pg.set(drivername="postgresql+psycopg"))
         many = timed(lambda: executemany(same_driver, rows), repeat, setup=lambda: reset(ledger, target))
+        reset(ledger, target)
+        many_split = cpu_split(lambda: executemany(same_driver, rows), n_speed, server)
         same_driver.dispose()
         for kind, timing in timings.items():
             for name, base in (
@@ -210,6 +264,7 @@ def run(size: str = "default") -> dict[str, Any]:
                         baseline_name=name,
                     )
                 )
+        rows_out.extend(split_rows(n_speed, splits, many_split))
         peaks = []
         for n, run_id in ((n_mem, SMALL_RUN), (n_speed, RUN)):  # the SQLite ledger seeded above
             reset(ledger, target)

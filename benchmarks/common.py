@@ -259,6 +259,73 @@ def postgres_url() -> tuple[str | None, str]:
     return url, how
 
 
+@dataclass(frozen=True)
+class CpuSplit:
+    """Where one run of some work spent its time, per item: the wall clock, this process's CPU and
+    the database server's CPU (``None`` where the server's processes cannot be read here).
+
+    :param wall_us: wall-clock microseconds per item
+    :param client_us: this process's CPU microseconds per item (every thread)
+    :param server_us: the server's CPU microseconds per item (the postmaster and its children)
+    """
+
+    wall_us: float
+    client_us: float
+    server_us: float | None
+
+
+def postgres_server_cpu(engine: Any) -> Callable[[], float] | None:
+    """A reader of a local PostgreSQL server's CPU seconds so far (its postmaster and every child).
+
+    The server is found from a backend's process id (``pg_backend_pid()``): its parent is the
+    postmaster. ``None`` where ``/proc`` does not show it (another machine, another OS).
+
+    :param engine: a SQLAlchemy engine on the server
+    """
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+    stat = Path(f"/proc/{backend}/stat")
+    if not stat.exists():
+        return None
+    postmaster = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds() -> float:
+        total = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            if int(entry.name) == postmaster or int(fields[1]) == postmaster:
+                # utime, stime, and those of its waited-for children (a backend that ended)
+                total += sum(int(f) for f in fields[11:15])
+        return total / tick
+
+    return seconds
+
+
+def cpu_split(work: Callable[[], object], items: int, server: Callable[[], float] | None) -> CpuSplit:
+    """Run ``work`` once; return its wall time, this process's CPU and the server's, per item.
+
+    :param work: the measured work
+    :param items: how many items it processes
+    :param server: the server's CPU reader (:func:`postgres_server_cpu`), or ``None``
+    """
+    gc.collect()
+    s0 = server() if server else 0.0
+    w0, c0 = time.perf_counter(), time.process_time()
+    work()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    used = (server() - s0) if server else None
+    per = 1e6 / max(1, items)
+    return CpuSplit(wall * per, cpu * per, None if used is None else used * per)
+
+
 def cli(doc: str | None, run: Any, sizes: Any, argv: list[str] | None = None) -> None:
     """The command line of one benchmark module: ``--size``, JSON on stdout.
 

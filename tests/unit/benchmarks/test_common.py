@@ -1,0 +1,56 @@
+"""The benchmarks' CPU accounting: this process's CPU, and a local PostgreSQL server's read from ``/proc``.
+
+No speed is asserted: only that work done on one side is counted on that side.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from sqlalchemy import create_engine, text
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def load_common() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_common_under_test", BENCH / "common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the server's CPU is read from /proc")
+def test_work_done_by_the_server_is_counted_as_the_servers_cpu_not_this_processs(postgres_url: str) -> None:
+    common = load_common()
+    engine = create_engine(postgres_url)
+    try:
+        server = common.postgres_server_cpu(engine)
+        assert server is not None
+
+        def sum_on_the_server() -> None:
+            with engine.connect() as conn:
+                # a few hundred milliseconds of the server's CPU, almost none of this process's
+                for _ in range(5):
+                    conn.execute(text("SELECT sum(i) FROM generate_series(1, 2000000) AS i")).scalar_one()
+
+        split = common.cpu_split(sum_on_the_server, 5, server)
+    finally:
+        engine.dispose()
+    assert split.server_us is not None
+    assert split.server_us > 0
+    assert split.server_us > 5 * split.client_us, split
+
+
+def test_work_done_here_is_counted_as_this_processs_cpu_and_no_server_reads_as_none() -> None:
+    common = load_common()
+    split = common.cpu_split(lambda: sum(i * i for i in range(2_000_000)), 2, None)
+    assert split.server_us is None
+    assert split.client_us > 0
+    assert split.wall_us > 0
