@@ -18,6 +18,9 @@ Where the time goes: one more delivery with each ledger and one more ``executema
 this process's CPU and the PostgreSQL server's CPU per row (the server's processes read from
 ``/proc``; left out where they cannot be read). A delivery does two writes a row (the sink's and
 the ledger's record) and reads the answers and the sink's records; the baseline does one write.
+And, with the SQLite ledger, the same delivery with a part left out (the ledger's record, the
+sink's writes, or both: reading and mapping only), against the whole delivery: what each part
+adds to the wall clock when the others run beside it.
 
 Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results (SQLite
 ledger): a delivery that holds one batch at a time has a 10N/N ratio near 1.
@@ -31,6 +34,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +67,7 @@ from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.bulk import db_stamp, insert_rows
+from airflow_batch_provider.services import delivery
 from airflow_batch_provider.services.delivery import deliver
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
@@ -137,6 +144,80 @@ def timed_delivery(ledger: Ledger, target: Any, n: int, small: int, repeat: int)
     reset(ledger, target)
     subject(ledger, WARM, WARM_RUN)  # untimed: the hook, the connections, the caches
     return timed(lambda: subject(ledger, n), repeat, setup=lambda: reset(ledger, target))
+
+
+#: The parts of a delivery left out, one at a time, in :func:`parts_rows`: (record, write into the sink).
+PARTS: dict[str, tuple[bool, bool]] = {
+    "the ledger's record left out": (False, True),
+    "the sink's writes left out": (True, False),
+    "both left out (reading and mapping only)": (False, False),
+}
+
+
+class _NoWrites:
+    """A writer that writes nothing (the sink's part left out)."""
+
+    def write(self, rows: Any) -> dict[int, str]:
+        return {}
+
+
+@dataclass(frozen=True)
+class _Unwritten:
+    """The benchmark's sink, mapping each answer as it does, with nothing written."""
+
+    inner: SqlUpsertSink
+
+    @property
+    def sink_name(self) -> str:
+        return self.inner.sink_name
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size
+
+    def row_for(self, result: Any) -> Any:
+        return self.inner.row_for(result)
+
+    @contextmanager
+    def open(self) -> Iterator[_NoWrites]:
+        yield _NoWrites()
+
+
+@contextmanager
+def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) -> list[dict[str, Any]]:
+    """The delivery of ``n`` with a part left out, against the whole delivery (rows/s)."""
+    out: list[dict[str, Any]] = []
+    for name, (record, write) in PARTS.items():
+
+        def work(record: bool = record, write: bool = write) -> int:
+            target_sink: Any = sink() if write else _Unwritten(sink())
+            with ExitStack() as stack:
+                if not record:  # the record's function, module-wide, for this one delivery
+                    stack.enter_context(_replaced(delivery, "record_deliveries", lambda *a, **k: None))
+                return deliver(ledger, WORKLOAD, RUN, target_sink).written
+
+        timing = timed(work, repeat, setup=lambda: reset(ledger, target))
+        out.append(
+            row(
+                f"deliver {n:,} results, ledger on SQLite, {name}",
+                "rows/s",
+                per_s(n, timing.best_s),
+                per_s(n, whole.best_s),
+                subject="deliver() with that part replaced by nothing",
+                baseline_name="the whole delivery, ledger on SQLite",
+                note="above 1: what the part costs the delivery",
+            )
+        )
+    return out
 
 
 def split_delivery(ledger: Ledger, target: Any, n: int, server: Any) -> CpuSplit:
@@ -233,6 +314,7 @@ def run(size: str = "default") -> dict[str, Any]:
         ledger = Ledger.from_url(f"sqlite:///{Path(tmp) / 'ledger.sqlite'}")
         timings = {"SQLite": timed_delivery(ledger, target, n_speed, n_mem, repeat)}
         splits["SQLite"] = split_delivery(ledger, target, n_speed, server)
+        rows_out.extend(parts_rows(ledger, target, n_speed, repeat, timings["SQLite"]))
         pg_ledger = postgres_ledger(url)
         try:
             timings["PostgreSQL"] = timed_delivery(pg_ledger, target, n_speed, n_mem, repeat)
