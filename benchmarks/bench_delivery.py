@@ -35,11 +35,11 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -121,8 +121,12 @@ def reset(ledger: Ledger, target: Any) -> None:
         conn.execute(text("TRUNCATE tickets"))
 
 
-def sink() -> SqlUpsertSink:
-    return SqlUpsertSink(
+#: The ``executemany`` baseline's name in every row that compares with it.
+EXECUTEMANY = "one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction"
+
+
+def sink(kind: type[SqlUpsertSink] = SqlUpsertSink) -> SqlUpsertSink:
+    return kind(
         conn_id=CONN_ID,
         table="tickets",
         key_columns=["ticket_id"],
@@ -131,8 +135,8 @@ def sink() -> SqlUpsertSink:
     )
 
 
-def subject(ledger: Ledger, n: int, run_id: str = RUN) -> int:
-    counts = deliver(ledger, WORKLOAD, run_id, sink())
+def subject(ledger: Ledger, n: int, run_id: str = RUN, into: SqlUpsertSink | None = None) -> int:
+    counts = deliver(ledger, WORKLOAD, run_id, into or sink())
     if counts.written != n:
         raise AssertionError(f"delivered {counts.written} rows of {n}")
     return counts.written
@@ -161,36 +165,12 @@ class _NoWrites:
         return {}
 
 
-@dataclass(frozen=True)
-class _Unwritten:
+class _Unwritten(SqlUpsertSink):
     """The benchmark's sink, mapping each answer as it does, with nothing written."""
-
-    inner: SqlUpsertSink
-
-    @property
-    def sink_name(self) -> str:
-        return self.inner.sink_name
-
-    @property
-    def batch_size(self) -> int:
-        return self.inner.batch_size
-
-    def row_for(self, result: Any) -> Any:
-        return self.inner.row_for(result)
 
     @contextmanager
     def open(self) -> Iterator[_NoWrites]:
         yield _NoWrites()
-
-
-@contextmanager
-def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) -> list[dict[str, Any]]:
@@ -199,11 +179,12 @@ def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) 
     for name, (record, write) in PARTS.items():
 
         def work(record: bool = record, write: bool = write) -> int:
-            target_sink: Any = sink() if write else _Unwritten(sink())
-            with ExitStack() as stack:
-                if not record:  # the record's function, module-wide, for this one delivery
-                    stack.enter_context(_replaced(delivery, "record_deliveries", lambda *a, **k: None))
-                return deliver(ledger, WORKLOAD, RUN, target_sink).written
+            # the record's function, module-wide, for this one delivery
+            left_out = (
+                nullcontext() if record else patch.object(delivery, "record_deliveries", lambda *a, **k: None)
+            )
+            with left_out:
+                return subject(ledger, n, RUN, sink() if write else sink(_Unwritten))
 
         timing = timed(work, repeat, setup=lambda: reset(ledger, target))
         out.append(
@@ -229,7 +210,6 @@ def split_delivery(ledger: Ledger, target: Any, n: int, server: Any) -> CpuSplit
 def split_rows(n: int, splits: dict[str, CpuSplit], many: CpuSplit) -> list[dict[str, Any]]:
     """The CPU figures per row: each ledger's delivery against the ``executemany``'s."""
     out: list[dict[str, Any]] = []
-    baseline = "one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction"
     for kind, split in splits.items():
         out.append(
             row(
@@ -238,7 +218,7 @@ def split_rows(n: int, splits: dict[str, CpuSplit], many: CpuSplit) -> list[dict
                 split.client_us,
                 many.client_us,
                 subject="deliver() (every thread)",
-                baseline_name=baseline,
+                baseline_name=EXECUTEMANY,
                 note=f"wall {split.wall_us:.1f} us/row against {many.wall_us:.1f}",
             )
         )
@@ -250,7 +230,7 @@ def split_rows(n: int, splits: dict[str, CpuSplit], many: CpuSplit) -> list[dict
                     split.server_us,
                     many.server_us,
                     subject="deliver(): the sink's writes, and the ledger's reads and writes where it is on PostgreSQL",
-                    baseline_name=baseline,
+                    baseline_name=EXECUTEMANY,
                     note=(
                         "the server's processes as /proc counts them (the postmaster and its children), "
                         "in 10 ms ticks: read it at 10,000 rows or more"
@@ -334,7 +314,7 @@ def run(size: str = "default") -> dict[str, Any]:
         for kind, timing in timings.items():
             for name, base in (
                 ("COPY FROM STDIN of the same rows, one transaction", copy),
-                ("one psycopg (3) executemany of the same INSERT ... ON CONFLICT, one transaction", many),
+                (EXECUTEMANY, many),
             ):
                 rows_out.append(
                     row(
