@@ -20,7 +20,10 @@ this process's CPU and the PostgreSQL server's CPU per row (the server's process
 the ledger's record) and reads the answers and the sink's records; the baseline does one write.
 And, with the SQLite ledger, the same delivery with a part left out (the ledger's record, the
 sink's writes, or both: reading and mapping only), against the whole delivery: what each part
-adds to the wall clock when the others run beside it.
+adds to the wall clock when the others run beside it. And one more delivery (SQLite ledger) with
+each stage's wall time summed on its thread: reading and mapping on the delivery's thread (the
+rest of its time it waits for the second one), the sink's write and the ledger's record of each
+batch on the second thread.
 
 Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results (SQLite
 ledger): a delivery that holds one batch at a time has a 10N/N ratio near 1.
@@ -34,8 +37,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,11 +75,13 @@ from airflow_batch_provider.services import delivery
 from airflow_batch_provider.services.delivery import deliver
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
-#: size -> (results N for the memory runs, results for throughput (and 10N), timing repeats)
+#: size -> (results N for the memory runs, results for throughput (and 10N), timing repeats: each
+#: figure the best of that many, the baselines as well as the deliveries (a warm `executemany`
+#: runs up to a third faster than its first run in the process))
 SIZES: dict[str, tuple[int, int, int]] = {
     "tiny": (50, 500, 1),
     "small": (2_000, 20_000, 1),
-    "default": (10_000, 100_000, 1),
+    "default": (10_000, 100_000, 3),
     "large": (100_000, 1_000_000, 1),
 }
 CONN_ID = "bench_target"
@@ -201,6 +207,81 @@ def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) 
     return out
 
 
+#: The stages of one delivery whose wall time :func:`stage_rows` sums: the module attribute wrapped,
+#: and the thread it runs on. The sink's write is the second thread's batch less its record; the
+#: delivery's thread waits (for the second thread) the rest of the whole.
+STAGES: dict[str, tuple[Any, str, str]] = {
+    "reading the answers a page at a time": (delivery, "candidate_pages", "the delivery's thread"),
+    "mapping each answer to its row and digest": (delivery, "_rows", "the delivery's thread"),
+    "a batch into the sink and its record": (delivery._Batch, "write", "the second thread"),
+    "the ledger's record of a batch": (delivery, "record_deliveries", "the second thread"),
+}
+
+
+def stage_walls(ledger: Ledger, target: Any, n: int) -> tuple[float, dict[str, float]]:
+    """One more delivery of ``n`` (SQLite ledger) with each stage's wall time summed; (whole, per stage) in s."""
+    spent = dict.fromkeys(STAGES, 0.0)
+
+    def clocked(name: str, work: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return work(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return run
+
+    def paged(work: Any) -> Any:  # a generator: the time of each page's read, not the caller's
+        def pages(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            found = work(*args, **kwargs)
+            while True:
+                start = time.perf_counter()
+                page = next(found, None)
+                spent["reading the answers a page at a time"] += time.perf_counter() - start
+                if page is None:
+                    return
+                yield page
+
+        return pages
+
+    reset(ledger, target)
+    with ExitStack() as patched:
+        for name, (owner, attr, _) in STAGES.items():
+            work = getattr(owner, attr)
+            patched.enter_context(
+                patch.object(owner, attr, paged(work) if attr == "candidate_pages" else clocked(name, work))
+            )
+        start = time.perf_counter()
+        subject(ledger, n)
+        whole = time.perf_counter() - start
+    return whole, spent
+
+
+def stage_rows(ledger: Ledger, target: Any, n: int) -> list[dict[str, Any]]:
+    """Where one delivery's wall time goes, per stage and thread, against the whole (us a row)."""
+    whole, spent = stage_walls(ledger, target, n)
+    record = spent["the ledger's record of a batch"]
+    spent["the sink's write of a batch"] = spent.pop("a batch into the sink and its record") - record
+    own = spent["reading the answers a page at a time"] + spent["mapping each answer to its row and digest"]
+    spent["waiting for the second thread, the rest"] = whole - own
+    threads = {name: thread for name, (_, _, thread) in STAGES.items()}
+    threads["the sink's write of a batch"] = "the second thread"
+    threads["waiting for the second thread, the rest"] = "the delivery's thread"
+    return [
+        row(
+            f"deliver {n:,} results, ledger on SQLite: {name} ({threads[name]})",
+            "us/row",
+            seconds * 1e6 / n,
+            whole * 1e6 / n,
+            subject="that stage's wall time, summed over the delivery",
+            baseline_name="the whole delivery's wall time",
+            note="the share of the wall clock; the two threads' shares overlap",
+        )
+        for name, seconds in spent.items()
+    ]
+
+
 def split_delivery(ledger: Ledger, target: Any, n: int, server: Any) -> CpuSplit:
     """One more delivery of ``n`` (after the timed ones), with this process's and the server's CPU."""
     reset(ledger, target)
@@ -295,6 +376,7 @@ def run(size: str = "default") -> dict[str, Any]:
         timings = {"SQLite": timed_delivery(ledger, target, n_speed, n_mem, repeat)}
         splits["SQLite"] = split_delivery(ledger, target, n_speed, server)
         rows_out.extend(parts_rows(ledger, target, n_speed, repeat, timings["SQLite"]))
+        rows_out.extend(stage_rows(ledger, target, n_speed))
         pg_ledger = postgres_ledger(url)
         try:
             timings["PostgreSQL"] = timed_delivery(pg_ledger, target, n_speed, n_mem, repeat)
