@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -207,14 +208,43 @@ def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) 
     return out
 
 
-#: The stages of one delivery whose wall time :func:`stage_rows` sums: the module attribute wrapped,
-#: and the thread it runs on. The sink's write is the second thread's batch less its record; the
-#: delivery's thread waits (for the second thread) the rest of the whole.
-STAGES: dict[str, tuple[Any, str, str]] = {
-    "reading the answers a page at a time": (delivery, "candidate_pages", "the delivery's thread"),
-    "mapping each answer to its row and digest": (delivery, "_rows", "the delivery's thread"),
-    "a batch into the sink and its record": (delivery._Batch, "write", "the second thread"),
-    "the ledger's record of a batch": (delivery, "record_deliveries", "the second thread"),
+DELIVERY_THREAD, SECOND_THREAD = "the delivery's thread", "the second thread"
+READING = "reading the answers a page at a time"
+MAPPING = "mapping each answer to its row and digest"
+BATCH = "a batch into the sink and its record"
+RECORD = "the ledger's record of a batch"
+WRITE = "the sink's write of a batch"
+WAITING = "waiting for the second thread, the rest"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage of one delivery whose wall time :func:`stage_walls` sums.
+
+    :param owner: the module or class whose attribute is the stage
+    :param attr: the attribute wrapped
+    :param pages: a generator: the time of each page it yields is summed, not its caller's
+    """
+
+    owner: Any
+    attr: str
+    pages: bool = False
+
+
+STAGES: dict[str, Stage] = {
+    READING: Stage(delivery, "candidate_pages", pages=True),
+    MAPPING: Stage(delivery, "_rows"),
+    BATCH: Stage(delivery._Batch, "write"),
+    RECORD: Stage(delivery, "record_deliveries"),
+}
+#: The rows :func:`stage_rows` shows, each with the thread it runs on: the sink's write is the second thread's batch
+#: less its record; the delivery's thread waits (for the second thread) the rest of the whole.
+SHOWN: dict[str, str] = {
+    READING: DELIVERY_THREAD,
+    MAPPING: DELIVERY_THREAD,
+    WAITING: DELIVERY_THREAD,
+    WRITE: SECOND_THREAD,
+    RECORD: SECOND_THREAD,
 }
 
 
@@ -232,13 +262,13 @@ def stage_walls(ledger: Ledger, target: Any, n: int) -> tuple[float, dict[str, f
 
         return run
 
-    def paged(work: Any) -> Any:  # a generator: the time of each page's read, not the caller's
+    def paged(name: str, work: Any) -> Any:
         def pages(*args: Any, **kwargs: Any) -> Iterator[Any]:
             found = work(*args, **kwargs)
             while True:
                 start = time.perf_counter()
                 page = next(found, None)
-                spent["reading the answers a page at a time"] += time.perf_counter() - start
+                spent[name] += time.perf_counter() - start
                 if page is None:
                     return
                 yield page
@@ -247,10 +277,10 @@ def stage_walls(ledger: Ledger, target: Any, n: int) -> tuple[float, dict[str, f
 
     reset(ledger, target)
     with ExitStack() as patched:
-        for name, (owner, attr, _) in STAGES.items():
-            work = getattr(owner, attr)
+        for name, stage in STAGES.items():
+            wrap = paged if stage.pages else clocked
             patched.enter_context(
-                patch.object(owner, attr, paged(work) if attr == "candidate_pages" else clocked(name, work))
+                patch.object(stage.owner, stage.attr, wrap(name, getattr(stage.owner, stage.attr)))
             )
         start = time.perf_counter()
         subject(ledger, n)
@@ -261,24 +291,18 @@ def stage_walls(ledger: Ledger, target: Any, n: int) -> tuple[float, dict[str, f
 def stage_rows(ledger: Ledger, target: Any, n: int) -> list[dict[str, Any]]:
     """Where one delivery's wall time goes, per stage and thread, against the whole (us a row)."""
     whole, spent = stage_walls(ledger, target, n)
-    record = spent["the ledger's record of a batch"]
-    spent["the sink's write of a batch"] = spent.pop("a batch into the sink and its record") - record
-    own = spent["reading the answers a page at a time"] + spent["mapping each answer to its row and digest"]
-    spent["waiting for the second thread, the rest"] = whole - own
-    threads = {name: thread for name, (_, _, thread) in STAGES.items()}
-    threads["the sink's write of a batch"] = "the second thread"
-    threads["waiting for the second thread, the rest"] = "the delivery's thread"
+    derived = {WRITE: spent[BATCH] - spent[RECORD], WAITING: whole - spent[READING] - spent[MAPPING]}
     return [
         row(
-            f"deliver {n:,} results, ledger on SQLite: {name} ({threads[name]})",
+            f"deliver {n:,} results, ledger on SQLite: {name} ({thread})",
             "us/row",
-            seconds * 1e6 / n,
+            {**spent, **derived}[name] * 1e6 / n,
             whole * 1e6 / n,
             subject="that stage's wall time, summed over the delivery",
             baseline_name="the whole delivery's wall time",
             note="the share of the wall clock; the two threads' shares overlap",
         )
-        for name, seconds in spent.items()
+        for name, thread in SHOWN.items()
     ]
 
 

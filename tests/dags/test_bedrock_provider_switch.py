@@ -17,6 +17,7 @@ from airflow_batch_provider.ledger import Ledger
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.testing import run_emulator
 from tests.support.airflow_run import batch_env, run_airflow, tail
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.airflow_e2e
 
@@ -30,14 +31,7 @@ ROLE = "arn:aws:iam::123456789012:role/BedrockBatch"
 
 
 def write_records(path: Path) -> str:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "generate_feedback_data", REPO_ROOT / "include" / "generate_feedback_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_script(REPO_ROOT / "include" / "generate_feedback_data.py", "generate_feedback_data")
     generator.ensure_dataset(path, n=ITEMS, seed=3)
     return f"file://{path}"
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
+
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,10 +16,5 @@ def generated_invoices(n: int, seed: int = 11) -> list[dict[str, Any]]:
     :param n: how many
     :param seed: the generator's seed
     """
-    spec = importlib.util.spec_from_file_location(
-        "generate_invoice_data", REPO / "include" / "generate_invoice_data.py"
-    )
-    assert spec and spec.loader
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_script(REPO / "include" / "generate_invoice_data.py", "generate_invoice_data")
     return list(generator.generate(n, seed))

@@ -6,9 +6,6 @@ add up the way the benchmark's rows say (a stage of one thread within the whole 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,24 +14,15 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from airflow_batch_provider.ledger import Ledger
+from tests.support.scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 RESULTS = 2_500  # three batches of 1,000: the second thread works while the first reads
 
 
 @pytest.fixture
-def bench() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # the benchmark imports its ``common`` as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "bench_delivery_under_test", BENCH / "bench_delivery.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+def bench() -> ModuleType:
+    return load_script(BENCH / "bench_delivery.py", "bench_delivery_under_test")
 
 
 @pytest.mark.postgres
@@ -45,7 +33,7 @@ def test_each_stage_of_a_real_delivery_is_timed_within_the_whole_and_nothing_sta
     url = postgres_server.url_for(name)
     target = create_engine(url)
     ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    originals = {attr: getattr(owner, attr) for owner, attr, _ in bench.STAGES.values()}
+    originals = {stage.attr: getattr(stage.owner, stage.attr) for stage in bench.STAGES.values()}
     try:
         monkeypatch.setenv(f"AIRFLOW_CONN_{bench.CONN_ID.upper()}", bench.airflow_postgres_conn(url))
         with target.begin() as conn:
@@ -56,19 +44,20 @@ def test_each_stage_of_a_real_delivery_is_timed_within_the_whole_and_nothing_sta
 
         assert set(spent) == set(bench.STAGES)
         assert all(seconds > 0 for seconds in spent.values()), spent
-        own = (
-            spent["reading the answers a page at a time"] + spent["mapping each answer to its row and digest"]
-        )
-        assert own < whole
-        assert spent["the ledger's record of a batch"] < spent["a batch into the sink and its record"] < whole
+        assert spent[bench.READING] + spent[bench.MAPPING] < whole
+        assert spent[bench.RECORD] < spent[bench.BATCH] < whole
         with target.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM tickets")).scalar_one() == RESULTS
 
         rows = bench.stage_rows(ledger, target, RESULTS)  # again, from an empty table and ledger
-        assert len(rows) == len(bench.STAGES) + 1  # the sink's write, and the rest: the waiting
+        # each timed stage but the batch, which is shown as the sink's write (less its record); and the waiting
+        assert [row["case"].split(": ", 1)[1] for row in rows] == [
+            f"{n} ({t})" for n, t in bench.SHOWN.items()
+        ]
+        assert set(bench.SHOWN) == {*bench.STAGES, bench.WRITE, bench.WAITING} - {bench.BATCH}
         assert all(row["value"] >= 0 and row["ratio"] is not None for row in rows), rows
     finally:
-        assert {attr: getattr(owner, attr) for owner, attr, _ in bench.STAGES.values()} == originals
+        assert {stage.attr: getattr(stage.owner, stage.attr) for stage in bench.STAGES.values()} == originals
         ledger.engine.dispose()
         target.dispose()
         postgres_server.drop_database(name)

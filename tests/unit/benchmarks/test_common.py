@@ -5,24 +5,19 @@ No speed is asserted: only that work done on one side is counted on that side.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from tests.support.scripts import load_script
+
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def load_common() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_common_under_test", BENCH / "common.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / "common.py", "bench_common_under_test")
 
 
 @pytest.mark.postgres

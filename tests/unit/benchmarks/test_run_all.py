@@ -5,7 +5,6 @@ Nothing here asserts a speed or a memory figure: those are ratios recorded in do
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -16,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "benchmarks"
 RUN_ALL = BENCH / "run_all.py"
@@ -23,11 +24,7 @@ ROW_KEYS = {"case", "metric", "value", "baseline", "ratio", "subject", "baseline
 
 
 def load_run_all() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_run_all_under_test", RUN_ALL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RUN_ALL, "bench_run_all_under_test")
 
 
 def is_number(value: object) -> bool:

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,6 +15,7 @@ import yaml
 
 from airflow_batch_provider.core.requests import PromptTemplate
 from airflow_batch_provider.core.tokens import estimate_request_tokens
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).parents[3]
 SCRIPT = ROOT / "include" / "generate_feedback_data.py"
@@ -24,11 +24,7 @@ PROMPT = ROOT / "include" / "prompts" / "feedback_classification.yaml"
 
 @pytest.fixture(scope="module")
 def gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("generate_feedback_data", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "generate_feedback_data")
 
 
 @pytest.fixture(scope="module")
