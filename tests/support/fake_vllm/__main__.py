@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batch_provider.adapters.vllm_input import engine_refusal, unserved_reason
-from batch_emulator.openai_api import chat_completion, embedding_list
+from batch_emulator.openai_bodies import chat_completion, embedding_list
 
 VERSION = "0.33.0+stand-in"
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API, driven with the real ``openai`` SDK over HTTP.
+"""The OpenAI-compatible API (files, batches, limits, the spec check), driven with the real ``openai`` SDK over HTTP.
 
 Every response the SDK receives is validated against the official OpenAPI description by the
 ``emulator_factory`` fixture; a test fails at exit when one does not conform.
@@ -8,33 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from batch_emulator import FaultConfig
-from batch_emulator.model import cached_tokens, message_tokens
 
 from .conftest import Emulator, EmulatorFactory, SpecChecker
-from .helpers import chat_line, chat_lines
+from .helpers import TERMINAL, chat_line, chat_lines, finish
 
 openai = pytest.importorskip("openai")
-
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
-LONG_SYSTEM = "Classify the sentiment and topic of the review and answer as JSON. " * 80  # ~5,400 bytes
-
-
-def finish(emu: Emulator, batch_id: str, seconds: float = 20.0) -> Any:
-    emu.advance(seconds)
-    return emu.client.batches.retrieve(batch_id)
-
-
-def expected_decisions(lines: list[dict[str, Any]], faults: FaultConfig, seed: int = 0) -> dict[str, str]:
-    return {line["custom_id"]: faults.decide_item(seed, line["custom_id"]).fault for line in lines}
-
 
 # -- lifecycle -------------------------------------------------------------------------------
 
@@ -96,152 +80,6 @@ def test_a_batch_finishes_in_under_a_second_at_time_scale_0_05(emulator_factory:
         assert batch.completed_at is not None
         assert batch.completed_at - batch.created_at <= 1
         assert len(emu.lines(batch.output_file_id)) == 5
-
-
-def test_output_lines_follow_the_documented_format_and_come_out_of_order(
-    emulator_factory: EmulatorFactory, spec: SpecChecker
-) -> None:
-    lines = chat_lines(30)
-    orders = []
-    for seed in (0, 0, 1):
-        with emulator_factory(seed=seed) as emu:
-            batch = finish(emu, emu.create_batch(lines).id)
-            out = emu.lines(batch.output_file_id)
-            for line in out:
-                assert set(line) == {"id", "custom_id", "response", "error"}
-                assert line["id"].startswith("batch_req_")
-                assert line["error"] is None
-                assert line["response"]["status_code"] == 200
-                assert line["response"]["request_id"]
-                spec.validate("CreateChatCompletionResponse", line["response"]["body"])
-                assert line["response"]["body"]["usage"]["total_tokens"] > 0
-            orders.append([line["custom_id"] for line in out])
-    input_order = [line["custom_id"] for line in lines]
-    assert sorted(orders[0]) == input_order
-    assert orders[0] != input_order, "output must not come back in input order"
-    assert orders[0] == orders[1], "the same seed must give the same order"
-    assert orders[0] != orders[2], "another seed must give another order"
-
-
-def test_an_embeddings_batch_answers_embedding_lists(emu: Emulator, spec: SpecChecker) -> None:
-    lines = [
-        {
-            "custom_id": f"e{i}",
-            "method": "POST",
-            "url": "/v1/embeddings",
-            "body": {"model": "text-embedding-3-small", "input": f"text number {i}", "dimensions": 64},
-        }
-        for i in range(4)
-    ]
-    batch = finish(emu, emu.create_batch(lines, endpoint="/v1/embeddings").id)
-    assert batch.status == "completed"
-    out = emu.lines(batch.output_file_id)
-    assert len(out) == 4
-    for line in out:
-        body = line["response"]["body"]
-        spec.validate("CreateEmbeddingResponse", body)
-        vector = body["data"][0]["embedding"]
-        assert len(vector) == 64
-        assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-6)
-
-
-# -- per-item faults -------------------------------------------------------------------------
-
-
-def test_failed_items_go_to_the_error_file_with_their_status_and_error_body(
-    emulator_factory: EmulatorFactory,
-) -> None:
-    faults = FaultConfig(rate_500=0.15, rate_429=0.15, rate_400=0.15, rate_context_length=0.15)
-    lines = chat_lines(60)
-    expected = expected_decisions(lines, faults)
-    with emulator_factory(faults=faults) as emu:
-        batch = finish(emu, emu.create_batch(lines).id)
-        errors = {line["custom_id"]: line for line in emu.lines(batch.error_file_id)}
-        outputs = {line["custom_id"] for line in emu.lines(batch.output_file_id)}
-
-    statuses = {"server_error": 500, "rate_limited": 429, "invalid_request": 400, "context_length": 400}
-    failing = {cid for cid, fault in expected.items() if fault != "none"}
-    assert all(fault in statuses for fault in expected.values() if fault != "none")
-    assert 8 <= len(failing) <= 52, "the rates should fail some items but not all"
-    assert set(errors) == failing
-    assert outputs == set(expected) - failing
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (60 - len(failing), len(failing))
-    for cid, line in errors.items():
-        assert line["error"] is None
-        assert line["response"]["status_code"] == statuses[expected[cid]]
-        error = line["response"]["body"]["error"]
-        assert set(error) == {"message", "type", "param", "code"}
-        if expected[cid] == "context_length":
-            assert error["code"] == "context_length_exceeded"
-        if expected[cid] == "invalid_request":
-            assert error["type"] == "invalid_request_error"
-
-
-def test_missing_items_are_in_neither_file_but_count_as_completed(emulator_factory: EmulatorFactory) -> None:
-    faults = FaultConfig(rate_missing=0.3)
-    lines = chat_lines(40)
-    missing = {cid for cid, fault in expected_decisions(lines, faults).items() if fault == "missing"}
-    assert missing
-    with emulator_factory(faults=faults) as emu:
-        batch = finish(emu, emu.create_batch(lines).id)
-        seen = {line["custom_id"] for line in emu.lines(batch.output_file_id)}
-        assert batch.error_file_id is None
-    assert seen == {line["custom_id"] for line in lines} - missing
-    assert batch.request_counts.completed == 40
-
-
-def test_duplicated_lines_are_written_twice_and_malformed_lines_do_not_parse(
-    emulator_factory: EmulatorFactory,
-) -> None:
-    faults = FaultConfig(rate_duplicate=0.2, rate_malformed=0.2)
-    lines = chat_lines(50)
-    decisions = {line["custom_id"]: faults.decide_item(0, line["custom_id"]) for line in lines}
-    duplicated = {cid for cid, d in decisions.items() if d.duplicate}
-    malformed = {cid for cid, d in decisions.items() if d.malformed}
-    assert duplicated and malformed
-    with emulator_factory(faults=faults) as emu:
-        batch = finish(emu, emu.create_batch(lines).id)
-        raw = emu.raw_lines(batch.output_file_id)
-    parsed: list[str] = []
-    broken = 0
-    for text in raw:
-        try:
-            parsed.append(json.loads(text)["custom_id"])
-        except json.JSONDecodeError:
-            broken += 1
-    assert broken == sum(1 + (cid in duplicated) for cid in malformed)
-    twice = {cid for cid in parsed if parsed.count(cid) == 2}
-    assert twice == duplicated - malformed
-    assert set(parsed) == set(decisions) - malformed
-
-
-def test_the_same_custom_id_fails_the_same_way_and_a_resubmitted_one_rolls_again(
-    emulator_factory: EmulatorFactory,
-) -> None:
-    faults = FaultConfig(rate_500=0.5)
-    with emulator_factory(faults=faults) as emu:
-        first = finish(emu, emu.create_batch(chat_lines(40, attempt=1)).id)
-        again = finish(emu, emu.create_batch(chat_lines(40, attempt=1)).id)
-        retry = finish(emu, emu.create_batch(chat_lines(40, attempt=2)).id)
-
-        def failed_keys(batch: Any) -> set[str]:
-            return {line["custom_id"].split("__")[0] for line in emu.lines(batch.error_file_id)}
-
-        assert failed_keys(first) == failed_keys(again)
-        assert failed_keys(first) != failed_keys(retry)
-
-
-def test_faults_changed_at_runtime_apply_only_to_batches_created_afterwards(emu: Emulator) -> None:
-    before = emu.create_batch(chat_lines(10))
-    emu.config(faults={"rate_500": 1.0})
-    after = emu.create_batch(chat_lines(10, attempt=2))
-    emu.advance(20)
-    before = emu.client.batches.retrieve(before.id)
-    after = emu.client.batches.retrieve(after.id)
-    assert (before.request_counts.completed, before.request_counts.failed) == (10, 0)
-    assert (after.request_counts.completed, after.request_counts.failed) == (0, 10)
-    assert len(emu.lines(after.output_file_id)) == 0
-    assert all(line["response"]["status_code"] == 500 for line in emu.lines(after.error_file_id))
 
 
 # -- batch faults ------------------------------------------------------------------------------
@@ -318,104 +156,8 @@ def test_retrieve_answers_transient_500s_on_a_deterministic_schedule_that_the_sd
         assert emu.stats()["counters"]["openai.retrieve_5xx"] == predicted[: n + 1].count("500")
 
 
-# -- validation --------------------------------------------------------------------------------
-
-
-def _valid(i: int = 0) -> dict[str, Any]:
-    return chat_line(f"c{i}")
-
-
-@pytest.mark.parametrize(
-    ("lines", "code", "line", "param"),
-    [
-        pytest.param([json.dumps(_valid(0)), "{not json"], "invalid_json_line", 2, None, id="invalid-json"),
-        pytest.param(
-            [{**_valid(0), "custom_id": None}], "missing_required_parameter", 1, "custom_id", id="no-id"
-        ),
-        pytest.param([_valid(0), {**_valid(1), "method": "GET"}], "invalid_method", 2, "method", id="method"),
-        pytest.param([{**_valid(0), "url": "/v1/embeddings"}], "invalid_url", 1, "url", id="url"),
-        pytest.param(
-            [_valid(0), _valid(1), _valid(0)], "duplicate_custom_id", 3, "custom_id", id="duplicate"
-        ),
-        pytest.param(
-            [_valid(0), chat_line("c1", model="gpt-4o")], "mismatched_model", 2, "body.model", id="models"
-        ),
-        pytest.param(
-            [{k: v for k, v in _valid(0).items() if k != "body"}],
-            "missing_required_parameter",
-            1,
-            "body",
-            id="no-body",
-        ),
-        pytest.param(["", "  "], "empty_file", None, None, id="empty"),
-        pytest.param([_valid(i) for i in range(4)], "too_many_requests", 4, None, id="too-many"),
-    ],
-)
-def test_an_invalid_input_file_fails_validation_with_the_line_and_the_reason(
-    emulator_factory: EmulatorFactory, lines: list[Any], code: str, line: int | None, param: str | None
-) -> None:
-    with emulator_factory(max_batch_requests=3) as emu:
-        batch = emu.create_batch(lines)
-        assert batch.status == "validating"
-        batch = finish(emu, batch.id)
-    assert batch.status == "failed"
-    assert batch.errors is not None and batch.errors.object == "list"
-    first = batch.errors.data[0]
-    assert (first.code, first.line, first.param) == (code, line, param)
-    assert first.message
-    assert batch.request_counts.total == 0
-
-
-def test_the_data_directory_holds_a_large_upload_and_the_batch_is_answered_from_disk(
-    emulator_factory: EmulatorFactory, tmp_path: Path
-) -> None:
-    # 4,000 lines of about 1 KB: the upload, the job's items and the output all sit on disk
-    lines = [
-        chat_line(
-            f"big{i:05d}",
-            user=f"Review {i}: " + "great fast delivery, love it. " * 33,
-            system="Classify the sentiment.",
-        )
-        for i in range(4000)
-    ]
-    data = tmp_path / "data"
-    with emulator_factory(data_dir=data) as emu:
-        upload = emu.upload_jsonl(lines)
-        sent = ("\n".join(json.dumps(line) for line in lines) + "\n").encode()
-        assert upload.bytes == len(sent) > 4_000_000
-        assert (data / upload.id).read_bytes() == sent, "the upload is a file of the data directory"
-        batch = emu.client.batches.create(
-            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        spools = list((data / "jobs").glob("items-*.jsonl"))
-        assert len(spools) == 1, "the job's items are spooled beside the files"
-        assert [json.loads(raw)["c"] for raw in spools[0].read_bytes().splitlines()] == [
-            line["custom_id"] for line in lines
-        ]
-        batch = finish(emu, batch.id)
-        assert batch.status == "completed" and batch.request_counts.completed == 4000
-        assert (data / batch.output_file_id).stat().st_size > 0
-        out = emu.lines(batch.output_file_id)
-        emu.http.post("/_emulator/reset").raise_for_status()
-        assert list((data / "jobs").iterdir()) == [], "a reset removes the spools"
-    by_id = {line["custom_id"]: line for line in out}
-    assert sorted(by_id) == [line["custom_id"] for line in lines] and len(out) == 4000
-    for line in lines[:50]:
-        answer = json.loads(by_id[line["custom_id"]]["response"]["body"]["choices"][0]["message"]["content"])
-        assert answer["sentiment"] == "positive", "each answer is its own item's, read back from disk"
-    usage = by_id[lines[0]["custom_id"]]["response"]["body"]["usage"]
-    assert usage["prompt_tokens"] == sum(message_tokens(m["content"]) for m in lines[0]["body"]["messages"])
-
-
-def test_an_input_file_over_the_byte_limit_fails_validation(emulator_factory: EmulatorFactory) -> None:
-    with emulator_factory(max_batch_bytes=200) as emu:
-        batch = finish(emu, emu.create_batch(chat_lines(5)).id)
-    assert batch.status == "failed"
-    assert batch.errors.data[0].code == "file_too_large"
-
-
 def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) -> None:
-    upload = emu.upload_jsonl([_valid()])
+    upload = emu.upload_jsonl([chat_line("c0")])
     other = emu.client.files.create(file=("notes.txt", b"hello"), purpose="user_data")
     with pytest.raises(openai.BadRequestError) as bad_endpoint:
         emu.client.batches.create(
@@ -442,20 +184,6 @@ def test_a_batch_request_with_bad_arguments_is_refused_at_once(emu: Emulator) ->
             input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
         )
     assert emu.stats()["batches_created"] == 0
-
-
-def test_items_whose_prompt_exceeds_the_context_window_fail_on_their_own(
-    emulator_factory: EmulatorFactory,
-) -> None:
-    with emulator_factory(context_window_tokens=200) as emu:
-        lines = [chat_line("short", user="fine"), chat_line("long", user="x" * 4000)]
-        batch = finish(emu, emu.create_batch(lines).id)
-        errors = emu.lines(batch.error_file_id)
-        assert [line["custom_id"] for line in errors] == ["long"]
-        assert errors[0]["response"]["body"]["error"]["code"] == "context_length_exceeded"
-        with pytest.raises(openai.BadRequestError) as exc:
-            emu.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 4000}])
-        assert exc.value.code == "context_length_exceeded"
 
 
 # -- listing, files, cancel --------------------------------------------------------------------
@@ -559,80 +287,6 @@ def test_cancelling_a_finished_batch_is_refused(emu: Emulator) -> None:
     batch = finish(emu, emu.create_batch(chat_lines(2)).id)
     with pytest.raises(openai.ConflictError):
         emu.client.batches.cancel(batch.id)
-
-
-# -- prompt caching ----------------------------------------------------------------------------
-
-
-def test_a_shared_system_prompt_counts_as_cached_after_its_first_use(emu: Emulator) -> None:
-    lines = [chat_line(f"c{i}", user=f"review {i}", system=LONG_SYSTEM) for i in range(6)]
-    lines.append(chat_line("short", user="review", system="Classify sentiment."))
-    batch = finish(emu, emu.create_batch(lines).id)
-    out = emu.lines(batch.output_file_id)
-    prefix = message_tokens(LONG_SYSTEM)
-    assert prefix >= 1024
-    cached = {
-        line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
-        for line in out
-    }
-    first_long = next(line["custom_id"] for line in out if line["custom_id"] != "short")
-    assert cached.pop("short") == 0, "a prefix under 1024 tokens is never cached"
-    assert cached.pop(first_long) == 0, "the first use of a prefix is not cached"
-    assert set(cached.values()) == {prefix // 128 * 128}
-    assert batch.usage.input_tokens_details.cached_tokens == 5 * (prefix // 128 * 128)
-    assert cached_tokens(prefix, True) == prefix // 128 * 128
-
-
-# -- synchronous endpoints ---------------------------------------------------------------------
-
-
-def test_a_chat_completion_classifies_sentiment_and_reports_usage(emu: Emulator) -> None:
-    messages = [
-        {"role": "system", "content": "Return the sentiment and topic as JSON."},
-        {"role": "user", "content": "The app keeps crashing after the update, terrible experience."},
-    ]
-    reply = emu.client.chat.completions.create(model="gpt-4o-mini", messages=messages)
-    answer = json.loads(reply.choices[0].message.content)
-    assert answer["sentiment"] == "negative"
-    assert answer["topic"] == "app_experience"
-    assert 0.5 <= answer["confidence"] <= 0.99
-    assert reply.choices[0].finish_reason == "stop"
-    usage = reply.usage
-    assert usage.prompt_tokens == sum(message_tokens(m["content"]) for m in messages)
-    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.prompt_tokens_details.cached_tokens == 0
-
-
-def test_a_chat_completion_cut_at_max_tokens_ends_with_finish_reason_length(emu: Emulator) -> None:
-    reply = emu.client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "word " * 40}], max_completion_tokens=3
-    )
-    assert reply.choices[0].finish_reason == "length"
-    assert reply.usage.completion_tokens <= 3
-
-
-def test_repeated_sync_requests_with_a_long_system_prompt_report_cached_tokens(emu: Emulator) -> None:
-    messages = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "great service"}]
-    first = emu.client.chat.completions.create(model="m", messages=messages)
-    second = emu.client.chat.completions.create(model="m", messages=messages)
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    assert second.usage.prompt_tokens_details.cached_tokens == message_tokens(LONG_SYSTEM) // 128 * 128
-
-
-def test_embeddings_are_normalised_vectors_of_the_requested_dimension(emu: Emulator) -> None:
-    default = emu.client.embeddings.create(
-        model="text-embedding-3-small", input=["good parcel", "bad parcel"]
-    )
-    assert [len(d.embedding) for d in default.data] == [256, 256]  # the SDK asks for base64 and decodes it
-    floats = emu.client.embeddings.create(
-        model="e", input="good parcel", dimensions=32, encoding_format="float"
-    )
-    vector = floats.data[0].embedding
-    assert len(vector) == 32
-    assert math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-6)
-    assert default.usage.prompt_tokens == default.usage.total_tokens == 6
-    with pytest.raises(openai.BadRequestError):
-        emu.client.embeddings.create(model="e", input=[])
 
 
 def test_an_injected_429_carries_retry_after_and_the_sdk_retries_it(
@@ -836,126 +490,6 @@ def test_the_bundled_schemas_equal_those_of_the_full_description_when_one_is_giv
         if name.startswith("BatchRequest"):
             continue  # written here from the Batch guide: the description has no component for them
         assert schema == full["schemas"][name], f"{name} differs: rerun scripts/extract_openai_schemas.py"
-
-
-# -- Responses API and moderations -----------------------------------------------------------
-
-LABEL_SCHEMA = {
-    "type": "object",
-    "properties": {"sentiment": {"type": "string"}},
-    "required": ["sentiment"],
-    "additionalProperties": False,
-}
-
-
-def response_line(i: int, **body: Any) -> dict[str, Any]:
-    return {
-        "custom_id": f"r{i}",
-        "method": "POST",
-        "url": "/v1/responses",
-        "body": {
-            "model": "o4-mini",
-            "instructions": "Label the sentiment.",
-            "input": [{"role": "user", "content": f"review {i}: I love it"}],
-            "text": {
-                "format": {"type": "json_schema", "name": "label", "schema": LABEL_SCHEMA, "strict": True}
-            },
-            **body,
-        },
-    }
-
-
-def test_a_responses_batch_answers_response_objects_with_reasoning_usage(
-    emu: Emulator, spec: SpecChecker
-) -> None:
-    lines = [
-        response_line(0),
-        response_line(1, reasoning={"effort": "high"}),
-        response_line(2, reasoning={"effort": "minimal"}),
-    ]
-    for line in lines:
-        spec.validate("CreateResponse", line["body"])
-    batch = finish(emu, emu.create_batch(lines, endpoint="/v1/responses").id)
-    assert batch.status == "completed"
-    bodies = {line["custom_id"]: line["response"]["body"] for line in emu.lines(batch.output_file_id)}
-    for body in bodies.values():
-        spec.validate("Response", body)
-        (message,) = [item for item in body["output"] if item["type"] == "message"]
-        assert json.loads(message["content"][0]["text"])["sentiment"] == "positive"
-    reasoning = {cid: b["usage"]["output_tokens_details"]["reasoning_tokens"] for cid, b in bodies.items()}
-    assert reasoning == {"r0": 64, "r1": 256, "r2": 0}
-    assert all(
-        b["usage"]["output_tokens"] > b["usage"]["output_tokens_details"]["reasoning_tokens"]
-        for b in bodies.values()
-    )
-    assert batch.usage is not None and batch.usage.output_tokens_details.reasoning_tokens == 320
-
-
-def test_the_same_responses_batch_answers_the_same_twice(emulator_factory: EmulatorFactory) -> None:
-    answers = []
-    for _ in range(2):
-        with emulator_factory() as emu:
-            batch = finish(
-                emu, emu.create_batch([response_line(0), response_line(1)], endpoint="/v1/responses").id
-            )
-            answers.append(
-                sorted(
-                    json.dumps(line["response"]["body"]["output"]) for line in emu.lines(batch.output_file_id)
-                )
-            )
-    assert answers[0] == answers[1]
-
-
-def test_a_responses_line_with_chat_parameters_fails_on_its_own(emu: Emulator) -> None:
-    bad = response_line(1, messages=[{"role": "user", "content": "x"}])
-    batch = finish(emu, emu.create_batch([response_line(0), bad], endpoint="/v1/responses").id)
-    assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 1)
-    (error,) = emu.lines(batch.error_file_id)
-    assert error["custom_id"] == "r1" and error["response"]["status_code"] == 400
-    assert error["response"]["body"]["error"]["code"] == "unknown_parameter"
-
-
-def test_a_realtime_response_is_a_valid_response_object(emu: Emulator) -> None:
-    body = response_line(0)["body"]
-    answer = emu.client.responses.create(**body)
-    assert answer.status == "completed"
-    assert json.loads(answer.output_text)["sentiment"] == "positive"
-    assert answer.usage is not None and answer.usage.output_tokens_details.reasoning_tokens == 64
-    assert emu.checked.count("Response") == 1
-
-
-def test_a_realtime_response_without_input_is_refused_with_an_error_response(emu: Emulator) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        emu.client.responses.create(model="o4-mini", input=[])
-    assert caught.value.status_code == 400
-
-
-def test_moderations_flag_by_word_deterministically_in_batch_and_in_real_time(
-    emu: Emulator, spec: SpecChecker
-) -> None:
-    texts = {"m0": "I will attack you", "m1": "what lovely weather", "m2": "you idiot"}
-    lines = [
-        {
-            "custom_id": cid,
-            "method": "POST",
-            "url": "/v1/moderations",
-            "body": {"model": "omni-moderation-latest", "input": text},
-        }
-        for cid, text in texts.items()
-    ]
-    batch = finish(emu, emu.create_batch(lines, endpoint="/v1/moderations").id)
-    out = {line["custom_id"]: line["response"]["body"] for line in emu.lines(batch.output_file_id)}
-    for body in out.values():
-        spec.validate("CreateModerationResponse", body)
-    flagged = {cid: body["results"][0]["flagged"] for cid, body in out.items()}
-    assert flagged == {"m0": True, "m1": False, "m2": True}
-    assert out["m0"]["results"][0]["categories"]["violence"] is True
-    assert out["m2"]["results"][0]["categories"]["harassment"] is True
-    live = emu.client.moderations.create(model="omni-moderation-latest", input="I will attack you")
-    assert (
-        live.results[0].model_dump(by_alias=True)["category_scores"]
-        == out["m0"]["results"][0]["category_scores"]
-    )
 
 
 @pytest.mark.parametrize(("tpm_output", "second_fits"), [("ceiling", False), ("actual", True)])
