@@ -28,14 +28,8 @@ times, and once finished ``output``: ``{"responsesFile": "files/..."}`` for a fi
 maps ``validating`` to ``PENDING``; ``in_progress``, ``finalizing`` and ``cancelling`` to
 ``RUNNING``.
 
-Result lines (file input), in processing order::
-
-    {"key": "...", "response": {GenerateContentResponse with usageMetadata}}
-    {"key": "...", "error": {"code": 429, "message": "...", "status": "RESOURCE_EXHAUSTED"}}
-
-Items a batch never ran get ``{"code": 499, "status": "CANCELLED"}`` (cancelled) or
-``{"code": 504, "status": "DEADLINE_EXCEEDED"}`` (expired) errors. Embedding batches answer
-``{"key", "response": {"embedding": {"values": [...]}, "usageMetadata": {...}}}``.
+A batch's input is read and its responses written by :mod:`batch_emulator.gemini_lines`; the
+request checks and answers are in :mod:`batch_emulator.gemini_bodies`.
 
 Fault knobs are the shared :class:`~batch_emulator.faults.FaultConfig`, rendered
 in Google's error format (``{"error": {"code", "message", "status", "details"}}``, a 429 carries
@@ -56,6 +50,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import IO, Any, Final
 
 from fastapi import APIRouter, Request
@@ -65,28 +60,30 @@ from starlette.concurrency import run_in_threadpool
 from batch_emulator import model
 from batch_emulator.app import CUSTOM_ID_HEADER, ApiError, guard_create
 from batch_emulator.common import (
-    ErrorTable,
-    InputScan,
-    InputWords,
-    another_answer,
     html_page_instead,
-    injected_error,
     key_given,
-    output_file,
-    result_file,
     retrieve_fails,
     settle,
-    stable_id,
 )
-from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import retry_after_header
-from batch_emulator.lifecycle import ItemLog, ItemOutcome, Job, JobItem, ValidationIssue
+from batch_emulator.gemini_bodies import (
+    INTERNAL,
+    PROVIDER,
+    GeminiPrompt,
+    embed_request_error,
+    embed_response,
+    error_body,
+    generate_billed,
+    generate_request_error,
+    generate_response,
+    model_resource,
+    parts_text,
+)
+from batch_emulator.gemini_lines import FILE_TTL_S, check_line, parse_file, parse_inline, write_results
+from batch_emulator.lifecycle import Job, ValidationIssue
 from batch_emulator.store import EmulatorState, FileTooLargeError, StoredFile
 
-PROVIDER: Final = "gemini"
 API_VERSION: Final = "v1beta"
-FILE_TTL_S: Final = 48 * 3600
-MAX_ISSUES: Final = 100
 MAX_INLINE_BYTES: Final = 20 * 1024 * 1024
 
 #: Neutral lifecycle status -> Gemini ``BatchState``.
@@ -100,49 +97,10 @@ BATCH_STATES: Final[dict[str, str]] = {
     "expired": "BATCH_STATE_EXPIRED",
     "cancelled": "BATCH_STATE_CANCELLED",
 }
-
-#: HTTP status -> ``google.rpc.Code`` name, as the REST error body spells it.
-STATUS_NAMES: Final[dict[int, str]] = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    429: "RESOURCE_EXHAUSTED",
-    499: "CANCELLED",
-    500: "INTERNAL",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
-}
-_INTERNAL: Final = "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"
-INPUT_WORDS: Final = InputWords(
-    too_many="The input has more than {limit} requests; split it.",
-    bad_json="Line {number} is not valid JSON.",
-)
 #: where the API key may be, the first one found wins (a header, else the ``key`` query parameter)
 KEY_SOURCES: Final = ("x-goog-api-key", "?key")
 _GEN_TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
 _EMBED_TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1main.EmbedContentBatch"
-
-
-def error_body(
-    code: int, message: str, status: str | None = None, details: list[Any] | None = None
-) -> dict[str, Any]:
-    """Return a Google API error body.
-
-    :param code: HTTP status
-    :param message: what went wrong and how to fix it
-    :param status: the ``google.rpc.Code`` name (default: from ``code``)
-    :param details: ``google.rpc`` detail objects
-    """
-    err: dict[str, Any] = {
-        "code": code,
-        "message": message,
-        "status": status or STATUS_NAMES.get(code, "UNKNOWN"),
-    }
-    if details:
-        err["details"] = details
-    return {"error": err}
 
 
 def _fail(
@@ -155,211 +113,11 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _model_name(raw: str) -> str:
-    return raw if raw.startswith(("models/", "tunedModels/")) else f"models/{raw}"
-
-
-# -- request content ---------------------------------------------------------------------------
-
-
-def _parts_text(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if not isinstance(content, Mapping):
-        return []
-    parts = content.get("parts")
-    if not isinstance(parts, list):
-        return []
-    return [str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and p.get("text")]
-
-
-class GeminiPrompt:
-    """A ``GenerateContentRequest`` digested for the stand-in model and the token counts.
-
-    :param body: the request
-    """
-
-    def __init__(self, body: Mapping[str, Any]) -> None:
-        system = body.get("systemInstruction", body.get("system_instruction"))
-        self.system = model.join_texts(_parts_text(system))
-        contents = body.get("contents")
-        self.contents: list[Any] = contents if isinstance(contents, list) else []
-        user_texts: list[str] = []
-        all_texts: list[str] = []
-        for content in self.contents:
-            texts = _parts_text(content)
-            all_texts.extend(texts)
-            if not isinstance(content, Mapping) or content.get("role", "user") == "user":
-                user_texts.extend(texts)
-        self.user = model.join_texts(user_texts)
-        self.prefix_tokens = model.count_tokens(self.system) if self.system else 0
-        self.prefix_key = model.prefix_key([self.system]) if self.system else None
-        self.prompt_tokens = self.prefix_tokens + sum(model.count_tokens(t) for t in all_texts)
-        config = body.get("generationConfig", body.get("generation_config"))
-        config = config if isinstance(config, Mapping) else {}
-        mime = config.get("responseMimeType", config.get("response_mime_type"))
-        self.json_mode = mime == "application/json"
-        limit = config.get("maxOutputTokens", config.get("max_output_tokens"))
-        self.max_output_tokens = (
-            int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
-        )
-
-
-def _natural(code: int, message: str) -> dict[str, Any]:
-    return {"code": code, "message": message, "status": STATUS_NAMES.get(code, "UNKNOWN")}
-
-
-def generate_request_error(body: Mapping[str, Any], config: EmulatorConfig) -> dict[str, Any] | None:
-    """Return the error (``code``/``message``/``status``) a ``GenerateContentRequest`` causes, or ``None``.
-
-    :param body: the request
-    :param config: emulator settings (context window)
-    """
-    contents = body.get("contents")
-    if not isinstance(contents, list) or not contents:
-        return _natural(400, "* GenerateContentRequest.contents: contents is not specified")
-    for i, content in enumerate(contents):
-        if not isinstance(content, Mapping) or content.get("role", "user") not in (
-            "user",
-            "model",
-            "function",
-        ):
-            return _natural(
-                400, f"* GenerateContentRequest.contents[{i}].role: Please use a valid role: user, model."
-            )
-        if not _parts_text(content):
-            return _natural(
-                400, f"* GenerateContentRequest.contents[{i}].parts: contents.parts must not be empty."
-            )
-    tokens = GeminiPrompt(body).prompt_tokens
-    if tokens > config.context_window_tokens:
-        return _context_error(tokens, config.context_window_tokens)
-    return None
-
-
-def _context_error(tokens: int, window: int) -> dict[str, Any]:
-    return _natural(
-        400,
-        f"The input token count ({tokens}) exceeds the maximum number of tokens allowed ({window}). "
-        "Shorten the request.",
-    )
-
-
-def embed_request_error(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Return the error an ``EmbedContentRequest`` causes, or ``None``.
-
-    :param body: the request
-    """
-    texts = _parts_text(body.get("content"))
-    if not texts:
-        return _natural(400, "* EmbedContentRequest.content: content is not specified")
-    dims = body.get("outputDimensionality", body.get("output_dimensionality"))
-    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= 3072):
-        return _natural(400, "* EmbedContentRequest.output_dimensionality: must be from 1 to 3072.")
-    tokens = sum(model.count_tokens(t) for t in texts)
-    if tokens > 2048:
-        return _natural(
-            400, f"The input token count ({tokens}) exceeds the maximum number of tokens allowed (2048)."
-        )
-    return None
-
-
-# -- response bodies -------------------------------------------------------------------------
-
-
-def generate_response(
-    body: Mapping[str, Any], *, model_name: str, response_id: str, cached: int
-) -> tuple[dict[str, Any], dict[str, int]]:
-    """Answer a valid request with a ``GenerateContentResponse``.
-
-    :param body: the request
-    :param model_name: the model (``models/...``)
-    :param response_id: the response id
-    :param cached: prompt tokens to report as cached (implicit caching)
-    :return: the object and its usage as ``input``/``cached``/``output`` token counts
-    """
-    prompt = GeminiPrompt(body)
-    reply = model.respond(
-        prompt.system or None,
-        prompt.user,
-        json_mode=prompt.json_mode,
-        max_output_tokens=prompt.max_output_tokens,
-    )
-    usage: dict[str, Any] = {
-        "promptTokenCount": prompt.prompt_tokens,
-        "candidatesTokenCount": reply.output_tokens,
-        "totalTokenCount": prompt.prompt_tokens + reply.output_tokens,
-        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt.prompt_tokens}],
-    }
-    if cached:
-        usage["cachedContentTokenCount"] = cached
-        usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
-    obj = {
-        "candidates": [
-            {
-                "content": {"parts": [{"text": reply.text}], "role": "model"},
-                "finishReason": "MAX_TOKENS" if reply.truncated else "STOP",
-                "index": 0,
-            }
-        ],
-        "usageMetadata": usage,
-        "modelVersion": model_name.removeprefix("models/"),
-        "responseId": response_id,
-    }
-    return obj, {"input": prompt.prompt_tokens, "cached": cached, "output": reply.output_tokens}
-
-
-def embed_response(body: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-    """Answer a valid ``EmbedContentRequest`` with ``{"embedding": {"values"}}`` and usage.
-
-    :param body: the request
-    :return: the object and its prompt tokens
-    """
-    text = model.join_texts(_parts_text(body.get("content")))
-    dims = (
-        body.get("outputDimensionality", body.get("output_dimensionality"))
-        or model.DEFAULT_EMBEDDING_DIMENSIONS
-    )
-    tokens = model.count_tokens(text)
-    obj = {
-        "embedding": {"values": model.embed(text, int(dims))},
-        "usageMetadata": {"promptTokenCount": tokens, "totalTokenCount": tokens},
-    }
-    return obj, tokens
-
-
-def generate_billed(used: Mapping[str, int]) -> dict[str, int]:
-    """Return the record's billed tokens of a :func:`generate_response` usage.
-
-    :param used: ``input``/``cached``/``output`` token counts
-    """
-    return {
-        "input_tokens": used["input"] - used["cached"],
-        "cached_input_tokens": used["cached"],
-        "output_tokens": used["output"],
-    }
-
-
 def _refuse(status: int, headers: Mapping[str, str]) -> ApiError:
     """The answer of a create refused by an injected fault, before anything was created."""
     if status == 429:
         return _fail(429, "Resource has been exhausted (emulated create fault).", headers=headers)
     return _fail(status, "Internal error encountered (emulated create fault).", headers=headers)
-
-
-#: item fault -> the error entry it becomes
-INJECTED_ERRORS: Final[ErrorTable] = {
-    "server_error": _natural(500, _INTERNAL),
-    "rate_limited": _natural(
-        429, "Resource has been exhausted (e.g. check quota). (emulated fault rate_429)"
-    ),
-    "invalid_request": _natural(400, "Request contains an invalid argument. (emulated fault rate_400)"),
-    "context_length": _natural(
-        400,
-        "The input token count exceeds the maximum number of tokens allowed. "
-        "(emulated fault rate_context_length)",
-    ),
-}
 
 
 # -- router ----------------------------------------------------------------------------------
@@ -635,7 +393,7 @@ class GeminiEmulator:
         """``POST /v1beta/models/{model}:{method}``."""
         self.check_auth(request)
         name, _, action = model_ref.partition(":")
-        model_name = _model_name(name)
+        model_name = model_resource(name)
         body = await _json_body(request)
         if action in ("batchGenerateContent", "asyncBatchEmbedContent"):
             kind = "generate" if action == "batchGenerateContent" else "embed"
@@ -683,7 +441,7 @@ class GeminiEmulator:
         if isinstance(file_name, str) and file_name:
             meta = self._file(file_name)
             attrs["input"] = {"fileName": f"files/{meta.id}"}
-            items, issues = await run_in_threadpool(self._parse_file, meta, model_name, kind, config)
+            items, issues = await run_in_threadpool(parse_file, state, meta, model_name, kind, config)
         elif isinstance(requests, Mapping) and isinstance(requests.get("requests"), list):
             size = len(json.dumps(requests))
             if size > MAX_INLINE_BYTES:
@@ -692,7 +450,7 @@ class GeminiEmulator:
                     f"Inline batch requests are {size} bytes; the limit is {MAX_INLINE_BYTES}. Upload a JSONL file instead.",
                 )
             attrs["input"] = {"inline": True}
-            items, issues, metas = self._parse_inline(requests["requests"], model_name, kind, config)
+            items, issues, metas = parse_inline(requests["requests"], model_name, kind, config)
             attrs["inline_metadata"] = metas
         else:
             raise _fail(400, "* batch.input_config: exactly one of file_name or requests must be set.")
@@ -706,123 +464,13 @@ class GeminiEmulator:
         job = state.create_job(PROVIDER, state.new_id("gb", 24), items, issues, config, attrs)
         return self.operation_json(job, state.now())
 
-    def _check_line(self, number: int, line_model: Any, model_name: str) -> ValidationIssue | None:
-        if isinstance(line_model, str) and line_model and _model_name(line_model) != model_name:
-            return ValidationIssue(
-                "mismatched_model",
-                f"Line {number} asks for model {line_model!r} but the batch runs {model_name!r}; one batch uses one model.",
-                number,
-                "request.model",
-            )
-        return None
-
-    def _item(
-        self, custom_id: str, number: int, request: Mapping[str, Any], kind: str, config: EmulatorConfig
-    ) -> JobItem:
-        natural = embed_request_error(request) if kind == "embed" else generate_request_error(request, config)
-        return JobItem(
-            custom_id=custom_id,
-            line=number,
-            body=request,
-            decision=config.faults.decide_item(config.seed, custom_id),
-            natural_error=natural,
-        )
-
-    def _parse_file(
-        self, meta: StoredFile, model_name: str, kind: str, config: EmulatorConfig
-    ) -> tuple[ItemLog | list[JobItem], list[ValidationIssue]]:
-        issues: list[ValidationIssue] = []
-        items = self.state.item_log()
-        if meta.bytes > config.max_batch_bytes:
-            return [], [
-                ValidationIssue(
-                    "file_too_large",
-                    f"The input file is {meta.bytes} bytes; the limit is {config.max_batch_bytes} bytes. Split it.",
-                )
-            ]
-        seen: set[str] = set()
-        scan = InputScan(INPUT_WORDS, issues, config.max_batch_requests, MAX_ISSUES)
-        for number, line in scan.lines(self.state.files.iter_lines(meta.id)):
-            request = line.get("request") if isinstance(line, dict) else None
-            key = line.get("key") if isinstance(line, dict) else None
-            if not isinstance(request, dict):
-                issues.append(
-                    ValidationIssue(
-                        "missing_request", f"Line {number} has no 'request' object.", number, "request"
-                    )
-                )
-                continue
-            if not isinstance(key, str) or not key:
-                issues.append(
-                    ValidationIssue(
-                        "missing_key",
-                        f"Line {number} has no 'key' string; every line needs a unique key.",
-                        number,
-                        "key",
-                    )
-                )
-                continue
-            if key in seen:
-                issues.append(
-                    ValidationIssue(
-                        "duplicate_key",
-                        f"The key {key!r} is used more than once; keys must be unique.",
-                        number,
-                        "key",
-                    )
-                )
-            seen.add(key)
-            problem = self._check_line(number, request.get("model"), model_name)
-            if problem is not None:
-                issues.append(problem)
-            items.append(self._item(key, number, request, kind, config))
-        if scan.count == 0 and not issues:
-            issues.append(
-                ValidationIssue("empty_file", "The input file is empty; it needs at least one request line.")
-            )
-        return items, issues
-
-    def _parse_inline(
-        self, requests: list[Any], model_name: str, kind: str, config: EmulatorConfig
-    ) -> tuple[list[JobItem], list[ValidationIssue], list[Any]]:
-        issues: list[ValidationIssue] = []
-        items: list[JobItem] = []
-        metas: list[Any] = []
-        if not requests:
-            issues.append(ValidationIssue("empty_input", "The batch has no requests."))
-        if len(requests) > config.max_batch_requests:
-            issues.append(
-                ValidationIssue(
-                    "too_many_requests",
-                    f"The batch has more than {config.max_batch_requests} requests; split it.",
-                )
-            )
-            return [], issues, []
-        for number, entry in enumerate(requests, start=1):
-            request = entry.get("request") if isinstance(entry, Mapping) else None
-            if not isinstance(request, Mapping):
-                issues.append(
-                    ValidationIssue(
-                        "missing_request", f"Request {number} has no 'request' object.", number, "request"
-                    )
-                )
-                continue
-            metadata = entry.get("metadata") if isinstance(entry.get("metadata"), Mapping) else None
-            key = str(metadata.get("key")) if metadata and metadata.get("key") else f"request-{number}"
-            problem = self._check_line(number, request.get("model"), model_name)
-            if problem is not None:
-                issues.append(problem)
-            items.append(self._item(key, number, request, kind, config))
-            metas.append(metadata)
-        return items, issues, metas
-
     def operation_json(self, job: Job, now: float) -> dict[str, Any]:
         """Return the batch's ``Operation`` at ``now``, writing results on first terminal sight.
 
         :param job: the batch
         :param now: the current time
         """
-        view = settle(self.state, job, now, self._write_results)
+        view = settle(self.state, job, now, partial(write_results, self.state))
         results = job.results or {}
         total = len(job.items) if not job.issues else 0
         pending = 0 if view.terminal else total - view.completed - view.failed
@@ -860,97 +508,6 @@ class GeminiEmulator:
                 op["response"] = {"@type": metadata["@type"] + "Output", **output}
         return op
 
-    def _write_results(self, job: Job, now: float, status: str) -> dict[str, Any]:
-        """Render a finished batch's responses (a file, written a line at a time, or inline)."""
-        if status == "failed":
-            return {}
-        inline = "fileName" not in job.attrs["input"]
-        metas: list[Any] = job.attrs.get("inline_metadata") or []
-        inlined: list[dict[str, Any]] = []
-        seen_prefixes: set[str] = set()
-        with result_file(self.state, "key") as out:
-            for outcome in job.outcomes(now):
-                entry = self._entry(job, outcome, seen_prefixes)
-                if entry is None:
-                    continue
-                if inline:
-                    meta = metas[outcome.index] if 0 <= outcome.index < len(metas) else None
-                    if meta is not None:
-                        entry["metadata"] = meta
-                    inlined.append(entry)
-                    continue
-                item = outcome.item
-                answered = "response" in entry
-                if answered and item.decision.error_first:
-                    out.write({"key": item.custom_id, "error": dict(INJECTED_ERRORS["server_error"])})
-                out.write({"key": item.custom_id, **entry}, item.decision if answered else None)
-                if answered and item.decision.other_answer and "candidates" in entry["response"]:
-                    out.write(
-                        {"key": item.custom_id, "response": self._answer_again(job, item.custom_id, entry)}
-                    )
-            if inline:
-                return {"output": {"inlinedResponses": {"inlinedResponses": inlined}}}
-            out.write_foreign(job.faults.unknown_result_lines, job.id)
-            file_meta = output_file(
-                self.state, PROVIDER, "gr", f"batch-{job.id}-responses.jsonl", FILE_TTL_S, id_length=20
-            )
-            out.keep(file_meta)
-        return {"output": {"responsesFile": f"files/{file_meta.id}"}}
-
-    @staticmethod
-    def _answer_again(job: Job, custom_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-        """A second response to an item with another answer, billed again (``rate_duplicate_other``)."""
-        again: dict[str, Any] = json.loads(json.dumps(entry["response"]))
-        part = again["candidates"][0]["content"]["parts"][0]
-        part["text"] = another_answer(part.get("text"))
-        usage = again["usageMetadata"]
-        usage["candidatesTokenCount"] += 1
-        usage["totalTokenCount"] += 1
-        cached = int(usage.get("cachedContentTokenCount") or 0)
-        used = {"input": usage["promptTokenCount"], "cached": cached, "output": usage["candidatesTokenCount"]}
-        job.bill_again(custom_id, **generate_billed(used))
-        return again
-
-    def _entry(self, job: Job, outcome: ItemOutcome, seen_prefixes: set[str]) -> dict[str, Any] | None:
-        """One item's response or error entry (``None``: fault ``missing``, no line at all); bills it.
-
-        :param job: the batch
-        :param outcome: how the item ended
-        :param seen_prefixes: prompt prefixes met earlier in the batch (prompt caching)
-        """
-        item = outcome.item
-        if outcome.end != "processed":
-            code = 499 if outcome.end == "cancelled" else 504
-            message = (
-                "The request was not run because the batch was cancelled."
-                if code == 499
-                else "The request was not run before the batch expired."
-            )
-            return {"error": _natural(code, message)}
-        error = item.natural_error or injected_error(item, INJECTED_ERRORS)
-        if error is not None:
-            return {"error": dict(error)}
-        if item.decision.fault == "missing":
-            return None
-        if job.attrs["kind"] == "embed":
-            entry = {"response": embed_response(item.body)[0]}
-            job.bill(item.custom_id, input_tokens=entry["response"]["usageMetadata"]["promptTokenCount"])
-            return entry
-        config = job.config
-        prompt = GeminiPrompt(item.body)
-        seen = prompt.prefix_key is not None and prompt.prefix_key in seen_prefixes
-        if prompt.prefix_key is not None:
-            seen_prefixes.add(prompt.prefix_key)
-        cached = model.cached_tokens(prompt.prefix_tokens, seen, config.cache_min_tokens, 1)
-        answer, used = generate_response(
-            item.body,
-            model_name=job.attrs["model"],
-            response_id=stable_id("", job.id, item.custom_id, length=20),
-            cached=cached,
-        )
-        job.bill(item.custom_id, **generate_billed(used))
-        return {"response": answer}
-
     def _job(self, ref: str) -> Job:
         job_id = ref.removeprefix("batches/")
         job = self.state.jobs.get(job_id, PROVIDER)
@@ -963,7 +520,7 @@ class GeminiEmulator:
         self.check_auth(request)
         state = self.state
         if retrieve_fails(state, PROVIDER):
-            raise _fail(500, _INTERNAL)
+            raise _fail(500, INTERNAL)
         return self.operation_json(self._job(batch_ref), state.now())
 
     def batch_action(self, batch_ref: str, request: Request) -> dict[str, Any]:
@@ -1020,7 +577,7 @@ class GeminiEmulator:
             )
         if faults.request_fails(config.seed, "sync500", counter, faults.sync_500_rate):
             state.bump(PROVIDER, "sync_500")
-            raise _fail(500, _INTERNAL)
+            raise _fail(500, INTERNAL)
         window = config.scaled(config.timings.rate_window_s)
         with state.lock:
             decision = state.limiter.check(state.now(), tokens, faults.rpm_limit, faults.tpm_limit, window)
@@ -1070,7 +627,7 @@ class GeminiEmulator:
         """``POST /v1beta/models/{model}:embedContent``."""
         del model_name
         problem = embed_request_error(body)
-        self._admit("embed", model.count_tokens(model.join_texts(_parts_text(body.get("content")))))
+        self._admit("embed", model.count_tokens(model.join_texts(parts_text(body.get("content")))))
         if problem is not None:
             raise ApiError(
                 problem["code"], error_body(problem["code"], problem["message"], problem["status"])
@@ -1087,7 +644,7 @@ class GeminiEmulator:
         if len(requests) > 100:
             raise _fail(400, "* BatchEmbedContentsRequest.requests: at most 100 requests per call.")
         tokens = sum(
-            model.count_tokens(model.join_texts(_parts_text(r.get("content"))))
+            model.count_tokens(model.join_texts(parts_text(r.get("content"))))
             for r in requests
             if isinstance(r, Mapping)
         )
@@ -1099,7 +656,7 @@ class GeminiEmulator:
             problem = embed_request_error(request)
             if problem is not None:
                 raise _fail(problem["code"], f"requests[{i}]: {problem['message']}")
-            mismatch = self._check_line(i + 1, request.get("model"), model_name)
+            mismatch = check_line(i + 1, request.get("model"), model_name)
             if mismatch is not None:
                 raise _fail(400, mismatch.message)
             embeddings.append(embed_response(request)[0]["embedding"])

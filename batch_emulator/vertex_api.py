@@ -35,12 +35,12 @@ from batch_emulator.app import ApiError
 from batch_emulator.common import settle
 from batch_emulator.gemini_api import (
     BATCH_STATES,
-    GeminiEmulator,
     _fail,
     _json_body,
     _page_args,
     _rfc3339,
 )
+from batch_emulator.gemini_lines import parse_file, write_results
 from batch_emulator.lifecycle import Job, ValidationIssue
 from batch_emulator.store import CHUNK, EmulatorState, StoredFile
 
@@ -125,7 +125,6 @@ class VertexEmulator:
 
     def __init__(self, state: EmulatorState) -> None:
         self.state = state
-        self.gemini = GeminiEmulator(state)
         self._tokens: set[str] = set()
 
     # -- auth ------------------------------------------------------------------------------
@@ -193,7 +192,7 @@ class VertexEmulator:
             meta = await run_in_threadpool(self._stage_input, [str(uri) for uri in uris])
         except OSError as exc:
             raise _fail(400, f"cannot read the batch input {uris}: {exc}", "FAILED_PRECONDITION") from exc
-        items, issues = self.gemini._parse_file(meta, model_name, "generate", state.config)
+        items, issues = parse_file(state, meta, model_name, "generate", state.config)
         attrs: dict[str, Any] = {
             "kind": "generate",
             "model": model_name,
@@ -257,7 +256,7 @@ class VertexEmulator:
         return meta
 
     def _write_output(self, job: Job, now: float, status: str) -> dict[str, Any]:
-        rendered = self.gemini._write_results(job, now, status)
+        rendered = write_results(self.state, job, now, status)
         file_ref = (rendered.get("output") or {}).get("responsesFile")
         if not file_ref:
             return {"written": True}
