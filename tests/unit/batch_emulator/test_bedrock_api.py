@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batch_emulator.bedrock_api import MIN_RECORDS, model_family
+from batch_emulator.bedrock_api import MIN_RECORDS
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
 from batch_emulator.store import Clock
@@ -457,20 +457,3 @@ def test_the_command_line_takes_the_s3_endpoint() -> None:
     config = build_config(_parse_args(["--s3-endpoint", "http://127.0.0.1:9000"]))
     assert config.s3_endpoint == "http://127.0.0.1:9000"
     assert build_config(_parse_args([])).s3_endpoint is None
-
-
-@pytest.mark.parametrize(
-    ("model_id", "family"),
-    [
-        ("anthropic.claude-3-5-haiku-20241022-v1:0", "anthropic"),
-        ("us.anthropic.claude-3-5-haiku-20241022-v1:0", "anthropic"),
-        ("us-gov.anthropic.claude-3-haiku-20240307-v1:0", "anthropic"),
-        ("arn:aws:bedrock:us-east-1:123456789012:inference-profile/eu.amazon.nova-lite-v1:0", "nova"),
-        ("amazon.titan-embed-text-v2:0", "titan-embed"),
-        ("amazon.titan-text-express-v1", None),
-        ("meta.llama3-8b-instruct-v1:0", None),
-        ("xx.anthropic.claude-3-haiku-20240307-v1:0", None),
-    ],
-)
-def test_the_emulator_knows_each_bedrock_model_family_by_itself(model_id: str, family: str | None) -> None:
-    assert model_family(model_id) == family
