@@ -7,7 +7,7 @@ of them failing into review. Then the same night N+1 runs through the ledger's r
 ledger holding N nights and on one holding a single night, in the same process: prepare
 (``upsert_items``, the skip-unchanged path), reconcile (``apply_results`` of the changed items'
 lines), publish (``publish`` and the report's ``iter_cost_rows``) and the workload page's reads
-(``plugins.api``: the runs list, the run's detail, the review page). ``ratio`` = night N+1's rate
+(``plugins.api`` and ``plugins.review``: the runs list, the run's detail, the review page). ``ratio`` = night N+1's rate
 on N nights / its rate on one night (goal: >= 0.8). The ledger's size after each night is
 measured with and without a retention policy (``prune`` to the newest runs after each night).
 
@@ -330,7 +330,7 @@ def stage_and_answer(ledger: Ledger, run_id: str) -> dict[str, float]:
 
 def run_night(ledger: Ledger, run_id: str, items: list[PreparedItem], ui_repeat: int) -> dict[str, float]:
     """Night N+1 through the real stages; return each stage's rate (items, lines or page loads per second)."""
-    from airflow_batch_provider.plugins import api
+    from airflow_batch_provider.plugins import api, review
 
     ledger.start_run(WL, run_id, "openai", "gpt-4o-mini")
     t0 = time.perf_counter()
@@ -349,7 +349,7 @@ def run_night(ledger: Ledger, run_id: str, items: list[PreparedItem], ui_repeat:
         found = api.find_run(ledger, WL, run_id)
         assert found is not None
         api.run_detail(ledger, found)
-        api.review_page(ledger, WL, None)
+        review.review_page(ledger, WL, None)
     ui_s = time.perf_counter() - t0
     assert stats.new == 0 and published == costed == len(items), (stats, published, costed)
     return {
@@ -578,7 +578,7 @@ def run(size: str = "default", items: int | None = None) -> dict[str, Any]:
                 f"{trials} runs of that night on fresh copies of the two ledgers, the order alternating.",
                 "prepare: upsert_items of every item (3% changed); reconcile: apply_results of the changed "
                 "items' lines; publish: publish and iter_cost_rows; ui: the runs list, the run's detail and "
-                "the review page (plugins.api).",
+                "the review page (plugins.api, plugins.review).",
                 f"sizes: the ledger's tables after each night, without retention and with keep_runs={KEEP_RUNS} "
                 "(prune after each night; PostgreSQL vacuumed after, as autovacuum would).",
             ],

@@ -29,7 +29,7 @@ The plugin is in three parts: the ledger's read queries are in the ledger
 (:mod:`airflow_batch_provider.ledger.reads` and the ledger's own read methods; no SQL here), the
 view model is :mod:`.view` (pure functions from those frozen records to what the page and the
 JSON show), and this module holds the routes, their permission checks and the loaders that join
-the two.
+the two; the review queue's pages, actions and form token are in :mod:`.review`.
 
 Reading uses a read-only engine (SQLite ``mode=ro``, PostgreSQL
 ``default_transaction_read_only``); only the review actions write, through the ledger's own
@@ -44,12 +44,9 @@ error class, the details go to the server log.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import logging
-import secrets
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from functools import cache
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -65,12 +62,26 @@ from airflow_batch_provider.ledger.reads import DagSet, RunRecord
 from airflow_batch_provider.links.batch import console_templates, console_url
 from airflow_batch_provider.plugins import deliveries, trend, view
 from airflow_batch_provider.plugins.access import Access, Method, StaticAccess, allowed_all, readable
+from airflow_batch_provider.plugins.review import (
+    AUDIT_SHOWN,
+    MAX_ACTION_ITEMS,
+    MAX_REASON,
+    REVIEW_ACTIONS,
+    REVIEW_PAGE,
+    TriggerRun,
+    apply_review_action,
+    form_token,
+    iter_review,
+    only_dag,
+    review_page,
+    server_secret,
+    trigger_airflow_run,
+)
 from airflow_batch_provider.plugins.view import RunView
 
 if TYPE_CHECKING:
     from jinja2 import Environment
 
-    from airflow_batch_provider.ledger.records import ItemRow
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +89,9 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS: Final = 15
 #: Most runs one request lists.
 MAX_RUNS: Final = 200
-#: Review items one page lists; an export pages through all of them this many at a time.
-REVIEW_PAGE: Final = 200
-#: Most items one review action addresses by key.
-MAX_ACTION_ITEMS: Final = 1000
-#: Longest reason or note a review action takes.
-MAX_REASON: Final = 2000
-#: Audit rows the review page shows (newest first).
-AUDIT_SHOWN: Final = 50
-ReviewAction = Literal["redrive", "resolve", "skip"]
-REVIEW_ACTIONS: Final[tuple[ReviewAction, ...]] = ("redrive", "resolve", "skip")
 LedgerUrl = Callable[[], str]
 #: Gives the access of the request's user.
 AccessFor = Callable[..., Access]
-#: Triggers a run of a DAG: ``(dag_id, actor, note) -> run_id``.
-TriggerRun = Callable[[str, str, str], str]
 
 
 class LedgerUnavailable(Exception):
@@ -242,66 +241,6 @@ def run_detail(ledger: Ledger, run: RunView) -> dict[str, Any]:
     return view.run_detail(run, routes=routes, jobs=jobs, attention=attention, paid_so_far_nusd=paid)
 
 
-def _review_rows(ledger: Ledger, workload: str, items: Sequence[ItemRow]) -> list[dict[str, Any]]:
-    return view.review_rows(items, reads.item_costs(ledger, workload, [i.item_key for i in items]))
-
-
-def review_page(
-    ledger: Ledger, workload: str, error_code: str | None, limit: int = REVIEW_PAGE, offset: int = 0
-) -> dict[str, Any]:
-    """Return one page of a workload's review queue with its counts (JSON-safe).
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param error_code: only items with this error code
-    :param limit: at most this many items
-    :param offset: skip this many first
-    """
-    counts = reads.review_counts(ledger, workload)
-    items = ledger.review_items(workload, error_code=error_code, limit=limit, offset=offset)
-    return view.review_page(workload, error_code, counts, _review_rows(ledger, workload, items), offset)
-
-
-def iter_review(ledger: Ledger, workload: str, error_code: str | None) -> Iterator[dict[str, Any]]:
-    """Yield every item of a workload's review queue, a page at a time.
-
-    :param ledger: the ledger
-    :param workload: workload name
-    :param error_code: only items with this error code
-    """
-    offset = 0
-    while True:
-        items = ledger.review_items(workload, error_code=error_code, limit=REVIEW_PAGE, offset=offset)
-        yield from _review_rows(ledger, workload, items)
-        if len(items) < REVIEW_PAGE:
-            return
-        offset += len(items)
-
-
-def form_token(secret: bytes, actor: str, workload: str) -> str:
-    """The token the action form carries: binds a POST to the user and workload it was shown for.
-
-    :param secret: the server's secret
-    :param actor: the user
-    :param workload: the workload
-    """
-    message = json.dumps([actor, workload]).encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def _server_secret() -> bytes:
-    """``[api_auth] jwt_secret`` (shared by every API server worker), else a secret of this process."""
-    try:
-        from airflow.providers.common.compat.sdk import conf
-
-        configured = conf.get("api_auth", "jwt_secret", fallback="") or ""
-    except Exception:  # outside Airflow a process secret does as well
-        configured = ""
-    if configured:
-        return hashlib.sha256(b"llm-batch-review-form\n" + configured.encode()).digest()
-    return secrets.token_bytes(32)
-
-
 @cache
 def _templates() -> Environment:
     from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -401,7 +340,7 @@ def create_app(
 
     url_of = ledger_url or configured_ledger_url
     access_dep = Depends(access_for)
-    secret = form_secret or _server_secret()
+    secret = form_secret or server_secret()
     trigger = trigger or trigger_airflow_run
     app = FastAPI(
         title="LLM batch progress and cost",
@@ -633,13 +572,13 @@ def create_app(
             dag_id = None
             if trigger_now:
                 # checked before anything moves, so that a refused trigger changes nothing
-                dag_id = _only_dag(dags, workload)
+                dag_id = only_dag(dags, workload)
                 if action != "redrive":
                     raise HTTPException(400, "only a re-drive can go to a run triggered now")
                 if not access.allowed("POST", dag_id):
                     raise Forbidden(f"You may not trigger runs of DAG {dag_id!r}.")
             try:
-                moved = _apply_review_action(
+                moved = apply_review_action(
                     open_for_actions(url()), action, workload, item_keys or None, every, access.actor, reason
                 )
             except LedgerError as exc:
@@ -731,61 +670,6 @@ def create_app(
         return Response(ICON_SVG, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     return app
-
-
-def _only_dag(dags: set[str | None], workload: str) -> str:
-    """The one DAG a workload's re-drive can trigger; refuse when there is not exactly one."""
-    named = [d for d in dags if d is not None]
-    if len(dags) != 1 or not named:
-        raise HTTPException(
-            409,
-            f"workload {workload!r} is run by {len(named)} DAG(s) recorded"
-            f"{' and by runs with no DAG recorded' if None in dags else ''}: trigger the run you want yourself",
-        )
-    return named[0]
-
-
-def trigger_airflow_run(dag_id: str, actor: str, note: str) -> str:
-    """Trigger a manual run of ``dag_id`` in Airflow's metadata database; return its run id.
-
-    A paused DAG's run waits until the DAG is unpaused, as one triggered from the UI does.
-
-    :param dag_id: the DAG
-    :param actor: who asked (recorded as the triggering user)
-    :param note: the run's note
-    """
-    from airflow.api.common.trigger_dag import trigger_dag
-    from airflow.utils.types import DagRunTriggeredByType
-
-    run = trigger_dag(
-        dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=actor, note=note[:1000]
-    )
-    if run is None:
-        raise HTTPException(409, f"Airflow did not create a run of DAG {dag_id!r}")
-    return str(run.run_id)
-
-
-def _apply_review_action(
-    ledger: Ledger,
-    action: str,
-    workload: str,
-    item_keys: list[str] | None,
-    error_code: str | None,
-    actor: str,
-    reason: str,
-) -> int:
-    """Run one review action through the ledger's review API (which writes the audit row)."""
-    if action == "redrive":
-        return ledger.redrive(
-            workload, item_keys=item_keys, error_code=error_code, actor=actor, reason=reason
-        )
-    if action == "resolve":
-        return ledger.resolve_review(
-            workload, item_keys=item_keys, error_code=error_code, actor=actor, note=reason
-        )
-    return ledger.skip_review(
-        workload, item_keys=item_keys, error_code=error_code, actor=actor, reason=reason
-    )
 
 
 def _unavailable(exc: BaseException) -> str:

@@ -116,7 +116,7 @@ def full_scans(ledger: Ledger, work: Callable[[], Any]) -> tuple[int, list[str]]
 
 
 def test_no_statement_of_a_nightly_stage_reads_a_whole_growing_table_at_history_size(history: Ledger) -> None:
-    from airflow_batch_provider.plugins import api
+    from airflow_batch_provider.plugins import api, review
 
     built: bench_history.History = history.history  # type: ignore[attr-defined]
     items = bench_history.tonight(built)
@@ -141,7 +141,7 @@ def test_no_statement_of_a_nightly_stage_reads_a_whole_growing_table_at_history_
         run = api.find_run(history, bench_history.WL, run_id)
         assert run is not None
         api.run_detail(history, run)
-        api.review_page(history, bench_history.WL, None)
+        review.review_page(history, bench_history.WL, None)
         history.jobs_in_doubt(bench_history.WL)
 
     stages["ui"] = full_scans(history, page)

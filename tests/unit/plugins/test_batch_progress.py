@@ -170,13 +170,13 @@ import json, os, re, sys
 from urllib.parse import quote
 from fastapi.testclient import TestClient
 from airflow.api_fastapi.app import create_app
-from airflow_batch_provider.plugins.api import _server_secret, form_token
+from airflow_batch_provider.plugins.review import form_token, server_secret
 from airflow_batch_provider.core.custom_ids import item_key
 
 client = TestClient(create_app("core"))
 passwords = json.load(open(os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]))
 run = os.environ["ABP_TEST_RUN"]
-secret = _server_secret()
+secret = server_secret()
 routes = {}
 for wl, dag in (("wl_a", "dag_a"), ("wl_b", "dag_b")):
     side = wl[-1]
