@@ -21,7 +21,7 @@ from airflow_batch_provider.ledger import Ledger
 from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
 from tests.support.airflow_run import openai_dag_env, run_airflow
-from tests.support.chaos import expected_bill
+from tests.support.bill import expected_bill
 
 pytestmark = pytest.mark.airflow_e2e
 

@@ -46,15 +46,12 @@ from batch_emulator.testing import run_emulator
 from tests.support.stateful import (
     ROUND_TASKS,
     WORKLOAD,
-    Killed,
-    NotYet,
-    Run,
     StatefulWorkload,
     airflow_says,
     airflow_task_instances,
-    shared_ssl_contexts,
 )
 from tests.support.stateful_invariants import History, check
+from tests.support.stateful_run import Killed, NotYet, Run, shared_ssl_contexts
 
 pytestmark = pytest.mark.reliability
 

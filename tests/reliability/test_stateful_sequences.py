@@ -16,7 +16,7 @@ import pytest
 from batch_emulator.config import EmulatorConfig, Timings
 from batch_emulator.testing import run_emulator
 from tests.reliability.test_stateful import Ledgers, machine
-from tests.support.stateful import shared_ssl_contexts
+from tests.support.stateful_run import shared_ssl_contexts
 
 pytestmark = [pytest.mark.reliability]
 

@@ -2,7 +2,7 @@
 
 :func:`check` compares a :class:`~tests.support.stateful.StatefulWorkload`'s ledger and published
 reports with the emulator's own record (``GET /_emulator/record``). It reuses the chaos suite's
-pieces (:func:`~tests.support.chaos.expected_bill`, :func:`~tests.support.chaos.item_key_of`,
+pieces (:func:`~tests.support.bill.expected_bill`, :func:`~tests.support.bill.item_key_of`,
 :func:`~tests.support.chaos.check_input_files`) and checks, always:
 
 - *sent once per recorded attempt*: no custom id is in two batches, and every custom id the
@@ -56,8 +56,9 @@ from airflow_batch_provider.core.results import Usage
 from airflow_batch_provider.core.states import FINAL_STATES, IN_FLIGHT_STATES
 from airflow_batch_provider.exceptions import ItemError
 from airflow_batch_provider.ledger import schema as s
-from tests.support.chaos import expected_bill, usage_minus
-from tests.support.stateful import WORKLOAD, Run, StatefulWorkload, comparable_report
+from tests.support.bill import expected_bill, usage_minus
+from tests.support.stateful import WORKLOAD, StatefulWorkload
+from tests.support.stateful_run import Run, comparable_report
 
 
 @dataclass
