@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-stamp
 # the Google provider's environment (`make test-google`): its own venv, pinned by constraints-google.txt
 VENV_GOOGLE ?= .venv-google
 STAMP_GOOGLE := $(VENV_GOOGLE)/.installed-stamp
-GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/unit/adapters/test_gemini_results.py tests/dags/test_gcs_staging.py
+GOOGLE_TESTS ?= tests/unit/hooks/test_google.py tests/unit/adapters/test_gemini.py tests/unit/adapters/test_gemini_results.py tests/unit/adapters/test_gemini_clients.py tests/unit/adapters/test_gemini_format.py \
+	tests/dags/test_gcs_staging.py
 # the MySQL provider's environment (`make test-mysql`): its own venv, pinned by constraints-mysql.txt, as
 # the provider requires mysqlclient, which builds from source (a C compiler, pkg-config, libmariadb-dev);
 # its tests (the `mysql` marker) start a throw-away MariaDB server (tests/support/mysql.py)

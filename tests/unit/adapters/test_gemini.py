@@ -19,12 +19,7 @@ import httpx
 import pytest
 
 from airflow_batch_provider.adapters.base import AdapterSettings, BatchRef, InputRef
-from airflow_batch_provider.adapters.gemini import (
-    GeminiBatchAdapter,
-    client_kwargs,
-    rest_request,
-    vertex_create_args,
-)
+from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter, rest_request
 from airflow_batch_provider.adapters.registry import adapter_class
 from airflow_batch_provider.core.requests import CanonicalRequest
 from airflow_batch_provider.core.results import ItemResult, MalformedLine
@@ -132,43 +127,6 @@ def test_the_registry_finds_the_adapter_by_connection_type_with_batch_mode_limit
     assert cls.limits.usable_bytes < cls.limits.max_bytes
 
 
-def test_a_chat_line_is_a_keyed_generate_content_request_with_the_system_prompt_first() -> None:
-    request = CanonicalRequest(
-        app_id="a1",
-        prompt_version="v1",
-        model=MODEL,
-        system=SYSTEM,
-        messages=(
-            {"role": "user", "content": "hello"},
-            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
-            {"role": "user", "content": "classify this"},
-        ),
-        params={
-            "max_tokens": 50,
-            "temperature": 0.0,
-            "stop": "END",
-            "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
-            "thinking_config": {"thinking_budget": 0},
-        },
-    )
-    line = json.loads(GeminiBatchAdapter(AdapterSettings(api_key="k")).format_line(request, "cid-1"))
-    assert line["key"] == "cid-1"
-    body = line["request"]
-    assert list(body)[:3] == ["model", "contents", "systemInstruction"]
-    assert body["model"] == f"models/{MODEL}"
-    assert body["systemInstruction"] == {"parts": [{"text": SYSTEM}]}
-    assert [c["role"] for c in body["contents"]] == ["user", "model", "user"]
-    assert body["contents"][1]["parts"] == [{"text": "hi"}]
-    assert body["generationConfig"] == {
-        "maxOutputTokens": 50,
-        "temperature": 0.0,
-        "stopSequences": ["END"],
-        "responseMimeType": "application/json",
-        "responseJsonSchema": {"type": "object"},
-        "thinkingConfig": {"thinking_budget": 0},
-    }
-
-
 def test_an_embedding_line_maps_dimensions_and_refuses_a_parameter_gemini_does_not_know() -> None:
     body = rest_request(embedding(1, dimensions=64, task_type="RETRIEVAL_DOCUMENT"))
     assert body == {
@@ -179,11 +137,6 @@ def test_an_embedding_line_maps_dimensions_and_refuses_a_parameter_gemini_does_n
     }
     with pytest.raises(ConfigurationError, match="encoding_format"):
         rest_request(embedding(1, encoding_format="base64"))
-
-
-def test_a_connection_without_an_api_key_is_refused_with_the_fix() -> None:
-    with pytest.raises(ConfigurationError, match="password"):
-        client_kwargs(AdapterSettings(api_key=None))
 
 
 # -- submit and idempotency ------------------------------------------------------------------------
@@ -456,47 +409,6 @@ async def test_realtime_embeds_through_the_sdk(emu: Emu) -> None:
 # -- Vertex AI request building -------------------------------
 
 
-def test_a_vertex_connection_builds_a_gcs_batch_prediction_request() -> None:
-    settings = AdapterSettings(
-        extra={"vertexai": True, "project": "p1", "location": "us-central1", "gcs_prefix": "gs://b/llm"}
-    )
-    kwargs = client_kwargs(settings)
-    assert (kwargs["vertexai"], kwargs["project"], kwargs["location"]) == (True, "p1", "us-central1")
-    assert "api_key" not in kwargs and "api_version" not in kwargs["http_options"]
-    args = vertex_create_args(
-        "models/gemini-2.5-flash", "gs://b/llm/input/abp-k.jsonl", "abp-k", "gs://b/llm/"
-    )
-    assert args == {
-        "model": "gemini-2.5-flash",
-        "src": "gs://b/llm/input/abp-k.jsonl",
-        "config": {"display_name": "abp-k", "dest": "gs://b/llm/output/abp-k/"},
-    }
-    from google import genai
-    from google.genai import _transformers, batches, types
-
-    # The body the SDK would POST to .../batchPredictionJobs (the private converter is the SDK's own)
-    client = genai.Client(**kwargs)
-    src = _transformers.t_batch_job_source(client._api_client, args["src"])
-    params = types._CreateBatchJobParameters(model=args["model"], src=src, config=args["config"])
-    body = batches._CreateBatchJobParameters_to_vertex(client._api_client, params)
-    assert body == {
-        "model": "publishers/google/models/gemini-2.5-flash",
-        "inputConfig": {"instancesFormat": "jsonl", "gcsSource": {"uris": ["gs://b/llm/input/abp-k.jsonl"]}},
-        "displayName": "abp-k",
-        "outputConfig": {
-            "predictionsFormat": "jsonl",
-            "gcsDestination": {"outputUriPrefix": "gs://b/llm/output/abp-k/"},
-        },
-    }
-    with pytest.raises(ConfigurationError, match="project"):
-        client_kwargs(AdapterSettings(extra={"vertexai": True}))
-    with pytest.raises(ConfigurationError, match="gs://"):
-        vertex_create_args(MODEL, "files/x", "k", "gs://b")
-    adapter = GeminiBatchAdapter(AdapterSettings(extra={"vertexai": True, "project": "p", "location": "l"}))
-    with pytest.raises(ConfigurationError, match="gcs_prefix"):
-        adapter.stage(io.BytesIO(b"{}\n"), "x.jsonl", 3)
-
-
 # -- the create rule under faults -----------------------------------------------------------------
 
 
@@ -549,41 +461,6 @@ def test_find_pages_through_every_batch(emu: Emu) -> None:
 
 
 # -- kinds and tools -------------------------------------------------------------------------------
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-
-
-def test_tools_become_function_declarations_and_tool_choice_a_function_calling_config() -> None:
-    request = CanonicalRequest(
-        "t1",
-        "v1",
-        "gemini-2.5-flash",
-        messages=({"role": "user", "content": "weather in Oslo?"},),
-        params={"tools": [WEATHER], "tool_choice": {"name": "get_weather"}, "temperature": 0},
-    )
-    body = rest_request(request)
-    assert body["tools"] == [
-        {
-            "functionDeclarations": [
-                {
-                    "name": "get_weather",
-                    "description": "Weather of a city",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-                }
-            ]
-        }
-    ]
-    assert body["toolConfig"] == {
-        "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["get_weather"]}
-    }
-    assert body["generationConfig"] == {"temperature": 0}
 
 
 def test_a_function_call_answer_is_the_calls_arguments() -> None:
