@@ -13,16 +13,9 @@ from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.bedrock import BedrockBatchAdapter
 from airflow_batch_provider.adapters.claude import claude_result, claude_tool_choice, prompt_caching
 from airflow_batch_provider.core.requests import CanonicalRequest
+from tests.unit.adapters.tools import WEATHER
 
 SCHEMA = {"type": "object", "required": ["total"], "properties": {"total": {"type": "number"}}}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 #: Requests that exercise every part of the body both providers share.
 CASES: dict[str, dict[str, Any]] = {
     "plain": {"temperature": 0},

@@ -7,17 +7,10 @@ import json
 from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.gemini import GeminiBatchAdapter, rest_request
 from airflow_batch_provider.core.requests import CanonicalRequest
+from tests.unit.adapters.tools import WEATHER
 
 MODEL = "gemini-2.5-flash"
 SYSTEM = "Classify the sentiment and topic of the customer comment. Answer as JSON."
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def test_a_chat_line_is_a_keyed_generate_content_request_with_the_system_prompt_first() -> None:
