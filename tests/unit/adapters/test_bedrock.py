@@ -32,10 +32,10 @@ from batch_emulator.config import EmulatorConfig
 from batch_emulator.faults import FaultConfig
 from batch_emulator.store import Clock
 from batch_emulator.testing import run_emulator
+from tests.support.aws_conns import ROLE, aws_and_bedrock, bedrock_conn
 
 from .faults import FAST_CREATE, arm, batches
 
-ROLE = "arn:aws:iam::123456789012:role/BedrockBatch"
 CLAUDE = "anthropic.claude-3-5-haiku-20241022-v1:0"
 NOVA = "us.amazon.nova-lite-v1:0"
 TITAN = "amazon.titan-embed-text-v2:0"
@@ -483,25 +483,6 @@ def test_an_unreachable_endpoint_is_a_retryable_realtime_failure() -> None:
 # -- hook ----------------------------------------------------------------------------------------
 
 
-def _connections(monkeypatch: pytest.MonkeyPatch, aws: dict[str, Any], bedrock: dict[str, Any]) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_ABP_AWS", json.dumps({"conn_type": "aws", **aws}))
-    monkeypatch.setenv("AIRFLOW_CONN_ABP_BEDROCK", json.dumps({"conn_type": "bedrock_batch", **bedrock}))
-
-
-def _bedrock_conn(url: str, bucket: str) -> dict[str, Any]:
-    return {
-        "host": url,
-        "extra": {
-            "aws_conn_id": "abp_aws",
-            "region_name": "us-east-1",
-            "role_arn": ROLE,
-            "s3_uri": f"s3://{bucket}/llm-batch/input",
-            "output_s3_uri": f"s3://{bucket}/llm-batch/output",
-            "max_retries": 0,
-        },
-    }
-
-
 def test_a_job_runs_on_the_credentials_and_endpoints_of_the_aws_connection(
     env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -509,14 +490,14 @@ def test_a_job_runs_on_the_credentials_and_endpoints_of_the_aws_connection(
     bedrock_batch connection; a whole job is staged, created, finished and downloaded with them."""
     from airflow_batch_provider.hooks.batch import BatchHook
 
-    _connections(
+    aws_and_bedrock(
         monkeypatch,
         {
             "login": "AKIDFROMAWSCONN",
             "password": "secret-from-aws-conn",
             "extra": {"service_config": {"s3": {"endpoint_url": s3_endpoint}}},
         },
-        _bedrock_conn(env.url, env.bucket),
+        bedrock_conn(env.url, env.bucket),
     )
     adapter = BatchHook("abp_bedrock").get_adapter()
     assert isinstance(adapter, BedrockBatchAdapter)
@@ -538,7 +519,7 @@ def test_an_assume_role_aws_connection_signs_with_the_roles_temporary_keys(
     """assume-role comes for free from the Amazon provider: STS (moto) hands out temporary keys."""
     from airflow_batch_provider.hooks.batch import BatchHook
 
-    _connections(
+    aws_and_bedrock(
         monkeypatch,
         {
             "login": "AKIDBASE",
@@ -551,7 +532,7 @@ def test_an_assume_role_aws_connection_signs_with_the_roles_temporary_keys(
                 "service_config": {"sts": {"endpoint_url": s3_endpoint}},
             },
         },
-        _bedrock_conn(env.url, env.bucket),
+        bedrock_conn(env.url, env.bucket),
     )
     adapter = BatchHook("abp_bedrock").get_adapter()
     assumed = adapter.bedrock._request_signer._credentials
@@ -567,10 +548,10 @@ async def test_the_triggers_async_client_gets_the_aws_connections_credentials(
 ) -> None:
     from airflow_batch_provider.hooks.batch import BatchHook
 
-    _connections(
+    aws_and_bedrock(
         monkeypatch,
         {"login": "AKIDASYNC", "password": "async-secret", "extra": {"endpoint_url": s3_endpoint}},
-        _bedrock_conn(env.url, env.bucket),
+        bedrock_conn(env.url, env.bucket),
     )
     ref = env.submit(MIN_RECORDS, "abp-async-creds")
     adapter = await BatchHook.aget_adapter("abp_bedrock")
@@ -584,51 +565,23 @@ async def test_the_triggers_async_client_gets_the_aws_connections_credentials(
     assert status.state == "validating"  # the job the sync client created, read by the async one
 
 
-@pytest.mark.parametrize(
-    "keys",
-    [{"login": "AKID", "password": "secret"}, {"extra": {"aws_access_key_id": "AKID", "region_name": "x"}}],
-)
-def test_aws_keys_in_the_bedrock_connection_are_refused_with_where_they_belong(
-    monkeypatch: pytest.MonkeyPatch, keys: dict[str, Any]
-) -> None:
-    from airflow_batch_provider.hooks.batch import BatchHook
-
-    monkeypatch.setenv("AIRFLOW_CONN_ABP_KEYS", json.dumps({"conn_type": "bedrock_batch", **keys}))
-    with pytest.raises(ConfigurationError, match="aws_conn_id"):
-        BatchHook("abp_keys").get_adapter()
-
-
 def test_the_test_button_lists_jobs_and_checks_the_bucket(
     env: Env, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow.models.connection import Connection
 
-    _connections(
+    aws_and_bedrock(
         monkeypatch,
         {"login": "AKID", "password": "secret", "extra": {"endpoint_url": s3_endpoint}},
-        _bedrock_conn(env.url, env.bucket),
+        bedrock_conn(env.url, env.bucket),
     )
     ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
     assert ok, message
     assert f"bucket {env.bucket} is reachable" in message
-    missing = _bedrock_conn(env.url, "abp-no-such-bucket")
+    missing = bedrock_conn(env.url, "abp-no-such-bucket")
     monkeypatch.setenv("AIRFLOW_CONN_ABP_BEDROCK", json.dumps({"conn_type": "bedrock_batch", **missing}))
     ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
     assert not ok and "404" in message, message
-
-
-def test_the_test_button_says_no_to_a_closed_bedrock_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.models.connection import Connection
-
-    from tests.support.ports import free_port
-
-    _connections(
-        monkeypatch,
-        {"login": "AKID", "password": "secret"},
-        _bedrock_conn(f"http://127.0.0.1:{free_port()}", "abp-x"),
-    )
-    ok, message = Connection.get_connection_from_secrets("abp_bedrock").test_connection()
-    assert not ok and "Could not connect" in message, message
 
 
 # -- the create rule under faults ------------------------------------------------------------------
