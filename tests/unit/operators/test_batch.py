@@ -695,22 +695,6 @@ def test_prepare_under_a_distributed_executor_refuses_the_embedded_ledger_and_lo
     assert ledger.runs("flow") == []  # refused before anything was recorded
 
 
-def test_prepare_under_a_distributed_executor_accepts_postgres_and_object_store_staging(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from airflow_batch_provider.operators.batch import check_distributed
-
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
-    monkeypatch.setenv("AIRFLOW_CONN_LEDGER_PG", "postgresql://u:p@db.internal:5432/ledger")
-    check_distributed("ledger_pg", "s3://bucket/llm-batch")
-    from airflow_batch_provider.exceptions import ConfigurationError
-
-    with pytest.raises(ConfigurationError, match="staging is on the local disk"):
-        check_distributed("ledger_pg", "file:///tmp/x")
-    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
-    check_distributed(None, "file:///tmp/x")  # one machine: the embedded defaults are fine
-
-
 def test_a_submit_killed_during_its_look_up_sends_nothing_and_its_retry_need_not_wait_for_the_lease(
     flow: Flow,
 ) -> None:
