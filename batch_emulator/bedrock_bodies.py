@@ -225,7 +225,13 @@ def invoke_billed(used_in: int, used_out: int, cache: tuple[int, int]) -> dict[s
 
 
 def cache_for(prompt: Prompt, seen: set[str], config: EmulatorConfig) -> tuple[int, int]:
-    """Return ``(cache read, cache write)`` tokens: only ``cache_control``-marked Anthropic prefixes."""
+    """Return ``(cache read, cache write)`` tokens: only ``cache_control``-marked Anthropic prefixes.
+
+    :param prompt: the request's prompt
+    :param seen: prefixes met before (a job's records, or the emulator's life for InvokeModel); the
+        prompt's is added the first time, as a cache write
+    :param config: the emulator's configuration (the smallest prefix cached)
+    """
     if not prompt.cache_marked or prompt.prefix_key is None or prompt.prefix_tokens < config.cache_min_tokens:
         return 0, 0
     if prompt.prefix_key in seen:

@@ -146,7 +146,10 @@ def _context_error(tokens: int, window: int) -> dict[str, Any]:
 
 
 def embedding_inputs(body: Mapping[str, Any]) -> list[tuple[str, int]] | None:
-    """Return ``(text, tokens)`` per input, or ``None`` when ``input`` is malformed."""
+    """Return ``(text, tokens)`` per input, or ``None`` when ``input`` is malformed.
+
+    :param body: an embeddings request (``input``: a string, strings, or token arrays)
+    """
     raw = body.get("input")
     if isinstance(raw, str):
         raw = [raw]

@@ -101,7 +101,11 @@ def server_secret() -> bytes:
 
 
 def only_dag(dags: set[str | None], workload: str) -> str:
-    """The one DAG a workload's re-drive can trigger; refuse when there is not exactly one."""
+    """The one DAG a workload's re-drive can trigger; refuse (409) when there is not exactly one.
+
+    :param dags: the DAGs the workload's runs recorded (``None``: a run recorded without one)
+    :param workload: the workload
+    """
     named = [d for d in dags if d is not None]
     if len(dags) != 1 or not named:
         raise HTTPException(
@@ -141,7 +145,16 @@ def apply_review_action(
     actor: str,
     reason: str,
 ) -> int:
-    """Run one review action through the ledger's review API (which writes the audit row)."""
+    """Run one review action through the ledger's review API (which writes the audit row); return the items moved.
+
+    :param ledger: the ledger, opened for actions
+    :param action: ``redrive``, ``resolve`` or ``skip``
+    :param workload: the workload
+    :param item_keys: the items addressed by key (``None``: by ``error_code``)
+    :param error_code: every item in review with this code (``None``: by key)
+    :param actor: the user
+    :param reason: the reason (a resolve's note)
+    """
     if action == "redrive":
         return ledger.redrive(
             workload, item_keys=item_keys, error_code=error_code, actor=actor, reason=reason
