@@ -22,6 +22,7 @@ from airflow_batch_provider.ledger.store import PreparedItem
 from airflow_batch_provider.operators.batch import build_report
 from airflow_batch_provider.plugins.access import Access, StaticAccess
 from airflow_batch_provider.plugins.api import create_app
+from tests.unit.ledger.jobs import job_row
 
 MODEL = "gpt-4o-mini"
 WL = "feedback"
@@ -55,25 +56,11 @@ def stage(
     ledger: Ledger, workload: str, run_id: str, app_ids: list[str], round_: int
 ) -> tuple[str, dict[str, str]]:
     """Record one job of ``app_ids`` (attempt ``round_``) the way the prepare/resubmit tasks do; (job id, custom ids)."""
-    job_id = f"{workload}:{run_id}:r{round_}:c00000"
+    row = job_row(workload, run_id, len(app_ids), round_=round_)
+    job_id = row["job_id"]
+    row["staged_path"] = f"/secret-bucket/{job_id}.jsonl"  # the pages must never show it
     cids = {app_id: make_custom_id(item_key(app_id), round_, 0) for app_id in app_ids}
-    ledger.record_job(
-        {
-            "job_id": job_id,
-            "workload": workload,
-            "run_id": run_id,
-            "round": round_,
-            "chunk_index": 0,
-            "provider": "openai",
-            "model": MODEL,
-            "idempotency_key": f"key-{job_id}",
-            "staged_path": f"/secret-bucket/{job_id}.jsonl",
-            "input_sha256": "0" * 64,
-            "lines": len(app_ids),
-            "size_bytes": 100 * len(app_ids),
-        },
-        [(item_key(a), "v1", cids[a], round_) for a in app_ids],
-    )
+    ledger.record_job(row, [(item_key(a), "v1", cids[a], round_) for a in app_ids])
     return job_id, cids
 
 

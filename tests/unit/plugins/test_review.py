@@ -13,10 +13,10 @@ from sqlalchemy import text
 from airflow_batch_provider.core.custom_ids import item_key, make_custom_id
 from airflow_batch_provider.ledger import Ledger
 from airflow_batch_provider.plugins.api import open_for_actions
+from tests.unit.ledger.jobs import job_row
 from tests.unit.plugins.seeding import (
     DAG,
     LEGACY,
-    MODEL,
     RUN,
     SECRET,
     TICKETS,
@@ -198,20 +198,7 @@ def test_a_redrive_of_items_whose_job_is_in_doubt_is_refused_naming_the_job_and_
         writer.upsert_items(WL, "doubt-run", [prep("d01")])
         job_id = f"{WL}:doubt-run:r1:c00000"
         writer.record_job(
-            {
-                "job_id": job_id,
-                "workload": WL,
-                "run_id": "doubt-run",
-                "round": 1,
-                "chunk_index": 0,
-                "provider": "anthropic",
-                "model": MODEL,
-                "idempotency_key": f"key-{job_id}",
-                "staged_path": f"/staging/{job_id}.jsonl",
-                "input_sha256": "0" * 64,
-                "lines": 1,
-                "size_bytes": 100,
-            },
+            job_row(WL, "doubt-run", 1, provider="anthropic"),
             [(item_key("d01"), "v1", make_custom_id(item_key("d01"), 1, 0), 1)],
         )
         writer.mark_job_in_doubt(job_id, "lost create reply")
