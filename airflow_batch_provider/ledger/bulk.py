@@ -11,8 +11,10 @@ that is :func:`~airflow_batch_provider.ledger.transitions.guarded_transition`'s 
 from __future__ import annotations
 
 import io
+import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -208,6 +210,26 @@ def _copy_text(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return str(value).translate(_COPY_ESCAPES)
+
+
+@cache
+def sqlite_json() -> bool:
+    """Whether this process's SQLite has the JSON functions (built in since 3.38; an extension before).
+
+    The SQLite ledger's page reads and delivery records go through them where it has them: a
+    page as one JSON value, a batch as one ``json_each`` statement (one call into SQLite, the
+    interpreter lock released for all of it, not one call and one lock hand-off a row). Without
+    them, the same reads and writes go a row at a time.
+    """
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("SELECT json_group_array(json_array(1)), json_extract('[1]', '$[0]')").fetchone()
+        probe.execute("SELECT value FROM json_each('[1]')").fetchone()
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def dialect_insert(conn: Connection) -> Any:

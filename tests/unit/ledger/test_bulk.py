@@ -51,3 +51,25 @@ def test_keyset_pages_read_each_row_once_in_key_order_a_short_read_per_page(ledg
     keys = [(r.item_key, r.prompt_version) for p in pages for r in p]
     assert keys == sorted(keys) and len(set(keys)) == 14
     assert len(reads) == 4
+
+
+def test_the_json_probe_finds_this_sqlites_json_functions_and_says_no_where_they_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sqlite3
+
+    bulk.sqlite_json.cache_clear()
+    try:
+        assert bulk.sqlite_json() is True  # SQLite 3.38 and later build them in
+        bulk.sqlite_json.cache_clear()
+        connect = sqlite3.connect
+
+        def without_json(*args: object, **kwargs: object) -> sqlite3.Connection:
+            conn = connect(*args, **kwargs)  # type: ignore[arg-type]
+            conn.create_function("json_extract", 2, lambda *a: 1 / 0)  # as a build without them fails
+            return conn
+
+        monkeypatch.setattr(bulk.sqlite3, "connect", without_json)
+        assert bulk.sqlite_json() is False
+    finally:
+        bulk.sqlite_json.cache_clear()

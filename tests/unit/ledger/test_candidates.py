@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pytest
+
+from airflow_batch_provider.core.custom_ids import item_key
+from airflow_batch_provider.ledger import Ledger, candidates
+from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.bulk import insert_rows, sqlite_json
 from airflow_batch_provider.ledger.candidates import candidate_pages
 from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries
 from tests.unit.services.workload import RUN, WORKLOAD, world
@@ -46,3 +53,76 @@ def test_a_runs_answers_come_in_key_order_a_page_at_a_time_each_with_what_the_si
         (None, None),
     ]
     assert all(c.state == "succeeded" and c.output for c in answers)
+
+
+#: Stored answers a page as one JSON value must read back as the two reads do: JSON that SQLite
+#: parses (text, numbers past a double, duplicate keys, a string, ``null``) and JSON it does not
+#: (``NaN``, ``Infinity``, which Python's ``json`` writes), no answer, and an empty one.
+AWKWARD = (
+    '{"label": "n\\u00e9gatif \\u2028 \\"q\\"", "score": 0.50}',
+    '"just text"',
+    "null",
+    "NaN",
+    '{"x": Infinity, "y": -0}',
+    "[1, 2e3, 1e400]",
+    "12345678901234567890123",
+    '{"a": 1, "a": 2}',
+    None,
+    "",
+)
+
+
+def seed_awkward(ledger: Ledger) -> None:
+    """The run's answers (each of AWKWARD twice: two prompt versions), another run's, and a failed one."""
+    columns = [c.name for c in s.published.c]
+    rows = [
+        (WORKLOAD, item_key(f"a{n}"), version, f"a{n}", RUN, state, out, "2026-12-01 00:00:00.000000")
+        for n, out in enumerate(AWKWARD)
+        for version, state in (("v1", "succeeded"), ("v2", "unchanged"))
+    ]
+    rows.append((WORKLOAD, item_key("other"), "v1", "other", "another_run", "succeeded", "1", "2026-12-01"))
+    rows.append((WORKLOAD, item_key("failed"), "v1", "failed", RUN, "failed", None, "2026-12-01"))
+    with ledger.engine.begin() as conn:
+        insert_rows(conn, s.published, columns, rows)
+    record_deliveries(
+        ledger,
+        WORKLOAD,
+        "tickets",
+        RUN,
+        [
+            Delivery(item_key("a0"), "a0", "v1", "delivered", "h0"),
+            Delivery(item_key("a3"), "a3", "v2", "refused", "h3", "no"),
+        ],
+    )
+    record_deliveries(
+        ledger, WORKLOAD, "emails", RUN, [Delivery(item_key("a1"), "a1", "v1", "delivered", "x")]
+    )
+
+
+@pytest.mark.parametrize("page", [1, 3, 1000])
+def test_a_sqlite_page_read_as_one_json_value_reads_what_the_two_reads_read_whatever_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page: int
+) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        seed_awkward(ledger)
+        assert sqlite_json()  # this SQLite has its JSON functions: the first read is the one-value read
+        one_value = list(candidate_pages(ledger, WORKLOAD, "tickets", RUN, page=page))
+        monkeypatch.setattr(candidates, "sqlite_json", lambda: False)
+        two_reads = list(candidate_pages(ledger, WORKLOAD, "tickets", RUN, page=page))
+    finally:
+        ledger.engine.dispose()
+    assert [len(p) for p in one_value] == [len(p) for p in two_reads]
+    assert sum(map(len, one_value)) == 2 * len(AWKWARD)
+    # repr: NaN is not equal to itself; the types must match too (1e400 a float, the long number an int)
+    assert [repr(c) for p in one_value for c in p] == [repr(c) for p in two_reads for c in p]
+    found = {(c.app_id, c.prompt_version): c for p in one_value for c in p}
+    assert math.isnan(found[("a3", "v1")].output)
+    assert found[("a1", "v2")].output == "just text"
+    assert found[("a6", "v1")].output == 12345678901234567890123
+    assert found[("a5", "v1")].output == [1, 2000.0, math.inf]
+    assert found[("a7", "v1")].output == {"a": 2}
+    assert found[("a8", "v1")].output is None and found[("a9", "v1")].output is None
+    assert (found[("a0", "v1")].recorded_state, found[("a0", "v1")].recorded_sha256) == ("delivered", "h0")
+    assert (found[("a3", "v2")].recorded_state, found[("a0", "v2")].recorded_state) == ("refused", None)
+    assert found[("a1", "v1")].recorded_state is None  # another sink's record is not this sink's
