@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from airflow_batch_provider.ledger import Ledger, deliveries
 from airflow_batch_provider.ledger.deliveries import (
     Delivery,
     delivery_counts,
@@ -64,3 +67,72 @@ def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their
     for values in cases:
         expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
         assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values
+
+
+#: Every move of :data:`MOVES`, and the writes its guard refuses, as (sink, run, rows) in order.
+MOVES_IN_ORDER: list[tuple[str, str, list[Delivery]]] = [
+    # a key given twice in one write goes with its later values; text the JSON must carry as is
+    (
+        "sink",
+        "r1",
+        [
+            Delivery("k1", "a1", "v1", "delivered", "h1"),
+            Delivery("k2", "a2", "v1", "refused", "h2", 'bad "quote" \\ \u2028 é'),
+            Delivery("k1", "a1", "v1", "delivered", "h1b"),
+        ],
+    ),
+    (
+        "sink",
+        "r2",
+        [Delivery("k1", "a1", "v1", "delivered", "h1b"), Delivery("k2", "a2", "v1", "delivered", "h2")],
+    ),
+    ("sink", "r3", [Delivery("k1", "a1", "v1", "refused", "h1c", "type")]),
+    (
+        "consumer",
+        "r1",
+        [Delivery("k1", "a1", "v1", "offered", "c1"), Delivery("k2", "a2", "v1", "offered", "c2")],
+    ),
+    (
+        "consumer",
+        "r1",
+        [Delivery("k1", "a1", "v1", "acknowledged", "c1"), Delivery("k2", "a2", "v1", "left_out", "c2")],
+    ),
+    ("consumer", "r2", [Delivery("k1", "a1", "v1", "offered", "c1")]),  # acknowledged: never offered again
+    (
+        "consumer",
+        "r2",
+        [Delivery("k2", "a2", "v1", "offered", "c2b"), Delivery("k3", "a3", "v2", "refused", "c3", "x")],
+    ),
+]
+
+
+def moved(ledger: Ledger) -> list[tuple[Any, ...]]:
+    """Every delivery row, all but its time."""
+    rows = delivery_rows(ledger, WORKLOAD, "sink") + delivery_rows(ledger, WORKLOAD, "consumer")
+    return [tuple(v for k, v in row.items() if k != "delivered_at") for row in rows]
+
+
+def test_a_sqlite_ledgers_write_through_json_each_moves_each_row_as_the_staged_write_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    found: list[list[tuple[Any, ...]]] = []
+    for json_functions in (True, False):
+        monkeypatch.setattr(deliveries, "sqlite_json", lambda on=json_functions: on)
+        ledger = Ledger.from_url(f"sqlite:///{tmp_path / f'ledger_{json_functions}.sqlite'}")
+        try:
+            for sink, run, rows in MOVES_IN_ORDER:
+                record_deliveries(ledger, WORKLOAD, sink, run, rows)
+            found.append(moved(ledger))
+        finally:
+            ledger.engine.dispose()
+    assert found[0] == found[1]
+    states = {
+        (row[1], row[2]): (row[5], row[6], row[8], row[10]) for row in found[0]
+    }  # state, sha, run, writes
+    assert states == {
+        ("sink", "a1"): ("refused", "h1c", "r3", 2),
+        ("sink", "a2"): ("delivered", "h2", "r2", 2),
+        ("consumer", "a1"): ("acknowledged", "c1", "r1", 2),
+        ("consumer", "a2"): ("offered", "c2b", "r2", 3),
+        ("consumer", "a3"): ("refused", "c3", "r2", 1),
+    }
