@@ -22,8 +22,8 @@ And, with the SQLite ledger, the same delivery with a part left out (the ledger'
 sink's writes, or both: reading and mapping only), against the whole delivery: what each part
 adds to the wall clock when the others run beside it. And one more delivery (SQLite ledger) with
 each stage's wall time summed on its thread: reading and mapping on the delivery's thread (the
-rest of its time it waits for the second one), the sink's write and the ledger's record of each
-batch on the second thread.
+rest of its time it waits for the others), the sink's write of each batch on the sink's thread,
+and the ledger's record of each batch on the record's thread.
 
 Memory is the peak traced (:mod:`tracemalloc`) of a delivery of N and of 10N results (SQLite
 ledger): a delivery that holds one batch at a time has a 10N/N ratio near 1.
@@ -208,13 +208,16 @@ def parts_rows(ledger: Ledger, target: Any, n: int, repeat: int, whole: Timing) 
     return out
 
 
-DELIVERY_THREAD, SECOND_THREAD = "the delivery's thread", "the second thread"
+DELIVERY_THREAD, SINK_THREAD, RECORD_THREAD = (
+    "the delivery's thread",
+    "the sink's thread",
+    "the record's thread",
+)
 READING = "reading the answers a page at a time"
 MAPPING = "mapping each answer to its row and digest"
-BATCH = "a batch into the sink and its record"
 RECORD = "the ledger's record of a batch"
 WRITE = "the sink's write of a batch"
-WAITING = "waiting for the second thread, the rest"
+WAITING = "waiting for the other threads, the rest"
 
 
 @dataclass(frozen=True)
@@ -234,17 +237,17 @@ class Stage:
 STAGES: dict[str, Stage] = {
     READING: Stage(delivery, "candidate_pages", pages=True),
     MAPPING: Stage(delivery, "_rows"),
-    BATCH: Stage(delivery._Batch, "write"),
-    RECORD: Stage(delivery, "record_deliveries"),
+    WRITE: Stage(delivery._Batch, "write"),
+    RECORD: Stage(delivery._Batch, "record"),
 }
-#: The rows :func:`stage_rows` shows, each with the thread it runs on: the sink's write is the second thread's batch
-#: less its record; the delivery's thread waits (for the second thread) the rest of the whole.
+#: The rows :func:`stage_rows` shows, each with the thread it runs on: the delivery's thread waits
+#: (for the sink's and the record's) the rest of the whole.
 SHOWN: dict[str, str] = {
     READING: DELIVERY_THREAD,
     MAPPING: DELIVERY_THREAD,
     WAITING: DELIVERY_THREAD,
-    WRITE: SECOND_THREAD,
-    RECORD: SECOND_THREAD,
+    WRITE: SINK_THREAD,
+    RECORD: RECORD_THREAD,
 }
 
 
@@ -291,7 +294,7 @@ def stage_walls(ledger: Ledger, target: Any, n: int) -> tuple[float, dict[str, f
 def stage_rows(ledger: Ledger, target: Any, n: int) -> list[dict[str, Any]]:
     """Where one delivery's wall time goes, per stage and thread, against the whole (us a row)."""
     whole, spent = stage_walls(ledger, target, n)
-    derived = {WRITE: spent[BATCH] - spent[RECORD], WAITING: whole - spent[READING] - spent[MAPPING]}
+    derived = {WAITING: whole - spent[READING] - spent[MAPPING]}
     return [
         row(
             f"deliver {n:,} results, ledger on SQLite: {name} ({thread})",
@@ -300,7 +303,7 @@ def stage_rows(ledger: Ledger, target: Any, n: int) -> list[dict[str, Any]]:
             whole * 1e6 / n,
             subject="that stage's wall time, summed over the delivery",
             baseline_name="the whole delivery's wall time",
-            note="the share of the wall clock; the two threads' shares overlap",
+            note="the share of the wall clock; the three threads' shares overlap",
         )
         for name, thread in SHOWN.items()
     ]

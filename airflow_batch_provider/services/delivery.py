@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from airflow_batch_provider.core.collector import old_objects_frozen
 from airflow_batch_provider.core.failpoints import failpoint
@@ -35,9 +35,11 @@ from airflow_batch_provider.staging import Staging
 MESSAGES_SHOWN = 20
 
 
-@dataclass(frozen=True)
-class SinkRow:
+class SinkRow(NamedTuple):
     """One row for a sink: its key columns and the columns written.
+
+    Immutable, and built once a row in a delivery's hot loop (a ``NamedTuple``, as
+    :class:`~airflow_batch_provider.ledger.candidates.Candidate`).
 
     :param keys: key column -> value (the application id, the prompt version where kept)
     :param values: column -> value
@@ -114,14 +116,14 @@ class DeliveryCounts:
 def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryCounts:
     """Deliver the run's final answers that the sink does not hold yet; record each row.
 
-    Two threads: this one reads and maps the answers a page at a time; a second one opens the
-    sink, writes each batch (the sink commits it) and then records it in the ledger, one batch after
-    the other, while the next page is read and mapped here. So the ledger is never more than the
-    batch the sink just committed behind it (what a crash between the two leaves: rows a later
-    delivery writes again, with the same values), and at most one mapped batch waits while another
-    is written. The sink is opened, written and closed on that one thread (a DB-API connection may
-    belong to the thread that made it, as ``sqlite3``'s does). The collector is kept off the
-    process's older objects meanwhile (:func:`~airflow_batch_provider.core.collector.old_objects_frozen`).
+    Three threads, one batch at each step: this one reads and maps the answers a page at a time;
+    a second one opens the sink and writes each batch (the sink commits it); a third records a
+    batch in the ledger once the sink has committed it, while the sink writes the next one
+    (:class:`_Pipeline`). So the ledger is never more than two committed batches behind the sink
+    (what a crash leaves: rows a later delivery writes again, with the same values). The sink is
+    opened, written and closed on its one thread (a DB-API connection may belong to the thread
+    that made it, as ``sqlite3``'s does). The collector is kept off the process's older objects
+    meanwhile (:func:`~airflow_batch_provider.core.collector.old_objects_frozen`).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -130,20 +132,22 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
     """
     counts = DeliveryCounts(sink.sink_name)
     opened = ExitStack()
-    with old_objects_frozen(), ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as worker:
-        writer = worker.submit(opened.enter_context, sink.open()).result()
+    with (
+        old_objects_frozen(),
+        ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as sink_thread,
+        ThreadPoolExecutor(1, thread_name_prefix="abp-record") as record_thread,
+    ):
+        writer = sink_thread.submit(opened.enter_context, sink.open()).result()
         batch = _Batch(ledger, workload, sink.sink_name, run_id, writer)
+        pipeline = _Pipeline(batch, counts, sink_thread, record_thread)
         try:
-            writing: Future[_Written] | None = None
-            for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
-                todo, refused = _rows(sink, page, counts)
-                if writing is not None:
-                    _count(writing.result(), counts)
-                writing = worker.submit(batch.write, todo, refused)
-            if writing is not None:
-                _count(writing.result(), counts)
+            try:
+                for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
+                    pipeline.send(*_rows(sink, page, counts))
+            finally:  # what the sink committed is recorded, whatever stopped the reading
+                pipeline.drain()
         finally:
-            worker.submit(opened.close).result()
+            sink_thread.submit(opened.close).result()
     return counts
 
 
@@ -155,9 +159,13 @@ class _Written:
     refused: list[tuple[str, str]]
 
 
+#: One mapped batch: each answer with its row and the digest of the row's values.
+_Todo = Sequence[tuple[Candidate, SinkRow, str]]
+
+
 @dataclass(frozen=True)
 class _Batch:
-    """The second thread's work: one batch into the sink, then its record into the ledger."""
+    """A batch's two steps: into the sink (its thread), then its record into the ledger (the record's)."""
 
     ledger: Ledger
     workload: str
@@ -165,14 +173,22 @@ class _Batch:
     run_id: str
     writer: RowWriter
 
-    def write(self, todo: Sequence[tuple[Candidate, SinkRow, str]], refused: list[Delivery]) -> _Written:
-        """Write ``todo`` (the sink commits), then record it with ``refused`` (the unmappable) in the ledger.
+    def write(self, todo: _Todo) -> dict[int, str]:
+        """Write ``todo``'s rows (the sink commits); return the refused ones (index -> the sink's message).
 
         :param todo: each answer with its row and the digest of the row's values
-        :param refused: the page's answers the mapping refused, recorded with the batch
         """
         rejected = self.writer.write([row for _, row, _ in todo]) if todo else {}
         failpoint("deliver.after_sink_commit")
+        return rejected
+
+    def record(self, todo: _Todo, refused: list[Delivery], rejected: Mapping[int, str]) -> _Written:
+        """Record a committed batch in the ledger: ``todo`` as written or refused by the sink, and ``refused``.
+
+        :param todo: the batch the sink committed
+        :param refused: the page's answers the mapping refused, recorded with the batch
+        :param rejected: the rows the sink refused (index -> its message)
+        """
         done: list[Delivery] = []
         by_sink: list[tuple[str, str]] = []
         for index, (result, _, digest) in enumerate(todo):
@@ -185,6 +201,54 @@ class _Batch:
                 )
         record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
         return _Written(len(done), by_sink)
+
+
+@dataclass
+class _Pipeline:
+    """Batches through the sink's thread, then the record's: a batch's record only after its sink commit.
+
+    :param batch: the two steps
+    :param counts: the delivery's counts (``written``, ``refused``)
+    :param sink_thread: where the sink is written
+    :param record_thread: where the ledger records
+    """
+
+    batch: _Batch
+    counts: DeliveryCounts
+    sink_thread: ThreadPoolExecutor
+    record_thread: ThreadPoolExecutor
+    #: the batch the sink is writing, with what its record needs
+    writing: tuple[Future[dict[int, str]], _Todo, list[Delivery]] | None = None
+    #: the record in progress
+    recording: Future[_Written] | None = None
+
+    def send(self, todo: _Todo, refused: list[Delivery]) -> None:
+        """Write the next batch once the sink has committed the one before (whose record then starts).
+
+        :param todo: the mapped batch
+        :param refused: the page's answers the mapping refused
+        """
+        self._record_written()
+        self.writing = (self.sink_thread.submit(self.batch.write, todo), todo, refused)
+
+    def drain(self) -> None:
+        """Wait for the batch in the sink and for every record; count them."""
+        try:
+            self._record_written()
+        finally:
+            if self.recording is not None:
+                recording, self.recording = self.recording, None
+                _count(recording.result(), self.counts)
+
+    def _record_written(self) -> None:
+        if self.writing is None:
+            return
+        (written, todo, refused), self.writing = self.writing, None
+        rejected = written.result()
+        if self.recording is not None:
+            recording, self.recording = self.recording, None
+            _count(recording.result(), self.counts)
+        self.recording = self.record_thread.submit(self.batch.record, todo, refused, rejected)
 
 
 def _count(written: _Written, counts: DeliveryCounts) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries
+from airflow_batch_provider.ledger.deliveries import Delivery, delivery_rows, record_deliveries
+from airflow_batch_provider.services import delivery
 from airflow_batch_provider.services.delivery import deliver
 from tests.unit.services.workload import RUN, WORKLOAD, world
-from tests.unit.sinks.target import CONN_ID, publish_run, target_for, tickets_sink
+from tests.unit.sinks.target import CONN_ID, Target, publish_run, target_for, tickets_sink
 
 PAGE = 20
 
@@ -27,11 +29,16 @@ def touched(plan: dict[str, Any], table: str) -> int:
 
 
 @pytest.fixture
-def sqlite_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def tickets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
     with target_for("sqlite", tmp_path) as target:
         monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", target.conn_json)
         target.execute("CREATE TABLE tickets (ticket_id VARCHAR(20) PRIMARY KEY, summary TEXT, version TEXT)")
-        yield
+        yield target
+
+
+@pytest.fixture
+def sqlite_target(tickets: Target) -> None:
+    return None
 
 
 @pytest.mark.postgres
@@ -68,3 +75,84 @@ def test_a_page_of_answers_reads_only_its_own_records_from_a_postgresql_ledger_w
                     assert touched(plan, "abp_deliveries") <= 2 * PAGE, json.dumps(plan, indent=1)[:3000]
     finally:
         postgres_server.drop_database(name)
+
+
+BATCH = 4
+BATCHES = 6
+
+
+def in_sink(target: Target) -> set[str]:
+    return {key for (key,) in target.rows("SELECT ticket_id FROM tickets")}
+
+
+def recorded(ledger: Any) -> set[str]:
+    return {
+        row["app_id"] for row in delivery_rows(ledger, WORKLOAD, "tickets") if row["state"] == "delivered"
+    }
+
+
+def test_each_batch_is_recorded_only_after_the_sink_committed_it_and_never_more_than_two_batches_later(
+    tmp_path: Path, ledger_url: str, tickets: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with world(tmp_path / "w", ledger_url=ledger_url) as w:
+        publish_run(w, BATCH * BATCHES)
+        behind: list[int] = []
+        committed: set[str] = set()
+        early: set[str] = set()  # checked here: a failed assert on the record's thread may go unread
+        write, record = delivery._Batch.write, delivery.record_deliveries
+
+        def writing(batch: Any, todo: Any) -> Any:
+            behind.append(len(in_sink(tickets) - recorded(w.ledger)))  # committed, not recorded yet
+            time.sleep(0.02)  # a slow sink: a record that does not wait for its commit runs first
+            rejected = write(batch, todo)
+            committed.update(result.app_id for result, _, _ in todo)
+            return rejected
+
+        def recording(ledger: Any, workload: str, sink: str, run_id: str, rows: Any) -> None:
+            early.update({row.app_id for row in rows if row.state == "delivered"} - committed)
+            time.sleep(0.05)  # a slow ledger: the sink must not run ahead of it by more than two batches
+            record(ledger, workload, sink, run_id, rows)
+
+        monkeypatch.setattr(delivery._Batch, "write", writing)
+        monkeypatch.setattr(delivery, "record_deliveries", recording)
+        counts = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert not early, f"recorded before the sink committed them: {early}"
+        assert len(behind) == BATCHES and max(behind) <= 2 * BATCH, behind
+        assert counts.written == BATCH * BATCHES
+        assert recorded(w.ledger) == in_sink(tickets) and len(in_sink(tickets)) == BATCH * BATCHES
+
+
+@pytest.mark.parametrize("failing", ["the sink", "the reading"])
+def test_a_delivery_failing_on_a_later_batch_leaves_every_batch_the_sink_committed_recorded_and_a_rerun_writes_the_rest(
+    tmp_path: Path, ledger_url: str, tickets: Target, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    with world(tmp_path / "w", ledger_url=ledger_url) as w:
+        publish_run(w, BATCH * BATCHES)
+        write, pages, calls = delivery._Batch.write, delivery.candidate_pages, []
+
+        def failing_sink(batch: Any, todo: Any) -> Any:
+            calls.append(len(todo))
+            if len(calls) == 4:
+                raise RuntimeError("the target went away")
+            return write(batch, todo)
+
+        def failing_reads(*args: Any) -> Iterator[Any]:
+            for page in pages(*args):
+                calls.append(len(page))
+                yield page
+                if len(calls) == 3:  # three batches handed to the sink, the last one still in it
+                    raise RuntimeError("the ledger went away")
+
+        if failing == "the sink":
+            monkeypatch.setattr(delivery._Batch, "write", failing_sink)
+        else:
+            monkeypatch.setattr(delivery, "candidate_pages", failing_reads)
+        with pytest.raises(RuntimeError, match="went away"):
+            deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert len(in_sink(tickets)) == 3 * BATCH
+        assert recorded(w.ledger) == in_sink(tickets)  # what the sink committed before the failure
+        monkeypatch.setattr(delivery._Batch, "write", write)
+        monkeypatch.setattr(delivery, "candidate_pages", pages)
+        again = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert (again.written, again.unchanged) == ((BATCHES - 3) * BATCH, 3 * BATCH)
+        assert recorded(w.ledger) == in_sink(tickets) and len(in_sink(tickets)) == BATCH * BATCHES
