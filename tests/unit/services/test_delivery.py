@@ -156,3 +156,22 @@ def test_a_delivery_failing_on_a_later_batch_leaves_every_batch_the_sink_committ
         again = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
         assert (again.written, again.unchanged) == ((BATCHES - 3) * BATCH, 3 * BATCH)
         assert recorded(w.ledger) == in_sink(tickets) and len(in_sink(tickets)) == BATCH * BATCHES
+
+
+def test_a_sink_in_the_ledgers_own_sqlite_file_gets_every_row_once_its_writes_taking_turns_with_the_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the sink's thread and the record's thread both write the one file: each waits out the other's
+    # write lock (SQLite's busy timeout), neither is refused
+    ledger_path = tmp_path / "ledger.sqlite"
+    with world(tmp_path, ledger_url=f"sqlite:///{ledger_path}") as w:
+        target = Target(
+            f"sqlite:///{ledger_path}", json.dumps({"conn_type": "sqlite", "host": str(ledger_path)})
+        )
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", target.conn_json)
+        target.execute("CREATE TABLE tickets (ticket_id VARCHAR(20) PRIMARY KEY, summary TEXT, version TEXT)")
+        publish_run(w, BATCH * BATCHES)
+        counts = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        again = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert (counts.written, again.written, again.unchanged) == (BATCH * BATCHES, 0, BATCH * BATCHES)
+        assert recorded(w.ledger) == in_sink(target) and len(in_sink(target)) == BATCH * BATCHES
