@@ -5,8 +5,10 @@ through one guarded function, :func:`write_deliveries`: an ``INSERT ... ON CONFL
 whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
-A batch of rows is staged at the database's floor (``COPY`` on PostgreSQL, one prepared
-``executemany`` on SQLite) and written by one ``INSERT ... SELECT`` with that guard.
+A batch of rows is staged at the database's floor (``COPY`` on PostgreSQL) and written by one
+``INSERT ... SELECT`` with that guard; on SQLite the same statement selects the rows from one
+bound JSON array (``json_each``), or, where SQLite has no JSON functions, from rows staged by one
+prepared ``executemany``.
 
 A consumer's row moves ``offered`` -> ``acknowledged`` (it acted), ``refused`` (its function
 failed: offered again by its next try, with the same key) or ``left_out`` (its filter left the
