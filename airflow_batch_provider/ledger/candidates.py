@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -103,6 +104,9 @@ class _JsonPage:
     before. The sink's records join the page by their primary key (at most one each). SQLite does
     not promise the aggregate's order: the page is sorted here, by the same key (text compares the
     same in UTF-8 bytes as in code points).
+
+    A page whose JSON value would pass SQLite's longest string (``SQLITE_MAX_LENGTH``, a billion
+    bytes by default: a thousand answers of a megabyte) is read by the two reads instead.
     """
 
     ledger: Ledger
@@ -123,8 +127,14 @@ class _JsonPage:
             cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
                 (found,) = cursor.execute(first if after is None else later, params).fetchone()
+            except sqlite3.DataError as exc:
+                if "too big" not in str(exc):  # "string or blob too big": too long for one value
+                    raise
+                found = None
             finally:
                 cursor.close()
+        if found is None:
+            return _TwoReads(self.ledger, self.workload, self.sink, self.run_id, self.size).page(after)
         rows = json.loads(found)
         rows.sort()
         return [

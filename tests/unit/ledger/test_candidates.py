@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from airflow_batch_provider.core.custom_ids import item_key
 from airflow_batch_provider.ledger import Ledger, candidates
@@ -126,3 +129,47 @@ def test_a_sqlite_page_read_as_one_json_value_reads_what_the_two_reads_read_what
     assert (found[("a0", "v1")].recorded_state, found[("a0", "v1")].recorded_sha256) == ("delivered", "h0")
     assert (found[("a3", "v2")].recorded_state, found[("a0", "v2")].recorded_state) == ("refused", None)
     assert found[("a1", "v1")].recorded_state is None  # another sink's record is not this sink's
+
+
+def test_a_sqlite_page_too_long_for_one_json_value_is_read_by_the_two_reads_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    long = '{"text": "' + "x" * 3000 + '"}'
+    columns = [c.name for c in s.published.c]
+    rows = [
+        (
+            WORKLOAD,
+            item_key(f"a{n}"),
+            "v1",
+            f"a{n}",
+            RUN,
+            "succeeded",
+            long if n % 3 else '{"short": 1}',
+            "2026-12-01",
+        )
+        for n in range(10)
+    ]
+    with ledger.engine.begin() as conn:
+        insert_rows(conn, s.published, columns, rows)
+    expected = [repr(c) for p in candidate_pages(ledger, WORKLOAD, "tickets", RUN, page=4) for c in p]
+
+    # SQLite's longest string lowered to 8,000 bytes on every connection: a page of four answers of
+    # 3,000 bytes is too long for one JSON value, each answer alone is not
+    @event.listens_for(ledger.engine, "connect")
+    def shorter(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 8_000)
+
+    ledger.engine.dispose()
+    try:
+        raw = ledger.engine.raw_connection()  # the limit holds: one value of the whole page is refused
+        try:
+            with pytest.raises(sqlite3.DataError, match="too big"):
+                raw.driver_connection.execute("SELECT json_group_array(output_json) FROM abp_results")  # type: ignore[union-attr]
+        finally:
+            raw.close()
+        found = list(candidate_pages(ledger, WORKLOAD, "tickets", RUN, page=4))
+    finally:
+        ledger.engine.dispose()
+    assert [len(p) for p in found] == [4, 4, 2]
+    assert [repr(c) for p in found for c in p] == expected
