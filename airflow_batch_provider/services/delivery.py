@@ -236,19 +236,21 @@ class _Pipeline:
         try:
             self._record_written()
         finally:
-            if self.recording is not None:
-                recording, self.recording = self.recording, None
-                _count(recording.result(), self.counts)
+            self._count_recorded()
 
     def _record_written(self) -> None:
         if self.writing is None:
             return
         (written, todo, refused), self.writing = self.writing, None
         rejected = written.result()
+        self._count_recorded()
+        self.recording = self.record_thread.submit(self.batch.record, todo, refused, rejected)
+
+    def _count_recorded(self) -> None:
+        """Wait for the record in progress, if any, and count it."""
         if self.recording is not None:
             recording, self.recording = self.recording, None
             _count(recording.result(), self.counts)
-        self.recording = self.record_thread.submit(self.batch.record, todo, refused, rejected)
 
 
 def _count(written: _Written, counts: DeliveryCounts) -> None:
