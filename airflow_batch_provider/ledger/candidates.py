@@ -185,8 +185,7 @@ class _TwoReads:
 
     def page(self, after: tuple[str, str] | None) -> list[Candidate]:
         """The page after the key ``after`` (``None``: the first page)."""
-        mark = "?" if self.ledger.engine.dialect.paramstyle == "qmark" else "%s"
-        first, later = _answers_sql(mark, self.size)
+        first, later = self._sql
         if self.ledger.engine.dialect.name == "postgresql" and (
             self.analyzed < 0 or self.read - self.analyzed >= max(self.size, self.table_rows)
         ):
@@ -196,7 +195,7 @@ class _TwoReads:
                 rows = conn.exec_driver_sql(first, (self.workload, self.run_id)).all()
             else:
                 rows = conn.exec_driver_sql(later, (self.workload, self.run_id, *after)).all()
-            held = self._records(conn, mark, rows) if rows else {}
+            held = self._records(conn, rows) if rows else {}
         self.read += len(rows)
         return [
             Candidate(
@@ -210,8 +209,19 @@ class _TwoReads:
             for key, version, app_id, state, out in rows
         ]
 
-    def _records(self, conn: Any, mark: str, rows: Sequence[Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    @cached_property
+    def _mark(self) -> str:
+        """The driver's parameter marker."""
+        return "?" if self.ledger.engine.dialect.paramstyle == "qmark" else "%s"
+
+    @cached_property
+    def _sql(self) -> tuple[str, str]:
+        """The first page's read of the answers and a later page's."""
+        return _answers_sql(self._mark, self.size)
+
+    def _records(self, conn: Any, rows: Sequence[Any]) -> dict[tuple[str, str], tuple[str, str]]:
         """The sink's records of the page's answers: (app id, version) -> (state, digest)."""
+        mark = self._mark
         # pair_filter's shape (version = v AND app_id IN (...) per version), on the driver's markers
         by_version = keys_by_version((app_id, version) for _, version, app_id, _, _ in rows)
         pairs = " OR ".join(
