@@ -22,6 +22,8 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.bulk import keys_by_version, sqlite_json
 from airflow_batch_provider.ledger.store import Ledger
 
+#: Makes a ``NamedTuple`` from a tuple of all its fields in C.
+_new: Final = tuple.__new__
 #: Answers per page, unless the caller says otherwise (a sink reads a page per batch).
 PAGE = 1000
 
@@ -137,11 +139,20 @@ class _JsonPage:
             return _TwoReads(self.ledger, self.workload, self.sink, self.run_id, self.size).page(after)
         rows = json.loads(found)
         rows.sort()
-        return [
-            Candidate(
-                key, app_id, version, state, output if raw is None else _parsed(raw) if raw else None, *held
+        return [  # tuple.__new__: a NamedTuple made in C (its class's own __new__ is Python)
+            _new(
+                Candidate,
+                (
+                    key,
+                    app_id,
+                    version,
+                    state,
+                    output if raw is None else _parsed(raw) if raw else None,
+                    held,
+                    sha,
+                ),
             )
-            for key, version, app_id, state, output, raw, *held in rows
+            for key, version, app_id, state, output, raw, held, sha in rows
         ]
 
     @cached_property

@@ -113,8 +113,34 @@ def values_sha256(values: Mapping[str, Any]) -> str:
     :param values: column -> value
     """
     found = values if isinstance(values, dict) else dict(values)
-    raw = "".join(_DIGEST_C(found, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(found)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+    return text_sha256("".join(_DIGEST_C(found, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(found))
+
+
+def value_json(value: Any) -> str:
+    """One value's JSON text exactly as :func:`values_sha256` writes it inside its object.
+
+    For a digest written out once per sink (:mod:`airflow_batch_provider.sinks.row_map`): a
+    string, an ``int`` and a finite ``float`` directly (what the encoder calls for them), anything
+    else through the digest's encoder itself.
+
+    :param value: a key's or a column's value
+    """
+    kind = type(value)
+    if kind is str:
+        return encode_basestring(value)  # type: ignore[no-any-return]
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and value - value == 0.0:  # finite: NaN and the infinities go to the encoder
+        return float.__repr__(value)
+    return "".join(_DIGEST_C(value, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(value)
+
+
+def text_sha256(text: str) -> str:
+    """The digest of a JSON text (what :func:`values_sha256` returns for the object it wrote).
+
+    :param text: the JSON text
+    """
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Delivery(NamedTuple):
@@ -152,9 +178,11 @@ def record_deliveries(
     """
     if not rows:
         return
+    states = sorted({row.state for row in rows})
     with ledger.engine.begin() as conn:
-        for state in sorted({row.state for row in rows}):
-            write_deliveries(conn, workload, sink, run_id, state, [row for row in rows if row.state == state])
+        for state in states:
+            alike = rows if len(states) == 1 else [row for row in rows if row.state == state]
+            write_deliveries(conn, workload, sink, run_id, state, alike)
 
 
 def write_deliveries(

@@ -22,15 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
-from airflow_batch_provider.core.collector import old_objects_frozen
 from airflow_batch_provider.core.failpoints import failpoint
+from airflow_batch_provider.core.interpreter import tuned_for_bulk_loop
 from airflow_batch_provider.ledger.candidates import Candidate, candidate_pages
 from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries, values_sha256
 from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.staging import Staging
 
+#: Makes a ``NamedTuple`` from a tuple of all its fields in C (its class's ``__new__`` is Python).
+_new: Final = tuple.__new__
 #: At most this many refusal messages are kept in a delivery's counts (all are in the ledger).
 MESSAGES_SHOWN = 20
 
@@ -43,10 +45,13 @@ class SinkRow(NamedTuple):
 
     :param keys: key column -> value (the application id, the prompt version where kept)
     :param values: column -> value
+    :param digest: :func:`~airflow_batch_provider.ledger.deliveries.values_sha256` of the keys and
+        values together, where the sink computed it with the row (``None``: the delivery computes it)
     """
 
     keys: Mapping[str, Any]
     values: Mapping[str, Any]
+    digest: str | None = None
 
 
 class RowWriter(Protocol):
@@ -122,8 +127,9 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
     (:class:`_Pipeline`). So the ledger is never more than two committed batches behind the sink
     (what a crash leaves: rows a later delivery writes again, with the same values). The sink is
     opened, written and closed on its one thread (a DB-API connection may belong to the thread
-    that made it, as ``sqlite3``'s does). The collector is kept off the process's older objects
-    meanwhile (:func:`~airflow_batch_provider.core.collector.old_objects_frozen`).
+    that made it, as ``sqlite3``'s does). Meanwhile the collector is kept off the process's older
+    objects and the threads hand the interpreter lock to each other sooner
+    (:func:`~airflow_batch_provider.core.interpreter.tuned_for_bulk_loop`).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -133,7 +139,7 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
     counts = DeliveryCounts(sink.sink_name)
     opened = ExitStack()
     with (
-        old_objects_frozen(),
+        tuned_for_bulk_loop(),
         ThreadPoolExecutor(1, thread_name_prefix="abp-deliver") as sink_thread,
         ThreadPoolExecutor(1, thread_name_prefix="abp-record") as record_thread,
     ):
@@ -189,7 +195,19 @@ class _Batch:
         :param refused: the page's answers the mapping refused, recorded with the batch
         :param rejected: the rows the sink refused (index -> its message)
         """
-        done: list[Delivery] = []
+        if (
+            not rejected
+        ):  # the sink took the whole batch (tuple.__new__: a NamedTuple's own __new__ is Python)
+            done = [
+                _new(
+                    Delivery,
+                    (result.item_key, result.app_id, result.prompt_version, "delivered", digest, None),
+                )
+                for result, _, digest in todo
+            ]
+            record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
+            return _Written(len(done), [])
+        done = []
         by_sink: list[tuple[str, str]] = []
         for index, (result, _, digest) in enumerate(todo):
             if index in rejected:
@@ -278,7 +296,7 @@ def _rows(
             refused.append(_refused(result, values_sha256({"error": message}), message))
             _note_refusal(counts, result.app_id, message)
             continue
-        digest = values_sha256({**row.keys, **row.values})
+        digest = row.digest or values_sha256({**row.keys, **row.values})
         if result.recorded_state == "delivered" and result.recorded_sha256 == digest:
             counts.unchanged += 1
             continue

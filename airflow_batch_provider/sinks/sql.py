@@ -20,14 +20,13 @@ other database error (a lost connection, a missing column) fails the task.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from airflow_batch_provider.core.json_path import parse_path, read_path
+from airflow_batch_provider.core.json_path import parse_path
 from airflow_batch_provider.core.lineage import DatasetRef
 from airflow_batch_provider.exceptions import ConfigurationError
 from airflow_batch_provider.ledger.candidates import Candidate
@@ -41,6 +40,7 @@ from airflow_batch_provider.sinks.dialects import (
     row_statement,
     upsert_of,
 )
+from airflow_batch_provider.sinks.row_map import Column, RowMap, bindable, compile_row_map
 
 _IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
@@ -82,10 +82,8 @@ class SqlUpsertSink:
     name: str | None = None
     batch_size: int = 1000
     key_type: Callable[[str], Any] = str
-    #: each mapped column with its JSON path's steps or its callable (built once, read per row)
-    _plan: list[tuple[str, tuple[str | int, ...], Callable[[Candidate], Any] | None]] = field(
-        default_factory=list, init=False, repr=False, compare=False
-    )
+    #: the mapping compiled into its two functions (``None`` for a callable mapping)
+    _map: RowMap | None = field(default=None, init=False, repr=False, compare=False)
     #: the mapped columns' names, in the mapping's order (empty for a callable mapping)
     _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -108,18 +106,22 @@ class SqlUpsertSink:
             object.__setattr__(self, "_names", tuple(self.columns))
             if not self.columns:
                 raise ConfigurationError("SqlUpsertSink columns is empty; map at least one column.")
+            plan: list[Column] = []
             for column, source in self.columns.items():
                 _ident("column", column)
                 if column in keys:
                     raise ConfigurationError(f"SqlUpsertSink column {column!r} is a key column; map it once.")
                 if isinstance(source, str):
-                    self._plan.append((column, parse_path(source), None))
+                    plan.append((column, parse_path(source), None))
                 elif callable(source):
-                    self._plan.append((column, (), source))
+                    plan.append((column, (), source))
                 else:
                     raise ConfigurationError(
                         f"SqlUpsertSink column {column!r}: {source!r}; give a JSON path ('$.label') or a callable."
                     )
+            object.__setattr__(
+                self, "_map", compile_row_map(keys, self.key_type, plan, keys_last=self.mode == "update")
+            )
         elif not callable(self.columns):
             raise ConfigurationError(
                 "SqlUpsertSink columns: give a mapping of column -> source, or a callable."
@@ -144,24 +146,14 @@ class SqlUpsertSink:
 
         :param result: the answer
         """
+        if self._map is not None:  # a mapping of columns: compiled once (:mod:`.row_map`)
+            return self._map.row_for(result)
         keys: dict[str, Any] = {self.key_columns[0]: self.key_type(result.app_id)}
         if len(self.key_columns) == 2:
             keys[self.key_columns[1]] = result.prompt_version
-        if self._plan:
-            output = result.output
-            values = {}
-            for column, steps, call in self._plan:
-                if call is not None:
-                    value = call(result)
-                elif len(steps) == 1 and type(output) is dict:  # "$.name", the most common path
-                    value = output.get(steps[0])
-                else:
-                    value = read_path(output, steps)
-                values[column] = _bindable(value) if isinstance(value, (dict, list)) else value
-        else:
-            values = {k: _bindable(v) for k, v in dict(self.columns(result)).items()}  # type: ignore[operator]
-            for column in values:
-                _ident("column", column)
+        values = {k: bindable(v) for k, v in dict(self.columns(result)).items()}  # type: ignore[operator]
+        for column in values:
+            _ident("column", column)
         return SinkRow(keys, values)
 
     @contextmanager
@@ -219,18 +211,11 @@ class SqlUpsertSink:
 
         :param row: the row
         """
-        got = row.values
-        # map over the names (a C loop): a generator here was a fifth of a delivery's write
-        values = tuple(map(got.get, self._names)) if self._names else tuple(got.values())
+        if self._map is not None:
+            return self._map.params(row)
+        values = tuple(row.values.values())  # a callable mapping: the row names its columns
         keys = tuple(map(row.keys.__getitem__, self.key_columns))
         return values + keys if self.mode == "update" else keys + values
-
-
-def _bindable(value: Any) -> Any:
-    """A value a DB-API driver binds: objects and lists travel as JSON text."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return value
 
 
 @dataclass

@@ -14,6 +14,8 @@ from airflow_batch_provider.ledger.deliveries import (
     delivery_counts,
     delivery_rows,
     record_deliveries,
+    text_sha256,
+    value_json,
     values_sha256,
 )
 from tests.unit.services.workload import RUN, WORKLOAD, world
@@ -67,6 +69,53 @@ def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their
     for values in cases:
         expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
         assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values
+
+
+def test_a_values_json_is_what_the_digests_encoder_writes_for_it_whatever_its_type() -> None:
+    import enum
+    from datetime import date
+    from decimal import Decimal
+
+    class Label(str):
+        pass
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Ratio(float):
+        def __repr__(self) -> str:
+            return "a ratio"
+
+    values: list[Any] = [
+        'quote " back \\ tab \t nl \n ctl \x01 é 雪 \u2028',
+        "",
+        Label("sub"),
+        0,
+        -7,
+        10**40,
+        True,
+        False,
+        None,
+        Level.HIGH,
+        0.1,
+        -0.0,
+        1e300,
+        5e-324,
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        Ratio(0.5),
+        Decimal("1.10"),
+        date(2026, 12, 4),
+        [1, "two"],
+        {"k": None},
+        (1, 2),
+    ]
+    for value in values:
+        assert value_json(value) == json.dumps(value, ensure_ascii=False, sort_keys=True, default=str), value
+        members = {"a": value, "b": 1}
+        text = "{" + f'"a": {value_json(value)}, "b": 1' + "}"
+        assert text_sha256(text) == values_sha256(members), value
 
 
 #: Every move of :data:`MOVES`, and the writes its guard refuses, as (sink, run, rows) in order.
