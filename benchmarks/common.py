@@ -292,8 +292,10 @@ def postgres_server_cpu(engine: Any) -> Callable[[], float] | None:
     postmaster = int(stat.read_text().rsplit(")", 1)[1].split()[1])
     tick = os.sysconf("SC_CLK_TCK")
 
-    def seconds() -> float:
+    def scan() -> tuple[int, frozenset[tuple[int, str]]]:
+        """The server's CPU ticks, and its children with their states."""
         total = 0
+        children: set[tuple[int, str]] = set()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -304,6 +306,21 @@ def postgres_server_cpu(engine: Any) -> Callable[[], float] | None:
             if int(entry.name) == postmaster or int(fields[1]) == postmaster:
                 # utime, stime, and those of its waited-for children (a backend that ended)
                 total += sum(int(f) for f in fields[11:15])
+                if int(entry.name) != postmaster:
+                    children.add((int(entry.name), fields[0]))
+        return total, frozenset(children)
+
+    def seconds() -> float:
+        # A backend whose connection just closed may exit and be reaped in the middle of a scan
+        # (its time then counted in neither place): scan until no child is exiting and two scans
+        # in a row see the same children.
+        total, children = scan()
+        for _ in range(40):
+            time.sleep(0.05)
+            again, now = scan()
+            if now == children and all(state != "Z" for _, state in now):
+                return again / tick
+            total, children = again, now
         return total / tick
 
     return seconds

@@ -43,6 +43,30 @@ def test_work_done_by_the_server_is_counted_as_the_servers_cpu_not_this_processs
     assert split.server_us > 5 * split.client_us, split
 
 
+@pytest.mark.postgres
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the server's CPU is read from /proc")
+def test_the_work_of_a_connection_closed_as_the_work_ends_is_counted_too(postgres_url: str) -> None:
+    """A sink's connection closes at the end of a delivery: its backend exits as the CPU is read."""
+    from sqlalchemy.pool import NullPool
+
+    common = load_common()
+    engine = create_engine(postgres_url, poolclass=NullPool)  # each connection its own backend, gone on close
+    try:
+        server = common.postgres_server_cpu(engine)
+        assert server is not None
+
+        def sum_then_close() -> None:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT sum(i) FROM generate_series(1, 3000000) AS i")).scalar_one()
+
+        splits = [common.cpu_split(sum_then_close, 1, server) for _ in range(6)]
+    finally:
+        engine.dispose()
+    for split in splits:
+        assert split.server_us is not None
+        assert split.server_us > 5 * split.client_us, splits
+
+
 def test_work_done_here_is_counted_as_this_processs_cpu_and_no_server_reads_as_none() -> None:
     common = load_common()
     split = common.cpu_split(lambda: sum(i * i for i in range(2_000_000)), 2, None)
