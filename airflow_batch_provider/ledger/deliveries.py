@@ -103,8 +103,23 @@ def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> 
     :param app_id: the item's application id
     :param prompt_version: the prompt version of the answer
     """
-    raw = "\x1f".join((workload, sink, app_id, prompt_version)).encode("utf-8")
-    return hashlib.sha256(raw).hexdigest()[:32]
+    return delivery_keys(workload, sink)(app_id, prompt_version)
+
+
+def delivery_keys(workload: str, sink: str) -> Callable[[str, str], str]:
+    """:func:`delivery_key` of one workload and sink, for many items: their part hashed once.
+
+    :param workload: workload name
+    :param sink: the sink's or consumer's name
+    """
+    start = hashlib.sha256("\x1f".join((workload, sink, "")).encode("utf-8"))
+
+    def key(app_id: str, prompt_version: str) -> str:
+        digest = start.copy()
+        digest.update(f"{app_id}\x1f{prompt_version}".encode())
+        return digest.hexdigest()[:32]
+
+    return key
 
 
 def values_sha256(values: Mapping[str, Any]) -> str:
@@ -213,16 +228,10 @@ def write_deliveries(
         return
     # one statement per slice writes each row once: a row given twice goes with its later values
     last = {(row.app_id, row.prompt_version): row for row in rows}
+    key = delivery_keys(workload, sink)
     staged = [
-        (
-            row.app_id,
-            row.prompt_version,
-            row.item_key,
-            row.result_sha256,
-            delivery_key(workload, sink, row.app_id, row.prompt_version),
-            row.error,
-        )
-        for row in last.values()
+        (app_id, version, item_key, digest, key(app_id, version), error)
+        for item_key, app_id, version, _, digest, error in last.values()
     ]
     if conn.dialect.name == "sqlite" and sqlite_json():
         sql = _json_upsert(state)

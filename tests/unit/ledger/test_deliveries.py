@@ -12,6 +12,8 @@ from airflow_batch_provider.ledger import Ledger, deliveries
 from airflow_batch_provider.ledger.deliveries import (
     Delivery,
     delivery_counts,
+    delivery_key,
+    delivery_keys,
     delivery_rows,
     record_deliveries,
     text_sha256,
@@ -69,6 +71,22 @@ def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their
     for values in cases:
         expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
         assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values
+
+
+def test_an_items_delivery_key_is_the_same_sha256_prefix_one_at_a_time_or_many_for_one_sink() -> None:
+    import hashlib
+
+    # the key a consumer passes on to an external API: it must never change for the same item
+    cases = [("wl", "tickets", "12", "v1"), ("wl é", "sink_雪", "a\x1fb", ""), ("", "", "", "v2")]
+    for workload, sink, app_id, version in cases:
+        raw = "\x1f".join((workload, sink, app_id, version)).encode("utf-8")
+        expected = hashlib.sha256(raw).hexdigest()[:32]
+        assert delivery_key(workload, sink, app_id, version) == expected
+        assert delivery_keys(workload, sink)(app_id, version) == expected
+    many = delivery_keys("wl", "tickets")
+    assert [many(str(i), "v1") for i in range(3)] == [
+        delivery_key("wl", "tickets", str(i), "v1") for i in range(3)
+    ]
 
 
 def test_a_values_json_is_what_the_digests_encoder_writes_for_it_whatever_its_type() -> None:
