@@ -195,9 +195,8 @@ class _Batch:
         :param refused: the page's answers the mapping refused, recorded with the batch
         :param rejected: the rows the sink refused (index -> its message)
         """
-        if (
-            not rejected
-        ):  # the sink took the whole batch (tuple.__new__: a NamedTuple's own __new__ is Python)
+        # the sink took the whole batch (tuple.__new__: a NamedTuple's own __new__ is Python)
+        if not rejected:
             done = [
                 _new(
                     Delivery,
