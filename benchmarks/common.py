@@ -284,12 +284,12 @@ def postgres_server_cpu(engine: Any) -> Callable[[], float] | None:
     """
     from sqlalchemy import text
 
-    with engine.connect() as conn:
+    with engine.connect() as conn:  # the backend read while its connection is open (it may end on close)
         backend = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
-    stat = Path(f"/proc/{backend}/stat")
-    if not stat.exists():
-        return None
-    postmaster = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        try:
+            postmaster = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:  # not a process this machine's /proc shows
+            return None
     tick = os.sysconf("SC_CLK_TCK")
 
     def scan() -> tuple[int, frozenset[tuple[int, str]]]:
