@@ -127,8 +127,7 @@ def values_sha256(values: Mapping[str, Any]) -> str:
 
     :param values: column -> value
     """
-    found = values if isinstance(values, dict) else dict(values)
-    return text_sha256("".join(_DIGEST_C(found, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(found))
+    return text_sha256(_digest_json(values if isinstance(values, dict) else dict(values)))
 
 
 def value_json(value: Any) -> str:
@@ -147,6 +146,11 @@ def value_json(value: Any) -> str:
         return int.__repr__(value)
     if kind is float and value - value == 0.0:  # finite: NaN and the infinities go to the encoder
         return float.__repr__(value)
+    return _digest_json(value)
+
+
+def _digest_json(value: Any) -> str:
+    """``value``'s JSON as the digest writes it (the C encoder made once, where there is one)."""
     return "".join(_DIGEST_C(value, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(value)
 
 

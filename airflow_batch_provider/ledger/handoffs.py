@@ -25,7 +25,7 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.deliveries import (
     PAGE,
     Delivery,
-    delivery_key,
+    delivery_keys,
     put_in_report,
     record_deliveries,
     write_deliveries,
@@ -127,9 +127,10 @@ def pending_for(
         by_run.setdefault(run, []).append(Delivery(key, app_id, version, "offered", _answer_sha256(out)))
     for run, group in by_run.items():
         record_deliveries(ledger, workload, consumer, run, group)
+    key_of = delivery_keys(workload, consumer)
     return [
         HandOff(
-            delivery_key(workload, consumer, app_id, version),
+            key_of(app_id, version),
             app_id,
             version,
             json.loads(out) if out else None,

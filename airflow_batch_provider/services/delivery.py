@@ -195,27 +195,16 @@ class _Batch:
         :param refused: the page's answers the mapping refused, recorded with the batch
         :param rejected: the rows the sink refused (index -> its message)
         """
-        # the sink took the whole batch (tuple.__new__: a NamedTuple's own __new__ is Python)
-        if not rejected:
-            done = [
-                _new(
-                    Delivery,
-                    (result.item_key, result.app_id, result.prompt_version, "delivered", digest, None),
-                )
-                for result, _, digest in todo
-            ]
-            record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
-            return _Written(len(done), [])
-        done = []
+        done = [  # tuple.__new__: a NamedTuple's own __new__ is Python
+            _new(Delivery, (result.item_key, result.app_id, result.prompt_version, "delivered", digest, None))
+            for index, (result, _, digest) in enumerate(todo)
+            if index not in rejected
+        ]
         by_sink: list[tuple[str, str]] = []
-        for index, (result, _, digest) in enumerate(todo):
-            if index in rejected:
-                refused.append(_refused(result, digest, rejected[index]))
-                by_sink.append((result.app_id, rejected[index]))
-            else:
-                done.append(
-                    Delivery(result.item_key, result.app_id, result.prompt_version, "delivered", digest)
-                )
+        for index, message in sorted(rejected.items()):
+            result, _, digest = todo[index]
+            refused.append(_refused(result, digest, message))
+            by_sink.append((result.app_id, message))
         record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
         return _Written(len(done), by_sink)
 

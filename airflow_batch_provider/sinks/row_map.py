@@ -39,8 +39,9 @@ from airflow_batch_provider.ledger.candidates import Candidate
 from airflow_batch_provider.ledger.deliveries import text_sha256, value_json
 from airflow_batch_provider.services.delivery import SinkRow
 
-#: A name written into the compiled source (the sink checks its names are plain SQL identifiers).
-_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+#: A plain SQL identifier (one '.' for a schema): every name a sink writes into SQL, and into the
+#: compiled source here.
+IDENTIFIER: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 #: One mapped column: its name, its JSON path's steps (``()`` for a callable) and its callable.
 Column = tuple[str, tuple[str | int, ...], Callable[[Candidate], Any] | None]
 
@@ -118,7 +119,7 @@ def compile_row_map(
     if len(key_columns) == 2:
         members[key_columns[1]] = "result.prompt_version"
     for name in members:
-        if not _NAME.match(name):
+        if not IDENTIFIER.match(name):
             raise ValueError(f"column {name!r} is not a plain SQL identifier")
     text = ", ".join(f'"{name}": {{value_json({members[name]})}}' for name in sorted(members))
     lines.append(f"    digest = text_sha256(f'{{{{{text}}}}}')")

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from airflow_batch_provider.core.json_path import parse_path
 from airflow_batch_provider.core.lineage import DatasetRef
@@ -40,16 +40,14 @@ from airflow_batch_provider.sinks.dialects import (
     row_statement,
     upsert_of,
 )
-from airflow_batch_provider.sinks.row_map import Column, RowMap, bindable, compile_row_map
-
-_IDENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+from airflow_batch_provider.sinks.row_map import IDENTIFIER, Column, RowMap, bindable, compile_row_map
 
 #: A column's value: a JSON path into the answer (``"$.label"``) or a callable of the result.
 ColumnSource = str | Callable[[Candidate], Any]
 
 
 def _ident(what: str, name: str) -> str:
-    if not _IDENT.match(name):
+    if not IDENTIFIER.match(name):
         raise ConfigurationError(
             f"SqlUpsertSink {what}={name!r} is not a plain SQL identifier; use letters, digits and '_' "
             "(and one '.' for a schema), e.g. 'public.tickets'."
