@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final, NamedTuple
@@ -54,11 +54,12 @@ class Candidate(NamedTuple):
 
 def candidate_pages(
     ledger: Ledger, workload: str, sink: str, run_id: str, page: int = PAGE
-) -> Iterator[list[Candidate]]:
+) -> Generator[list[Candidate], None, None]:
     """Yield the run's published final answers in key order, ``page`` at a time, with the sink's record.
 
-    The pages follow a keyset on ``ix_abp_results_run``, each its own short read (no cursor stays
-    open between pages). On SQLite (with its JSON functions,
+    The pages follow a keyset on ``ix_abp_results_run``, each its own short read (no cursor or
+    transaction stays open between pages; on SQLite the pages share one pooled connection, given
+    back when the pages end or are closed). On SQLite (with its JSON functions,
     :func:`~airflow_batch_provider.ledger.bulk.sqlite_json`) a page and the sink's records of it
     are one read that returns the page as one JSON value (:class:`_JsonPage`): one call into
     SQLite, the interpreter lock released while it runs, where a row-by-row fetch takes the lock
@@ -74,14 +75,17 @@ def candidate_pages(
     one_value = ledger.engine.dialect.name == "sqlite" and sqlite_json()
     read = (_JsonPage if one_value else _TwoReads)(ledger, workload, sink, run_id, page)
     after: tuple[str, str] | None = None
-    while True:
-        found = read.page(after)
-        if not found:
-            return
-        yield found
-        if len(found) < page:
-            return
-        after = (found[-1].item_key, found[-1].prompt_version)
+    try:
+        while True:
+            found = read.page(after)
+            if not found:
+                return
+            yield found
+            if len(found) < page:
+                return
+            after = (found[-1].item_key, found[-1].prompt_version)
+    finally:
+        read.close()
 
 
 def _answers_sql(mark: str, page: int) -> tuple[str, str]:
@@ -117,6 +121,9 @@ class _JsonPage:
     run_id: str
     size: int
 
+    #: the pool's connection the pages are read on, from the first page to :meth:`close`
+    _conn: Any = None
+
     def page(self, after: tuple[str, str] | None) -> list[Candidate]:
         """The page after the key ``after`` (``None``: the first page)."""
         first, later = self._sql
@@ -125,16 +132,17 @@ class _JsonPage:
             if after is None
             else (self.workload, self.run_id, *after, self.workload, self.sink)
         )
-        with self.ledger.engine.connect() as conn:  # the driver's cursor: a page is one value, nothing to map
-            cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            try:
-                (found,) = cursor.execute(first if after is None else later, params).fetchone()
-            except sqlite3.DataError as exc:
-                if "too big" not in str(exc):  # "string or blob too big": too long for one value
-                    raise
-                found = None
-            finally:
-                cursor.close()
+        if self._conn is None:
+            self._conn = self.ledger.engine.raw_connection()
+        cursor = self._conn.cursor()  # the driver's cursor: a page is one value, nothing to map
+        try:
+            (found,) = cursor.execute(first if after is None else later, params).fetchone()
+        except sqlite3.DataError as exc:
+            if "too big" not in str(exc):  # "string or blob too big": too long for one value
+                raise
+            found = None
+        finally:
+            cursor.close()
         if found is None:
             return _TwoReads(self.ledger, self.workload, self.sink, self.run_id, self.size).page(after)
         rows = json.loads(found)
@@ -154,6 +162,12 @@ class _JsonPage:
             )
             for key, version, app_id, state, output, raw, held, sha in rows
         ]
+
+    def close(self) -> None:
+        """Give the reading connection back to the pool."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
 
     @cached_property
     def _sql(self) -> tuple[str, str]:
@@ -193,6 +207,9 @@ class _TwoReads:
     read: int = 0
     analyzed: int = -1
     table_rows: int = 0
+
+    def close(self) -> None:
+        """Nothing held between pages: each is its own short read."""
 
     def page(self, after: tuple[str, str] | None) -> list[Candidate]:
         """The page after the key ``after`` (``None``: the first page)."""

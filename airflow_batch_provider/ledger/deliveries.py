@@ -1,7 +1,8 @@
 """What each sink wrote and each consumer was handed (table ``abp_deliveries``, schema version 5).
 
 One row per workload, sink (or consumer), application id and prompt version. Every write goes
-through one guarded function, :func:`write_deliveries`: an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
+through one guarded upsert (:func:`write_deliveries`; a batch a sink took whole is staged directly
+by :func:`record_delivered`): an ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
 whose guard allows only the moves of :data:`MOVES` (a sink's row is rewritten only when the answer
 it holds changed or its state did; an acknowledged hand-off is never offered again), so a cleared,
 retried or killed delivery never adds a second row, and a changed answer updates the one it has.
@@ -14,16 +15,17 @@ A consumer's row moves ``offered`` -> ``acknowledged`` (it acted), ``refused`` (
 failed: offered again by its next try, with the same key) or ``left_out`` (its filter left the
 answer out: offered again only when the answer changes).
 
-The answers a delivery reads (the run's published final answers, ``abp_results`` in states
-``succeeded`` and ``unchanged``), each with what the sink was last given for it, come from
-:mod:`airflow_batch_provider.ledger.candidates`.
+An item's key for a sink and the digest of its values come from
+:mod:`airflow_batch_provider.ledger.digests`. The answers a delivery reads (the run's published
+final answers, ``abp_results`` in states ``succeeded`` and ``unchanged``), each with what the
+sink was last given for it, come from :mod:`airflow_batch_provider.ledger.candidates`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from functools import cache
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, NamedTuple
@@ -52,6 +54,7 @@ from airflow_batch_provider.ledger.bulk import (
     sqlite_json,
     stage,
 )
+from airflow_batch_provider.ledger.digests import delivery_keys
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
@@ -84,82 +87,6 @@ DELIVERIES_STAGE: Final = Table(
     prefixes=["TEMPORARY"],
     postgresql_on_commit="DELETE ROWS",
 )
-#: The digest's JSON: keys sorted, text as is, anything else as ``str`` (built once, not per row).
-_DIGEST_JSON: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
-#: The same JSON from the C encoder itself, made once (``JSONEncoder.encode`` makes one per call,
-#: half a digest's time); ``None`` where the interpreter has no C encoder.
-_DIGEST_C: Final = (
-    c_make_encoder(None, str, encode_basestring, None, ": ", ", ", True, False, True)
-    if c_make_encoder is not None
-    else None
-)
-
-
-def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> str:
-    """The stable idempotency key of one item and prompt version for one sink or consumer.
-
-    :param workload: workload name
-    :param sink: the sink's or consumer's name
-    :param app_id: the item's application id
-    :param prompt_version: the prompt version of the answer
-    """
-    return delivery_keys(workload, sink)(app_id, prompt_version)
-
-
-def delivery_keys(workload: str, sink: str) -> Callable[[str, str], str]:
-    """:func:`delivery_key` of one workload and sink, for many items: their part hashed once.
-
-    :param workload: workload name
-    :param sink: the sink's or consumer's name
-    """
-    start = hashlib.sha256("\x1f".join((workload, sink, "")).encode("utf-8"))
-
-    def key(app_id: str, prompt_version: str) -> str:
-        digest = start.copy()
-        digest.update(f"{app_id}\x1f{prompt_version}".encode())
-        return digest.hexdigest()[:32]
-
-    return key
-
-
-def values_sha256(values: Mapping[str, Any]) -> str:
-    """The digest of the values a sink writes for one item (keys sorted, JSON).
-
-    :param values: column -> value
-    """
-    return text_sha256(_digest_json(values if isinstance(values, dict) else dict(values)))
-
-
-def value_json(value: Any) -> str:
-    """One value's JSON text exactly as :func:`values_sha256` writes it inside its object.
-
-    For a digest written out once per sink (:mod:`airflow_batch_provider.sinks.row_map`): a
-    string, an ``int`` and a finite ``float`` directly (what the encoder calls for them), anything
-    else through the digest's encoder itself.
-
-    :param value: a key's or a column's value
-    """
-    kind = type(value)
-    if kind is str:
-        return encode_basestring(value)  # type: ignore[no-any-return]
-    if kind is int:
-        return int.__repr__(value)
-    if kind is float and value - value == 0.0:  # finite: NaN and the infinities go to the encoder
-        return float.__repr__(value)
-    return _digest_json(value)
-
-
-def _digest_json(value: Any) -> str:
-    """``value``'s JSON as the digest writes it (the C encoder made once, where there is one)."""
-    return "".join(_DIGEST_C(value, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(value)
-
-
-def text_sha256(text: str) -> str:
-    """The digest of a JSON text (what :func:`values_sha256` returns for the object it wrote).
-
-    :param text: the JSON text
-    """
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Delivery(NamedTuple):
@@ -237,10 +164,48 @@ def write_deliveries(
         (app_id, version, item_key, digest, key(app_id, version), error)
         for item_key, app_id, version, _, digest, error in last.values()
     ]
+    _write_staged(conn, workload, sink, run_id, state, staged, now)
+
+
+def record_delivered(
+    ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[tuple[str, str, str, str]]
+) -> None:
+    """Record a batch the sink wrote whole as ``delivered``: :func:`record_deliveries` of them, built once.
+
+    :param ledger: the ledger
+    :param workload: workload name
+    :param sink: the sink's name
+    :param run_id: the run that delivered them
+    :param rows: (item key, application id, prompt version, digest), each application id and
+        version once (one page's answers)
+    """
+    if not rows:
+        return
+    key = delivery_keys(workload, sink)
+    staged = [
+        (app_id, version, item_key, digest, key(app_id, version), None)
+        for item_key, app_id, version, digest in rows
+    ]
+    with ledger.engine.begin() as conn:
+        _write_staged(conn, workload, sink, run_id, "delivered", staged, utcnow())
+
+
+def _write_staged(
+    conn: Connection,
+    workload: str,
+    sink: str,
+    run_id: str,
+    state: str,
+    staged: Sequence[tuple[str, str, str, str, str, str | None]],
+    now: datetime,
+) -> None:
+    """The guarded upsert of :func:`write_deliveries` for rows staged as :data:`DELIVERIES_STAGE`'s columns."""
+    allowed = MOVES[state]
+    d = s.deliveries.c
     if conn.dialect.name == "sqlite" and sqlite_json():
         sql = _json_upsert(state)
         for part in chunks(staged, PAGE):
-            conn.exec_driver_sql(sql, (workload, sink, state, run_id, db_stamp(conn, now), _ROWS_JSON(part)))
+            conn.exec_driver_sql(sql, (workload, sink, state, run_id, db_stamp(conn, now), _rows_json(part)))
         return
     st = DELIVERIES_STAGE.c
     written = select(
@@ -291,8 +256,19 @@ def write_deliveries(
         conn.execute(stmt)
 
 
-#: A batch's rows as the JSON array :func:`_json_upsert` reads (compact; text as is).
-_ROWS_JSON: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: A batch's rows as the JSON array :func:`_json_upsert` reads (compact; text as is): the C encoder
+#: made once, without the circular-reference check (the rows are tuples of strings).
+_ROWS_C: Final = (
+    c_make_encoder(None, str, encode_basestring, None, ":", ",", False, False, True)
+    if c_make_encoder is not None
+    else None
+)
+_ROWS_PY: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _rows_json(rows: Sequence[tuple[Any, ...]]) -> str:
+    """``rows`` as one compact JSON array (see :data:`_ROWS_C`)."""
+    return "".join(_ROWS_C(rows, 0)) if _ROWS_C is not None else _ROWS_PY(rows)
 
 
 @cache

@@ -25,11 +25,11 @@ from airflow_batch_provider.ledger import schema as s
 from airflow_batch_provider.ledger.deliveries import (
     PAGE,
     Delivery,
-    delivery_keys,
     put_in_report,
     record_deliveries,
     write_deliveries,
 )
+from airflow_batch_provider.ledger.digests import delivery_keys
 from airflow_batch_provider.ledger.store import Ledger
 
 #: The consumer's states after an offer (:func:`settle`).

@@ -27,7 +27,12 @@ from typing import Any, Final, NamedTuple, Protocol
 from airflow_batch_provider.core.failpoints import failpoint
 from airflow_batch_provider.core.interpreter import tuned_for_bulk_loop
 from airflow_batch_provider.ledger.candidates import Candidate, candidate_pages
-from airflow_batch_provider.ledger.deliveries import Delivery, record_deliveries, values_sha256
+from airflow_batch_provider.ledger.deliveries import (
+    Delivery,
+    record_delivered,
+    record_deliveries,
+)
+from airflow_batch_provider.ledger.digests import values_sha256
 from airflow_batch_provider.ledger.store import Ledger
 from airflow_batch_provider.staging import Staging
 
@@ -45,7 +50,7 @@ class SinkRow(NamedTuple):
 
     :param keys: key column -> value (the application id, the prompt version where kept)
     :param values: column -> value
-    :param digest: :func:`~airflow_batch_provider.ledger.deliveries.values_sha256` of the keys and
+    :param digest: :func:`~airflow_batch_provider.ledger.digests.values_sha256` of the keys and
         values together, where the sink computed it with the row (``None``: the delivery computes it)
     """
 
@@ -146,11 +151,13 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
         writer = sink_thread.submit(opened.enter_context, sink.open()).result()
         batch = _Batch(ledger, workload, sink.sink_name, run_id, writer)
         pipeline = _Pipeline(batch, counts, sink_thread, record_thread)
+        pages = candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size)
         try:
             try:
-                for page in candidate_pages(ledger, workload, sink.sink_name, run_id, sink.batch_size):
+                for page in pages:
                     pipeline.send(*_rows(sink, page, counts))
             finally:  # what the sink committed is recorded, whatever stopped the reading
+                pages.close()  # the reading's connection given back now, not when a failure's traceback goes
                 pipeline.drain()
         finally:
             sink_thread.submit(opened.close).result()
@@ -195,6 +202,18 @@ class _Batch:
         :param refused: the page's answers the mapping refused, recorded with the batch
         :param rejected: the rows the sink refused (index -> its message)
         """
+        if not rejected and not refused:  # the sink took the whole batch: its rows staged as they are
+            record_delivered(
+                self.ledger,
+                self.workload,
+                self.sink,
+                self.run_id,
+                [
+                    (result.item_key, result.app_id, result.prompt_version, digest)
+                    for result, _, digest in todo
+                ],
+            )
+            return _Written(len(todo), [])
         done = [  # tuple.__new__: a NamedTuple's own __new__ is Python
             _new(Delivery, (result.item_key, result.app_id, result.prompt_version, "delivered", digest, None))
             for index, (result, _, digest) in enumerate(todo)

@@ -8,9 +8,9 @@ written out as Python source once per sink, one line per column, and compiled, a
 :mod:`dataclasses` writes a class's ``__init__``. Two functions:
 
 - ``row_for(result)``: the :class:`~airflow_batch_provider.services.delivery.SinkRow`, with its
-  digest: the JSON object :func:`~airflow_batch_provider.ledger.deliveries.values_sha256` writes
+  digest: the JSON object :func:`~airflow_batch_provider.ledger.digests.values_sha256` writes
   (members in key order) written out member by member
-  (:func:`~airflow_batch_provider.ledger.deliveries.value_json`), not built as a dict, sorted and
+  (:func:`~airflow_batch_provider.ledger.digests.value_json`), not built as a dict, sorted and
   encoded for every row (measured: 1.0 against 1.6 us a row, three members);
 - ``params(row)``: a row's parameters in the sink's statement order (the keys first for an
   upsert, last for an update).
@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from airflow_batch_provider.core.json_path import read_path
 from airflow_batch_provider.ledger.candidates import Candidate
-from airflow_batch_provider.ledger.deliveries import text_sha256, value_json
+from airflow_batch_provider.ledger.digests import text_sha256, value_json
 from airflow_batch_provider.services.delivery import SinkRow
 
 #: A plain SQL identifier (one '.' for a schema): every name a sink writes into SQL, and into the

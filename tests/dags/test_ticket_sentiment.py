@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.deliveries import delivery_key, delivery_rows
+from airflow_batch_provider.ledger.deliveries import delivery_rows
+from airflow_batch_provider.ledger.digests import delivery_key
 from tests.support.airflow_run import openai_dag_env, run_airflow, tail
 from tests.support.helpdesk import Helpdesk, serve_helpdesk
 

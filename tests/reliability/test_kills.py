@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.core.failpoints import FAILPOINTS
-from airflow_batch_provider.ledger.deliveries import delivery_key, delivery_rows
+from airflow_batch_provider.ledger.deliveries import delivery_rows
+from airflow_batch_provider.ledger.digests import delivery_key
 from tests.support.chaos import WORKLOAD, ChaosRun, Kill, chaos_emulator, check_invariants, count_faults
 
 pytestmark = pytest.mark.reliability

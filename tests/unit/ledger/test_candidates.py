@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 from pathlib import Path
@@ -173,3 +174,31 @@ def test_a_sqlite_page_too_long_for_one_json_value_is_read_by_the_two_reads_and_
         ledger.engine.dispose()
     assert [len(p) for p in found] == [4, 4, 2]
     assert [repr(c) for p in found for c in p] == expected
+
+
+def _read_then_fail(ledger: Ledger) -> None:
+    for _ in candidate_pages(ledger, WORKLOAD, "tickets", RUN, page=2):
+        raise RuntimeError("the delivery failed on its first page")
+
+
+@pytest.mark.parametrize("end", ["every page read", "closed after one page", "the reader failed"])
+def test_the_pages_are_read_on_one_connection_that_goes_back_to_the_pool_however_the_reading_ends(
+    tmp_path: Path, ledger_url: str, end: str
+) -> None:
+    with world(tmp_path, ledger_url=ledger_url) as w:
+        publish_run(w, 5)
+        pool = w.ledger.engine.pool
+        taken: list[int] = []
+        event.listen(pool, "checkout", lambda *_: taken.append(1))
+        if end == "every page read":
+            assert [len(p) for p in candidate_pages(w.ledger, WORKLOAD, "tickets", RUN, page=2)] == [2, 2, 1]
+        elif end == "closed after one page":
+            pages = candidate_pages(w.ledger, WORKLOAD, "tickets", RUN, page=2)
+            assert len(next(pages)) == 2
+            pages.close()
+        else:
+            with contextlib.suppress(RuntimeError):  # the traceback is dropped as the block ends
+                _read_then_fail(w.ledger)
+        assert pool.checkedout() == 0  # type: ignore[attr-defined]
+        if w.ledger.engine.dialect.name == "sqlite":  # one connection for every page (PostgreSQL: one a page)
+            assert len(taken) == 1

@@ -12,14 +12,11 @@ from airflow_batch_provider.ledger import Ledger, deliveries
 from airflow_batch_provider.ledger.deliveries import (
     Delivery,
     delivery_counts,
-    delivery_key,
-    delivery_keys,
     delivery_rows,
+    record_delivered,
     record_deliveries,
-    text_sha256,
-    value_json,
-    values_sha256,
 )
+from airflow_batch_provider.ledger.digests import delivery_key
 from tests.unit.services.workload import RUN, WORKLOAD, world
 
 WL = "consumers"
@@ -53,87 +50,6 @@ def test_a_repeated_delivery_adds_no_row_and_a_changed_answer_updates_the_one_it
             ("a2", "delivered", "h2", 2, "run2"),
         ]
         assert delivery_counts(w.ledger, WORKLOAD, "run2") == {"sink": {"delivered": 2}}
-
-
-def test_a_rows_digest_is_the_sha256_of_its_values_as_sorted_json_whatever_their_types() -> None:
-    import hashlib
-    from datetime import date
-    from decimal import Decimal
-
-    cases: list[dict[Any, Any]] = [
-        {"ticket_id": 12, "sentiment": "neutral", "confidence": 0.73},
-        {"b": 'quote " back \\ tab \t nl \n ctl \x01 é 雪 \u2028', "a": None, "c": True, "d": False},
-        {"x": float("nan"), "y": float("inf"), "z": -float("inf"), "w": -0.0, "v": 1e300, "u": 10**30},
-        {"nested": {"k": [1, "two"]}, "day": date(2026, 12, 1), "money": Decimal("1.10")},
-        {"1": "one", "10": "ten", "2": "two", "B": 1, "a": 2},
-        {},
-    ]
-    for values in cases:
-        expected = json.dumps(values, sort_keys=True, ensure_ascii=False, default=str)
-        assert values_sha256(values) == hashlib.sha256(expected.encode("utf-8")).hexdigest(), values
-
-
-def test_an_items_delivery_key_is_the_same_sha256_prefix_one_at_a_time_or_many_for_one_sink() -> None:
-    import hashlib
-
-    # the key a consumer passes on to an external API: it must never change for the same item
-    cases = [("wl", "tickets", "12", "v1"), ("wl é", "sink_雪", "a\x1fb", ""), ("", "", "", "v2")]
-    for workload, sink, app_id, version in cases:
-        raw = "\x1f".join((workload, sink, app_id, version)).encode("utf-8")
-        expected = hashlib.sha256(raw).hexdigest()[:32]
-        assert delivery_key(workload, sink, app_id, version) == expected
-        assert delivery_keys(workload, sink)(app_id, version) == expected
-    many = delivery_keys("wl", "tickets")
-    assert [many(str(i), "v1") for i in range(3)] == [
-        delivery_key("wl", "tickets", str(i), "v1") for i in range(3)
-    ]
-
-
-def test_a_values_json_is_what_the_digests_encoder_writes_for_it_whatever_its_type() -> None:
-    import enum
-    from datetime import date
-    from decimal import Decimal
-
-    class Label(str):
-        pass
-
-    class Level(enum.IntEnum):
-        HIGH = 3
-
-    class Ratio(float):
-        def __repr__(self) -> str:
-            return "a ratio"
-
-    values: list[Any] = [
-        'quote " back \\ tab \t nl \n ctl \x01 é 雪 \u2028',
-        "",
-        Label("sub"),
-        0,
-        -7,
-        10**40,
-        True,
-        False,
-        None,
-        Level.HIGH,
-        0.1,
-        -0.0,
-        1e300,
-        5e-324,
-        float("nan"),
-        float("inf"),
-        -float("inf"),
-        Ratio(0.5),
-        Decimal("1.10"),
-        date(2026, 12, 4),
-        [1, "two"],
-        {"k": None},
-        (1, 2),
-    ]
-    for value in values:
-        assert value_json(value) == json.dumps(value, ensure_ascii=False, sort_keys=True, default=str), value
-        members = {"a": value, "b": 1}
-        text = "{" + f'"a": {value_json(value)}, "b": 1' + "}"
-        assert text_sha256(text) == values_sha256(members), value
 
 
 #: Every move of :data:`MOVES`, and the writes its guard refuses, as (sink, run, rows) in order.
@@ -203,3 +119,68 @@ def test_a_sqlite_ledgers_write_through_json_each_moves_each_row_as_the_staged_w
         ("consumer", "a2"): ("offered", "c2b", "r2", 3),
         ("consumer", "a3"): ("refused", "c3", "r2", 1),
     }
+
+
+def test_a_batch_recorded_whole_as_delivered_moves_each_row_as_the_same_rows_recorded_one_by_one_do(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    before = [
+        Delivery("k1", "a1", "v1", "delivered", "h1"),
+        Delivery("k2", "a2", "v1", "refused", "h2", "no"),
+        Delivery("k3", "a3", "v1", "delivered", "h3"),
+    ]
+    batch = [
+        ("k1", "a1", "v1", "h1"),
+        ("k2", "a2", "v1", "h2"),
+        ("k3", "a3", "v1", "h3b"),
+        ("k4", "a4", "v2", "h4"),
+    ]
+    with world(tmp_path, ledger_url=ledger_url) as w:
+        for sink in ("whole", "rows"):
+            record_deliveries(w.ledger, WORKLOAD, sink, RUN, before)
+        record_delivered(w.ledger, WORKLOAD, "whole", "run2", batch)
+        record_deliveries(
+            w.ledger, WORKLOAD, "rows", "run2", [Delivery(k, a, v, "delivered", h) for k, a, v, h in batch]
+        )
+        found = {}
+        for sink in ("whole", "rows"):
+            rows = delivery_rows(w.ledger, WORKLOAD, sink)
+            assert [r["delivery_key"] for r in rows] == [
+                delivery_key(WORKLOAD, sink, r["app_id"], r["prompt_version"]) for r in rows
+            ]
+            found[sink] = [
+                tuple(
+                    r[k]
+                    for k in (
+                        "app_id",
+                        "prompt_version",
+                        "item_key",
+                        "state",
+                        "result_sha256",
+                        "error",
+                        "run_id",
+                        "writes",
+                    )
+                )
+                for r in rows
+            ]
+    assert (
+        found["whole"]
+        == found["rows"]
+        == [
+            ("a1", "v1", "k1", "delivered", "h1", None, RUN, 1),  # the same values: not written again
+            ("a2", "v1", "k2", "delivered", "h2", None, "run2", 2),
+            ("a3", "v1", "k3", "delivered", "h3b", None, "run2", 2),
+            ("a4", "v2", "k4", "delivered", "h4", None, "run2", 1),
+        ]
+    )
+
+
+def test_a_batchs_rows_go_to_json_each_as_the_standard_encoder_writes_them_whatever_their_text() -> None:
+    rows = [
+        ('a"b', "v\\1", "k\u00e9", "\n\t\x00\x1f", "\u65e5\u672c", None),
+        ("\U0001f600", "", "\u2028", "</script>", "0" * 64, "it's"),
+    ]
+    written = deliveries._rows_json(rows)
+    assert written == json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+    assert json.loads(written) == [list(row) for row in rows]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batch_provider.ledger import Ledger
-from airflow_batch_provider.ledger.deliveries import delivery_key, delivery_rows
+from airflow_batch_provider.ledger.deliveries import delivery_rows
+from airflow_batch_provider.ledger.digests import delivery_key
 from airflow_batch_provider.ledger.handoffs import HandOff, handoff_states
 from airflow_batch_provider.ledger.refused_review import refused_review_rows
 from airflow_batch_provider.services.consumers import consume

@@ -147,8 +147,10 @@ def test_a_delivery_failing_on_a_later_batch_leaves_every_batch_the_sink_committ
             monkeypatch.setattr(delivery._Batch, "write", failing_sink)
         else:
             monkeypatch.setattr(delivery, "candidate_pages", failing_reads)
-        with pytest.raises(RuntimeError, match="went away"):
+        with pytest.raises(RuntimeError, match="went away") as failed:
             deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        # every ledger connection back in its pool while the failure's traceback (its frames) is kept
+        assert failed.traceback and w.ledger.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         assert len(in_sink(tickets)) == 3 * BATCH
         assert recorded(w.ledger) == in_sink(tickets)  # what the sink committed before the failure
         monkeypatch.setattr(delivery._Batch, "write", write)

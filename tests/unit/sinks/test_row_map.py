@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from airflow_batch_provider.core.json_path import parse_path, read_path
 from airflow_batch_provider.ledger.candidates import Candidate
-from airflow_batch_provider.ledger.deliveries import values_sha256
+from airflow_batch_provider.ledger.digests import values_sha256
 from airflow_batch_provider.services.delivery import SinkRow
 from airflow_batch_provider.sinks.row_map import compile_row_map
 
