@@ -157,8 +157,10 @@ def deliver(ledger: Ledger, workload: str, run_id: str, sink: Sink) -> DeliveryC
                 for page in pages:
                     pipeline.send(*_rows(sink, page, counts))
             finally:  # what the sink committed is recorded, whatever stopped the reading
-                pages.close()  # the reading's connection given back now, not when a failure's traceback goes
-                pipeline.drain()
+                try:
+                    pipeline.drain()
+                finally:  # the reading's connection given back now, not when a failure's traceback goes
+                    pages.close()
         finally:
             sink_thread.submit(opened.close).result()
     return counts

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
+from airflow_batch_provider.ledger import candidates
 from airflow_batch_provider.ledger.deliveries import Delivery, delivery_rows, record_deliveries
 from airflow_batch_provider.services import delivery
 from airflow_batch_provider.services.delivery import deliver
@@ -158,6 +159,31 @@ def test_a_delivery_failing_on_a_later_batch_leaves_every_batch_the_sink_committ
         again = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
         assert (again.written, again.unchanged) == ((BATCHES - 3) * BATCH, 3 * BATCH)
         assert recorded(w.ledger) == in_sink(tickets) and len(in_sink(tickets)) == BATCH * BATCHES
+
+
+def test_a_reading_connection_that_fails_to_close_after_a_failed_mapping_still_leaves_every_committed_batch_recorded(
+    tmp_path: Path, ledger_url: str, tickets: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with world(tmp_path / "w", ledger_url=ledger_url) as w:
+        publish_run(w, BATCH * BATCHES)
+        rows, calls = delivery._rows, []
+
+        def failing_mapping(*args: Any) -> Any:  # the third batch is in the sink, not yet recorded
+            calls.append(1)
+            if len(calls) == 4:
+                raise RuntimeError("the mapping went away")
+            return rows(*args)
+
+        def failing_close(reader: Any) -> None:
+            raise RuntimeError("the ledger's connection went away too")
+
+        monkeypatch.setattr(delivery, "_rows", failing_mapping)
+        for reader in (candidates._JsonPage, candidates._TwoReads):
+            monkeypatch.setattr(reader, "close", failing_close)
+        with pytest.raises(RuntimeError, match="went away"):
+            deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert len(in_sink(tickets)) == 3 * BATCH
+        assert recorded(w.ledger) == in_sink(tickets)  # recorded before the pages were closed
 
 
 def test_a_sink_in_the_ledgers_own_sqlite_file_gets_every_row_once_its_writes_taking_turns_with_the_records(
