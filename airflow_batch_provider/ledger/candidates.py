@@ -11,7 +11,7 @@ import json
 import json.scanner
 import sqlite3
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, NamedTuple
 
@@ -122,7 +122,7 @@ class _JsonPage:
     size: int
 
     #: the pool's connection the pages are read on, from the first page to :meth:`close`
-    _conn: Any = None
+    _conn: Any = field(default=None, init=False, repr=False)
 
     def page(self, after: tuple[str, str] | None) -> list[Candidate]:
         """The page after the key ``after`` (``None``: the first page)."""
