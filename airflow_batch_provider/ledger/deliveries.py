@@ -27,7 +27,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal, NamedTuple
 
 from sqlalchemy import (
@@ -54,7 +53,7 @@ from airflow_batch_provider.ledger.bulk import (
     sqlite_json,
     stage,
 )
-from airflow_batch_provider.ledger.digests import delivery_keys
+from airflow_batch_provider.ledger.digests import delivery_keys, json_writer
 from airflow_batch_provider.ledger.store import Ledger
 
 DeliveryState = Literal["delivered", "refused", "offered", "acknowledged", "left_out"]
@@ -200,13 +199,13 @@ def _write_staged(
     now: datetime,
 ) -> None:
     """The guarded upsert of :func:`write_deliveries` for rows staged as :data:`DELIVERIES_STAGE`'s columns."""
-    allowed = MOVES[state]
-    d = s.deliveries.c
     if conn.dialect.name == "sqlite" and sqlite_json():
         sql = _json_upsert(state)
         for part in chunks(staged, PAGE):
             conn.exec_driver_sql(sql, (workload, sink, state, run_id, db_stamp(conn, now), _rows_json(part)))
         return
+    allowed = MOVES[state]
+    d = s.deliveries.c
     st = DELIVERIES_STAGE.c
     written = select(
         literal(workload, Text),
@@ -256,19 +255,8 @@ def _write_staged(
         conn.execute(stmt)
 
 
-#: A batch's rows as the JSON array :func:`_json_upsert` reads (compact; text as is): the C encoder
-#: made once, without the circular-reference check (the rows are tuples of strings).
-_ROWS_C: Final = (
-    c_make_encoder(None, str, encode_basestring, None, ":", ",", False, False, True)
-    if c_make_encoder is not None
-    else None
-)
-_ROWS_PY: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-
-
-def _rows_json(rows: Sequence[tuple[Any, ...]]) -> str:
-    """``rows`` as one compact JSON array (see :data:`_ROWS_C`)."""
-    return "".join(_ROWS_C(rows, 0)) if _ROWS_C is not None else _ROWS_PY(rows)
+#: A batch's rows as the JSON array :func:`_json_upsert` reads (compact; text as is).
+_rows_json: Final = json_writer(",", ":", sort_keys=False)
 
 
 @cache

@@ -16,15 +16,35 @@ from collections.abc import Callable, Mapping
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-#: The digest's JSON: keys sorted, text as is, anything else as ``str`` (built once, not per row).
-_DIGEST_JSON: Final = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
-#: The same JSON from the C encoder itself, made once (``JSONEncoder.encode`` makes one per call,
-#: half a digest's time); ``None`` where the interpreter has no C encoder.
-_DIGEST_C: Final = (
-    c_make_encoder(None, str, encode_basestring, None, ": ", ", ", True, False, True)
-    if c_make_encoder is not None
-    else None
-)
+
+def json_writer(item_separator: str, key_separator: str, sort_keys: bool) -> Callable[[Any], str]:
+    """A function that writes a value's JSON as ``json.JSONEncoder`` with these settings does.
+
+    Text as is (``ensure_ascii=False``), anything JSON has no type for as ``str``. The C encoder
+    is made once here (``JSONEncoder.encode`` makes one per call: half a digest's time), without
+    the circular-reference check (the values written are trees); the Python encoder where the
+    interpreter has no C one.
+
+    :param item_separator: between items (``", "`` or ``","``)
+    :param key_separator: between a key and its value (``": "`` or ``":"``)
+    :param sort_keys: whether an object's members are written in key order
+    """
+    if c_make_encoder is None:
+        return json.JSONEncoder(  # type: ignore[no-any-return]
+            sort_keys=sort_keys, ensure_ascii=False, default=str, separators=(item_separator, key_separator)
+        ).encode
+    encode = c_make_encoder(
+        None, str, encode_basestring, None, key_separator, item_separator, sort_keys, False, True
+    )
+
+    def write(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return write
+
+
+#: The digest's JSON: keys sorted, text as is, anything else as ``str`` (made once, not per row).
+_digest_json: Final = json_writer(", ", ": ", sort_keys=True)
 
 
 def delivery_key(workload: str, sink: str, app_id: str, prompt_version: str) -> str:
@@ -79,11 +99,6 @@ def value_json(value: Any) -> str:
     if kind is float and value - value == 0.0:  # finite: NaN and the infinities go to the encoder
         return float.__repr__(value)
     return _digest_json(value)
-
-
-def _digest_json(value: Any) -> str:
-    """``value``'s JSON as the digest writes it (the C encoder made once, where there is one)."""
-    return "".join(_DIGEST_C(value, 0)) if _DIGEST_C is not None else _DIGEST_JSON.encode(value)
 
 
 def text_sha256(text: str) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
+from airflow_batch_provider.ledger import digests
 from airflow_batch_provider.ledger.digests import (
     delivery_key,
     delivery_keys,
@@ -93,3 +96,23 @@ def test_a_values_json_is_what_the_digests_encoder_writes_for_it_whatever_its_ty
         members = {"a": value, "b": 1}
         text = "{" + f'"a": {value_json(value)}, "b": 1' + "}"
         assert text_sha256(text) == values_sha256(members), value
+
+
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["C encoder", "Python encoder"])
+def test_a_json_writer_writes_what_the_standard_encoder_writes_with_the_same_settings(
+    monkeypatch: pytest.MonkeyPatch, c_encoder: bool
+) -> None:
+    from datetime import date
+
+    if not c_encoder:  # an interpreter without the C encoder
+        monkeypatch.setattr(digests, "c_make_encoder", None)
+    value: Any = {
+        "b": ['quote " é 雪 \u2028', None, True, 0.1, float("nan")],
+        "a": {"z": 1, "y": date(2026, 12, 4)},
+    }
+    for item, key in ((", ", ": "), (",", ":")):
+        for sort_keys in (True, False):
+            expected = json.dumps(
+                value, ensure_ascii=False, default=str, sort_keys=sort_keys, separators=(item, key)
+            )
+            assert digests.json_writer(item, key, sort_keys=sort_keys)(value) == expected
