@@ -17,7 +17,9 @@ from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-
 from typing import Any, Final
 
 
-def json_writer(item_separator: str, key_separator: str, sort_keys: bool) -> Callable[[Any], str]:
+def json_writer(
+    item_separator: str, key_separator: str, sort_keys: bool, finite: bool = False
+) -> Callable[[Any], str]:
     """A function that writes a value's JSON as ``json.JSONEncoder`` with these settings does.
 
     Text as is (``ensure_ascii=False``), anything JSON has no type for as ``str``. The C encoder
@@ -28,13 +30,19 @@ def json_writer(item_separator: str, key_separator: str, sort_keys: bool) -> Cal
     :param item_separator: between items (``", "`` or ``","``)
     :param key_separator: between a key and its value (``": "`` or ``":"``)
     :param sort_keys: whether an object's members are written in key order
+    :param finite: raise ``ValueError`` on a NaN or an infinity (RFC 8259 JSON has none), instead
+        of writing ``NaN`` or ``Infinity`` as Python's ``json`` does
     """
     if c_make_encoder is None:
         return json.JSONEncoder(  # type: ignore[no-any-return]
-            sort_keys=sort_keys, ensure_ascii=False, default=str, separators=(item_separator, key_separator)
+            sort_keys=sort_keys,
+            ensure_ascii=False,
+            default=str,
+            separators=(item_separator, key_separator),
+            allow_nan=not finite,
         ).encode
     encode = c_make_encoder(
-        None, str, encode_basestring, None, key_separator, item_separator, sort_keys, False, True
+        None, str, encode_basestring, None, key_separator, item_separator, sort_keys, False, not finite
     )
 
     def write(value: Any) -> str:

@@ -116,3 +116,17 @@ def test_a_json_writer_writes_what_the_standard_encoder_writes_with_the_same_set
                 value, ensure_ascii=False, default=str, sort_keys=sort_keys, separators=(item, key)
             )
             assert digests.json_writer(item, key, sort_keys=sort_keys)(value) == expected
+
+
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["C encoder", "Python encoder"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["NaN", "inf", "-inf"])
+def test_a_finite_json_writer_refuses_a_nan_or_an_infinity_anywhere_and_writes_finite_values_as_before(
+    monkeypatch: pytest.MonkeyPatch, c_encoder: bool, bad: float
+) -> None:
+    if not c_encoder:
+        monkeypatch.setattr(digests, "c_make_encoder", None)
+    write = digests.json_writer(",", ":", sort_keys=False, finite=True)
+    assert write([[1, "a\tb", 0.5, None, True]]) == '[[1,"a\\tb",0.5,null,true]]'
+    with pytest.raises(ValueError):
+        write([[1, "a", 0.5], [2, "b", bad]])
+    assert digests.json_writer(",", ":", sort_keys=False)([bad]) == json.dumps([bad])
