@@ -28,7 +28,9 @@ The rows travel in one of three ways:
   value cast to its column's type.
 
 Each value is parsed by the server as its column's type (a value that does not parse is the
-database refusing its row, as a type error of the one-row statement is). In a JSON array a
+database refusing its row, as a type error of the one-row statement is): cast to the column's base
+type without a length (:data:`COLUMN_TYPES`), then assigned to the column, so a value too long
+for a ``varchar(n)`` is refused as the one-row statement refuses it, never cut to fit. In a JSON array a
 ``bool`` reaches a text column as ``true``/``false``, as the one-row statement writes it (``COPY``
 writes ``t``/``f``).
 
@@ -85,14 +87,37 @@ def batch_json(params: Sequence[tuple[Any, ...]]) -> str | None:
     return text if len(text) <= JSON_LIMIT else None
 
 
+#: Each column's declared type, and the type a value is cast to on its way in: the column's base
+#: type (a domain's, to the last one) by its own name, without a length or precision. An explicit
+#: ``CAST`` to ``varchar(3)``, ``char(2)``, ``bit(3)`` or a domain over one cuts a longer value to
+#: fit without a word; cast to the bare type, the value then meets the column's length, precision
+#: and constraints as the ``INSERT`` or ``UPDATE`` assigns it, and one too long is refused.
 COLUMN_TYPES: Final = (
-    "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-    "WHERE a.attrelid = CAST(%s AS regclass) AND a.attnum > 0 AND NOT a.attisdropped"
+    "WITH RECURSIVE base (attname, declared, oid) AS ("
+    " SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid FROM pg_attribute a"
+    " WHERE a.attrelid = CAST(%s AS regclass) AND a.attnum > 0 AND NOT a.attisdropped"
+    " UNION ALL SELECT b.attname, b.declared, t.typbasetype FROM base b"
+    " JOIN pg_type t ON t.oid = b.oid WHERE t.typtype = 'd')"
+    " SELECT b.attname, b.declared, quote_ident(n.nspname) || '.' || quote_ident(t.typname)"
+    " FROM base b JOIN pg_type t ON t.oid = b.oid JOIN pg_namespace n ON n.oid = t.typnamespace"
+    " WHERE t.typtype <> 'd'"
 )
 
 
-def column_types(conn: Any, table: str) -> dict[str, str]:
-    """The declared type of each column of ``table`` (``format_type``: ``integer``, ``vector(4)``).
+@dataclass(frozen=True)
+class ColumnTypes:
+    """A table's column types, as :data:`COLUMN_TYPES` reads them.
+
+    :param declared: column -> its declared type (``format_type``: ``integer``, ``vector(4)``)
+    :param cast: column -> the type a value is cast to (``pg_catalog."varchar"``: no length)
+    """
+
+    declared: dict[str, str]
+    cast: dict[str, str]
+
+
+def column_types(conn: Any, table: str) -> ColumnTypes:
+    """The declared type of each column of ``table``, and the bare type its values are cast to.
 
     Read inside the first batch's transaction (before its first write), so nothing is committed here.
 
@@ -102,10 +127,13 @@ def column_types(conn: Any, table: str) -> dict[str, str]:
     cursor = conn.cursor()
     try:
         cursor.execute(COLUMN_TYPES, (table,))
-        found = {str(name): str(kind) for name, kind in cursor.fetchall()}
+        found = cursor.fetchall()
     finally:
         cursor.close()
-    return found
+    return ColumnTypes(
+        {str(name): str(declared) for name, declared, _ in found},
+        {str(name): str(cast) for name, _, cast in found},
+    )
 
 
 def last_per_key(sink: SqlUpsertSink, params: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -132,7 +160,7 @@ class PgBatchWriter:
     sink: SqlUpsertSink
     conn: Any
     rows_writer: _DbApiWriter
-    _types: dict[str, str] | None = field(default=None, init=False, repr=False)
+    _types: ColumnTypes | None = field(default=None, init=False, repr=False)
     #: whether this session holds the staging table (a rolled-back batch that made it takes it away)
     _staged: bool = field(default=False, init=False, repr=False)
 
@@ -195,9 +223,9 @@ class PgBatchWriter:
     @cached_property
     def _json_statement(self) -> str:
         """The batch's statement from one JSON array of rows (:func:`batch_json`), bound as ``%s``."""
-        types = self.types()
+        cast = self.types().cast
         values = ", ".join(
-            f"CAST(abp_r ->> {i} AS {types.get(c, 'text')})" for i, c in enumerate(self.order())
+            f"CAST(abp_r ->> {i} AS {cast.get(c, 'text')})" for i, c in enumerate(self.order())
         )
         return self._written_from(f"SELECT {values} FROM json_array_elements(CAST(%s AS json)) AS abp_r")
 
@@ -205,7 +233,7 @@ class PgBatchWriter:
     def _copy_statements(self) -> tuple[str, str, str]:
         """The staging table's ``CREATE``, its ``COPY`` and the write from it (made on the first batch)."""
         order = self.order()
-        types = self.types()
+        types = self.types().declared
         stage = "abp_stage_" + hashlib.sha256(repr((self.sink.table, order, types)).encode()).hexdigest()[:16]
         columns = ", ".join(order)
         declared = ", ".join(f"{c} {types.get(c, 'text')}" for c in order)
@@ -243,13 +271,11 @@ class PgBatchWriter:
         if self.sink.mode == "upsert":
             one = "(" + ", ".join(["%s"] * width) + ")"
         else:
-            types = self.types()
-            one = (
-                "(" + ", ".join(f"CAST(%s AS {types[c]})" if c in types else "%s" for c in self.order()) + ")"
-            )
+            cast = self.types().cast
+            one = "(" + ", ".join(f"CAST(%s AS {cast[c]})" if c in cast else "%s" for c in self.order()) + ")"
         return self._written_from(f"VALUES {', '.join([one] * count)}")
 
-    def types(self) -> dict[str, str]:
+    def types(self) -> ColumnTypes:
         """The target columns' types, read from the catalog on first use."""
         if self._types is None:
             self._types = column_types(self.conn, self.sink.table)

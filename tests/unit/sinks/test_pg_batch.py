@@ -309,3 +309,66 @@ def test_a_json_batch_writes_exactly_what_copy_and_the_one_row_statement_write(
         assert refused == {}, (way, refused)
         written[way] = target.rows(read)
     assert written["json"] == written["copy"] == written["one row"]
+
+
+@pytest.mark.parametrize("driver", ["psycopg 3", "psycopg2"])
+@pytest.mark.parametrize("mode", ["upsert", "update"])
+@pytest.mark.parametrize("way", ["json", "copy"])
+def test_a_value_too_long_for_its_columns_length_is_refused_with_its_row_never_cut_to_fit(
+    target: Target, monkeypatch: pytest.MonkeyPatch, driver: str, mode: str, way: str
+) -> None:
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from airflow_batch_provider.sinks.sql import _DbApiWriter
+
+    # an explicit CAST to varchar(3), char(2), bit(3) or a domain over varchar(3) cuts a value to fit
+    target.execute("CREATE DOMAIN short_code AS VARCHAR(3) CHECK (VALUE <> 'no')")
+    target.execute(
+        "CREATE TABLE short (ticket_id INTEGER PRIMARY KEY, code VARCHAR(3), flag CHAR(2), bits BIT(3),"
+        " kind short_code)"
+    )
+    target.execute(
+        "INSERT INTO short (ticket_id) SELECT k FROM generate_series(1, 5) k UNION SELECT 10 + k FROM generate_series(1, 5) k"
+    )
+    if way == "copy":
+        monkeypatch.setattr(pg_batch, "batch_json", lambda params: None)
+    short = SqlUpsertSink(
+        conn_id=CONN_ID,
+        table="short",
+        key_columns=["ticket_id"],
+        columns={"code": "$.code", "flag": "$.flag", "bits": "$.bits", "kind": "$.kind"},
+        mode=mode,  # type: ignore[arg-type]
+    )
+    fits = {"code": "abc", "flag": "ok", "bits": "101", "kind": "abc"}
+    bad = [
+        {**fits, "code": "abcdef"},
+        {**fits, "flag": "toolong"},
+        {**fits, "bits": "10101"},
+        {**fits, "kind": "abcdef"},
+        {**fits, "kind": "no"},  # the domain's CHECK still holds
+    ]
+    refused: list[dict[int, str]] = []
+
+    def write(writer: PgBatchWriter) -> None:
+        for key, values in enumerate(bad, start=1):  # each alone beside a row that fits: one statement
+            refused.append(
+                writer.write([SinkRow({"ticket_id": key}, fits), SinkRow({"ticket_id": 10 + key}, values)])
+            )
+
+    if driver == "psycopg2":
+        url = make_url(target.url)
+        conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+        try:
+            write(PgBatchWriter(short, conn, _DbApiWriter(short, conn, short.statement("%s"))))
+        finally:
+            conn.close()
+    else:
+        with short.open() as writer:
+            assert isinstance(writer, PgBatchWriter)
+            write(writer)
+    assert [sorted(one) for one in refused] == [[1]] * len(bad), refused
+    assert target.rows("SELECT ticket_id, code, flag, CAST(bits AS text), kind FROM short ORDER BY 1") == [
+        *[(key, "abc", "ok", "101", "abc") for key in range(1, len(bad) + 1)],
+        *[(10 + key, None, None, None, None) for key in range(1, len(bad) + 1)],
+    ]
