@@ -29,10 +29,10 @@ The rows travel in one of three ways:
 
 Each value is parsed by the server as its column's type (a value that does not parse is the
 database refusing its row, as a type error of the one-row statement is): cast to the column's base
-type without a length (:data:`COLUMN_TYPES`), then assigned to the column, so a value too long
-for a ``varchar(n)`` is refused as the one-row statement refuses it, never cut to fit. In a JSON array a
-``bool`` reaches a text column as ``true``/``false``, as the one-row statement writes it (``COPY``
-writes ``t``/``f``).
+type without a length (:data:`COLUMN_TYPES`), then assigned to the column, so a value too long for
+a ``varchar(n)`` is refused as the one-row statement refuses it, never cut to fit. In a JSON array
+a ``bool`` reaches a text column as ``true``/``false``, as the one-row statement writes it
+(``COPY`` writes ``t``/``f``).
 
 The guarantees are the one-row writer's (:mod:`airflow_batch_provider.sinks.sql`): one
 transaction per batch; the same values onto the same rows when a batch is written again; a key
@@ -214,8 +214,7 @@ class PgBatchWriter:
         :param cursor: a cursor, in the batch's transaction
         :param params: each row's values in :meth:`SqlUpsertSink.params` order
         """
-        width = len(self.sink.key_columns) + len(self.sink.column_names())
-        per_statement = max(1, MAX_PARAMETERS // width)
+        per_statement = max(1, MAX_PARAMETERS // len(self.order()))
         for start in range(0, len(params), per_statement):
             part = params[start : start + per_statement]
             cursor.execute(self.statement(len(part)), [value for one in part for value in one])
@@ -267,9 +266,8 @@ class PgBatchWriter:
 
         :param count: rows in the statement
         """
-        width = len(self.sink.key_columns) + len(self.sink.column_names())
         if self.sink.mode == "upsert":
-            one = "(" + ", ".join(["%s"] * width) + ")"
+            one = "(" + ", ".join(["%s"] * len(self.order())) + ")"
         else:
             cast = self.types().cast
             one = "(" + ", ".join(f"CAST(%s AS {cast[c]})" if c in cast else "%s" for c in self.order()) + ")"
