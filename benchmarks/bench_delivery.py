@@ -8,7 +8,10 @@ the ledger in a SQLite file (the embedded default), once in a PostgreSQL databas
 server as the target). Every timed delivery starts with an empty target table and no delivery
 recorded; each ledger is warmed first by the delivery of another, small run.
 
-Baselines, measured in the same run on the same rows and database:
+Baselines, measured in the same run on the same rows and database, in turns with the delivery
+(SQLite ledger): one run of each a turn, seconds apart, so that a shared host whose speed drifts
+moves them together (the PostgreSQL ledger's delivery is timed after them); the ``executemany``
+warmed first, as the delivery is:
 
 - ``COPY ... FROM STDIN`` of the same rows in one transaction (the database's floor);
 - one ``executemany`` of the same ``INSERT ... ON CONFLICT`` in one transaction, on the driver
@@ -63,6 +66,7 @@ from common import (
     result,
     row,
     timed,
+    timed_in_turns,
     traced_peak,
 )
 from sqlalchemy import create_engine, delete, text
@@ -149,11 +153,16 @@ def subject(ledger: Ledger, n: int, run_id: str = RUN, into: SqlUpsertSink | Non
     return counts.written
 
 
-def timed_delivery(ledger: Ledger, target: Any, n: int, small: int, repeat: int) -> Timing:
-    """Seed the ledger, warm it (and the hook) with the warm-up run, then time the delivery of ``n``."""
+def prepared(ledger: Ledger, target: Any, n: int, small: int) -> None:
+    """Untimed: seed the ledger, then warm it (and the hook) with the warm-up run."""
     seed(ledger, n, small)
     reset(ledger, target)
-    subject(ledger, WARM, WARM_RUN)  # untimed: the hook, the connections, the caches
+    subject(ledger, WARM, WARM_RUN)  # the hook, the connections, the caches
+
+
+def timed_delivery(ledger: Ledger, target: Any, n: int, small: int, repeat: int) -> Timing:
+    """Seed the ledger, warm it (and the hook) with the warm-up run, then time the delivery of ``n``."""
+    prepared(ledger, target, n, small)
     return timed(lambda: subject(ledger, n), repeat, setup=lambda: reset(ledger, target))
 
 
@@ -400,7 +409,23 @@ def run(size: str = "default") -> dict[str, Any]:
     splits: dict[str, CpuSplit] = {}
     with tempfile.TemporaryDirectory(prefix="abp-bench-delivery-") as tmp:
         ledger = Ledger.from_url(f"sqlite:///{Path(tmp) / 'ledger.sqlite'}")
-        timings = {"SQLite": timed_delivery(ledger, target, n_speed, n_mem, repeat)}
+        prepared(ledger, target, n_speed, n_mem)
+        same_driver = create_engine(pg.set(drivername="postgresql+psycopg"))
+        executemany(same_driver, rows[:WARM])  # untimed: the driver's first executemany in the process
+        # in turns: the delivery and its baselines seconds apart, not minutes (the host's speed drifts)
+        turns = timed_in_turns(
+            {
+                "SQLite": lambda: subject(ledger, n_speed),
+                "COPY": lambda: floor_insert(
+                    target, "tickets", ["ticket_id", "sentiment", "confidence"], rows
+                ),
+                "executemany": lambda: executemany(same_driver, rows),
+            },
+            repeat,
+            setup=lambda: reset(ledger, target),
+        )
+        timings = {"SQLite": turns["SQLite"]}
+        copy, many = turns["COPY"], turns["executemany"]
         splits["SQLite"] = split_delivery(ledger, target, n_speed, server)
         rows_out.extend(parts_rows(ledger, target, n_speed, repeat, timings["SQLite"]))
         rows_out.extend(stage_rows(ledger, target, n_speed))
@@ -410,13 +435,6 @@ def run(size: str = "default") -> dict[str, Any]:
             splits["PostgreSQL"] = split_delivery(pg_ledger, target, n_speed, server)
         finally:
             drop_postgres_ledger(pg_ledger, url)
-        copy = timed(
-            lambda: floor_insert(target, "tickets", ["ticket_id", "sentiment", "confidence"], rows),
-            repeat,
-            setup=lambda: reset(ledger, target),
-        )
-        same_driver = create_engine(pg.set(drivername="postgresql+psycopg"))
-        many = timed(lambda: executemany(same_driver, rows), repeat, setup=lambda: reset(ledger, target))
         reset(ledger, target)
         many_split = cpu_split(lambda: executemany(same_driver, rows), n_speed, server)
         same_driver.dispose()

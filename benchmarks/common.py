@@ -26,7 +26,7 @@ import sqlite3
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -80,16 +80,33 @@ def timed(work: Callable[[], object], repeat: int = 1, setup: Callable[[], objec
     :param repeat: how many runs
     :param setup: untimed preparation before each run (a fresh database, say)
     """
-    runs: list[float] = []
-    last: object = None
+    return timed_in_turns({"work": work}, repeat, setup)["work"]
+
+
+def timed_in_turns(
+    works: Mapping[str, Callable[[], object]], repeat: int = 1, setup: Callable[[], object] | None = None
+) -> dict[str, Timing]:
+    """Time each piece of work ``repeat`` times, in turns: one run of each, then the next turn.
+
+    A subject and its baselines timed in turns run minutes apart at most by one run of each, so a
+    shared host whose speed drifts moves them together; timed one after the other (every run of
+    the subject, then every run of a baseline), they compare different minutes of the host.
+
+    :param works: name -> the measured work, run in this order within a turn
+    :param repeat: how many turns
+    :param setup: untimed preparation before each run (a fresh database, say)
+    """
+    runs: dict[str, list[float]] = {name: [] for name in works}
+    last: dict[str, object] = {}
     for _ in range(max(1, repeat)):
-        if setup is not None:
-            setup()
-        gc.collect()
-        start = time.perf_counter()
-        last = work()
-        runs.append(time.perf_counter() - start)
-    return Timing(min(runs), tuple(runs), last)
+        for name, work in works.items():
+            if setup is not None:
+                setup()
+            gc.collect()
+            start = time.perf_counter()
+            last[name] = work()
+            runs[name].append(time.perf_counter() - start)
+    return {name: Timing(min(spent), tuple(spent), last[name]) for name, spent in runs.items()}
 
 
 def traced_peak(work: Callable[[], T]) -> tuple[int, T]:

@@ -73,3 +73,33 @@ def test_work_done_here_is_counted_as_this_processs_cpu_and_no_server_reads_as_n
     assert split.server_us is None
     assert split.client_us > 0
     assert split.wall_us > 0
+
+
+def test_pieces_of_work_timed_in_turns_each_run_once_a_turn_after_the_setup_and_keep_their_best() -> None:
+    common = load_common()
+    calls: list[str] = []
+    clock = {"now": 0.0}
+
+    def work(name: str, seconds: list[float]) -> object:
+        def run() -> str:
+            calls.append(name)
+            clock["now"] += seconds.pop(0)
+            return f"{name} {len(calls)}"
+
+        return run
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(common.time, "perf_counter", lambda: clock["now"])
+        timings = common.timed_in_turns(
+            {"delivery": work("delivery", [3.0, 1.0, 2.0]), "baseline": work("baseline", [5.0, 6.0, 4.0])},
+            repeat=3,
+            setup=lambda: calls.append("setup"),
+        )
+        # one run of each a turn, the setup before every run: never all runs of one, then the other's
+        assert calls == ["setup", "delivery", "setup", "baseline"] * 3
+        one = common.timed(work("alone", [2.0, 1.5]), repeat=2)  # one piece of work alone: ``timed``
+
+    assert timings["delivery"].best_s == 1.0 and timings["delivery"].all_s == (3.0, 1.0, 2.0)
+    assert timings["baseline"].best_s == 4.0 and timings["baseline"].all_s == (5.0, 6.0, 4.0)
+    assert timings["delivery"].last == "delivery 10" and timings["baseline"].last == "baseline 12"
+    assert one.best_s == 1.5 and one.all_s == (2.0, 1.5)
