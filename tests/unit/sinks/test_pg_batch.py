@@ -6,6 +6,7 @@ import datetime as dt
 import enum
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -113,10 +114,9 @@ def test_a_batch_after_a_refused_one_on_the_same_connection_is_written_and_a_val
     ]
 
 
-@pytest.mark.parametrize("mode", ["upsert", "update"])
-def test_a_psycopg2_connection_gets_the_same_rows_as_the_hooks_psycopg_3_one(
-    target: Target, mode: str
-) -> None:
+@contextmanager
+def psycopg2_writer(target: Target, into: SqlUpsertSink) -> Iterator[PgBatchWriter]:
+    """The batch writer of ``into`` on a psycopg2 connection to the target (closed after)."""
     import psycopg2
     from sqlalchemy.engine import make_url
 
@@ -124,18 +124,24 @@ def test_a_psycopg2_connection_gets_the_same_rows_as_the_hooks_psycopg_3_one(
 
     url = make_url(target.url)
     conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
-    target.execute("INSERT INTO scores (ticket_id) VALUES (1), (2)")
     try:
-        upsert = sink(mode)
-        writer = PgBatchWriter(upsert, conn, _DbApiWriter(upsert, conn, upsert.statement("%s")))
+        yield PgBatchWriter(into, conn, _DbApiWriter(into, conn, into.statement("%s")))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("mode", ["upsert", "update"])
+def test_a_psycopg2_connection_gets_the_same_rows_as_the_hooks_psycopg_3_one(
+    target: Target, mode: str
+) -> None:
+    target.execute("INSERT INTO scores (ticket_id) VALUES (1), (2)")
+    with psycopg2_writer(target, sink(mode)) as writer:
         refused = writer.write([row(1, "a", 0.25), row(2, "bad"), row(3, "c")])
         assert list(refused) == [1] and refused[1].startswith("CheckViolation")
         assert writer.write([row(2, "b"), row(1, "x"), row(1, "y")]) == {}
         # values JSON does not carry (a Decimal, a date): one multi-row statement, psycopg2's adaptation
         other = {"label": "z", "confidence": Decimal("0.75"), "due": dt.date(2026, 1, 2), "meta": None}
         assert writer.write([SinkRow({"ticket_id": 2}, other), SinkRow({"ticket_id": 4}, other)]) == {}
-    finally:
-        conn.close()
     expected = [(1, "y", 0.5), (2, "z", 0.75)] + ([(3, "c", 0.5), (4, "z", 0.75)] if mode == "upsert" else [])
     assert target.rows("SELECT ticket_id, label, confidence FROM scores ORDER BY 1") == expected
 
@@ -317,11 +323,6 @@ def test_a_json_batch_writes_exactly_what_copy_and_the_one_row_statement_write(
 def test_a_value_too_long_for_its_columns_length_is_refused_with_its_row_never_cut_to_fit(
     target: Target, monkeypatch: pytest.MonkeyPatch, driver: str, mode: str, way: str
 ) -> None:
-    import psycopg2
-    from sqlalchemy.engine import make_url
-
-    from airflow_batch_provider.sinks.sql import _DbApiWriter
-
     # an explicit CAST to varchar(3), char(2), bit(3) or a domain over varchar(3) cuts a value to fit
     target.execute("CREATE DOMAIN short_code AS VARCHAR(3) CHECK (VALUE <> 'no')")
     target.execute(
@@ -357,12 +358,8 @@ def test_a_value_too_long_for_its_columns_length_is_refused_with_its_row_never_c
             )
 
     if driver == "psycopg2":
-        url = make_url(target.url)
-        conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
-        try:
-            write(PgBatchWriter(short, conn, _DbApiWriter(short, conn, short.statement("%s"))))
-        finally:
-            conn.close()
+        with psycopg2_writer(target, short) as writer:
+            write(writer)
     else:
         with short.open() as writer:
             assert isinstance(writer, PgBatchWriter)
