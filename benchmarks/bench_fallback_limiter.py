@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import tempfile
 import time
 import urllib.request
@@ -33,6 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import result, row  # first: it puts this tree's package ahead of any other copy
 
 from airflow_batch_provider.adapters.base import AdapterSettings
 from airflow_batch_provider.adapters.openai import OpenAIBatchAdapter
@@ -273,8 +278,6 @@ def run(size: str) -> dict[str, Any]:
 
     :param size: ``tiny`` (skipped), ``small`` or ``default``
     """
-    from common import result, row
-
     if size not in SIZES:
         return result(
             "fallback_limiter",

@@ -38,10 +38,20 @@ T = TypeVar("T")
 
 
 def ensure_repo_on_path() -> None:
-    """Make ``tests.support`` and the package importable when a benchmark runs as a script."""
+    """Put this tree first on ``sys.path``: the package and ``tests.support`` imported from it.
+
+    A benchmark run as a script measures the package of the tree it is in, not another copy the
+    interpreter would find first (an editable install of another clone, a wheel in the virtual
+    environment): run from a worktree with another clone's environment, it measured that clone's
+    code. Called when this module is imported, before a benchmark imports the package.
+    """
     root = str(REPO_ROOT)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    while root in sys.path:
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+
+
+ensure_repo_on_path()
 
 
 def check_size(size: str) -> None:

@@ -295,7 +295,7 @@ def child_main(argv: Sequence[str]) -> int:
     """
     stage, spec_path, out_path = argv
     prefix, _, name = stage.partition(".")
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE.parent), str(HERE)]  # this tree's package measured, not another copy
     module = importlib.import_module(STAGE_MODULES[prefix])
     module.prepare_imports()
     spec = json.loads(Path(spec_path).read_text())

@@ -5,6 +5,10 @@ No speed is asserted: only that work done on one side is counted on that side.
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,6 +18,8 @@ from sqlalchemy import create_engine, text
 from tests.support.scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+#: Modules a benchmark's process imports after the tree is first on its path (``e2e.py``'s stages).
+RUN_BY_A_RUNNER = frozenset({"stages_abp.py"})
 
 
 def load_common() -> ModuleType:
@@ -103,3 +109,46 @@ def test_pieces_of_work_timed_in_turns_each_run_once_a_turn_after_the_setup_and_
     assert timings["baseline"].best_s == 4.0 and timings["baseline"].all_s == (5.0, 6.0, 4.0)
     assert timings["delivery"].last == "delivery 10" and timings["baseline"].last == "baseline 12"
     assert one.best_s == 1.5 and one.all_s == (2.0, 1.5)
+
+
+def test_a_benchmark_measures_the_package_of_its_own_tree_even_where_another_copy_comes_first(
+    tmp_path: Path,
+) -> None:
+    # another clone's package first on the path (its editable install, a wheel): importing the
+    # benchmarks' common module puts this tree ahead of it
+    shadow = tmp_path / "shadow" / "airflow_batch_provider"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    probe = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import common, airflow_batch_provider; "
+        "print(airflow_batch_provider.__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert Path(found).resolve() == BENCH.parent / "airflow_batch_provider" / "__init__.py"
+
+
+def test_every_benchmark_script_imports_the_common_module_before_the_package() -> None:
+    late = []
+    for script in sorted(BENCH.glob("*.py")):
+        tree = ast.parse(script.read_text())
+        first: dict[str, int] = {}
+        for node in ast.walk(tree):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                # another benchmark script imports common first itself (this test checks it too)
+                wanted = "common" if name == "common" or name.startswith("bench_") else name.split(".")[0]
+                first[wanted] = min(first.get(wanted, node.lineno), node.lineno)
+        if "airflow_batch_provider" in first and script.name != "common.py":
+            imported_by_a_runner = script.name in RUN_BY_A_RUNNER
+            if not imported_by_a_runner and first.get("common", 10**9) > first["airflow_batch_provider"]:
+                late.append(script.name)
+    assert not late, f"import common (which puts this tree first on sys.path) before the package in {late}"
