@@ -16,7 +16,10 @@ failed: offered again by its next try, with the same key) or ``left_out`` (its f
 answer out: offered again only when the answer changes).
 
 An item's key for a sink and the digest of its values come from
-:mod:`airflow_batch_provider.ledger.digests`. The answers a delivery reads (the run's published
+:mod:`airflow_batch_provider.ledger.digests`. A consumer's row keeps its key (``delivery_key``: a
+hand-off is looked up by it); a sink's row, written by a delivery, keeps ``""`` there (nothing
+looks a sink's row up by its key, and the key is a function of the row's own columns):
+:func:`delivery_rows` gives every row its key. The answers a delivery reads (the run's published
 final answers, ``abp_results`` in states ``succeeded`` and ``unchanged``), each with what the
 sink was last given for it, come from :mod:`airflow_batch_provider.ledger.candidates`.
 """
@@ -111,7 +114,12 @@ class Delivery(NamedTuple):
 
 
 def record_deliveries(
-    ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[Delivery]
+    ledger: Ledger,
+    workload: str,
+    sink: str,
+    run_id: str,
+    rows: Sequence[Delivery],
+    keyed: bool = True,
 ) -> None:
     """Record what the sink did with ``rows`` (one transaction; repeating it changes nothing).
 
@@ -120,6 +128,8 @@ def record_deliveries(
     :param sink: the sink's or consumer's name
     :param run_id: the run that delivered them
     :param rows: one per item
+    :param keyed: whether a row inserted gets its delivery key (a consumer's hand-off is looked up
+        by it); ``False``: ``""``, as a sink's delivery writes (see :func:`delivery_rows`)
     """
     if not rows:
         return
@@ -127,17 +137,24 @@ def record_deliveries(
     with ledger.engine.begin() as conn:
         for state in states:
             alike = rows if len(states) == 1 else [row for row in rows if row.state == state]
-            write_deliveries(conn, workload, sink, run_id, state, alike)
+            write_deliveries(conn, workload, sink, run_id, state, alike, keyed)
 
 
 def write_deliveries(
-    conn: Connection, workload: str, sink: str, run_id: str, state: str, rows: Sequence[Delivery]
+    conn: Connection,
+    workload: str,
+    sink: str,
+    run_id: str,
+    state: str,
+    rows: Sequence[Delivery],
+    keyed: bool = True,
 ) -> None:
     """The one write of a delivery row: an upsert guarded by :data:`MOVES`.
 
     A row is inserted when none exists (unless ``state`` needs one first, as ``acknowledged``
     does) and updated only when the row's current state may move to ``state`` and the move changes
-    something (another state, or another digest of the values).
+    something (another state, or another digest of the values). An update leaves the row's
+    delivery key as it is; an inserted row gets its key where ``keyed``, else ``""``.
     """
     allowed = MOVES[state]
     now = utcnow()
@@ -158,11 +175,17 @@ def write_deliveries(
         return
     # one statement per slice writes each row once: a row given twice goes with its later values
     last = {(row.app_id, row.prompt_version): row for row in rows}
-    key = delivery_keys(workload, sink)
-    staged = [
-        (app_id, version, item_key, digest, key(app_id, version), error)
-        for item_key, app_id, version, _, digest, error in last.values()
-    ]
+    if keyed:
+        key = delivery_keys(workload, sink)
+        staged = [
+            (app_id, version, item_key, digest, key(app_id, version), error)
+            for item_key, app_id, version, _, digest, error in last.values()
+        ]
+    else:
+        staged = [
+            (app_id, version, item_key, digest, "", error)
+            for item_key, app_id, version, _, digest, error in last.values()
+        ]
     _write_staged(conn, workload, sink, run_id, state, staged, now)
 
 
@@ -170,6 +193,10 @@ def record_delivered(
     ledger: Ledger, workload: str, sink: str, run_id: str, rows: Sequence[tuple[str, str, str, str]]
 ) -> None:
     """Record a batch the sink wrote whole as ``delivered``: :func:`record_deliveries` of them, built once.
+
+    A sink's rows go without their delivery key (``""``, as ``keyed=False``): storing it cost a
+    delivery about a tenth of its time (the key's hash a row, and its text through the record's JSON),
+    for a value nothing reads from a sink's row (:func:`delivery_rows` derives it).
 
     :param ledger: the ledger
     :param workload: workload name
@@ -180,11 +207,7 @@ def record_delivered(
     """
     if not rows:
         return
-    key = delivery_keys(workload, sink)
-    staged = [
-        (app_id, version, item_key, digest, key(app_id, version), None)
-        for item_key, app_id, version, digest in rows
-    ]
+    staged = [(app_id, version, item_key, digest, "", None) for item_key, app_id, version, digest in rows]
     with ledger.engine.begin() as conn:
         _write_staged(conn, workload, sink, run_id, "delivered", staged, utcnow())
 
@@ -291,6 +314,9 @@ def _json_upsert(state: str) -> str:
 def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, Any]]:
     """Every delivery row of one sink or consumer, in application id order (for reports and tests).
 
+    Each with its delivery key, where the row keeps none (a sink's: ``""``) derived as
+    :func:`~airflow_batch_provider.ledger.digests.delivery_key` makes it.
+
     :param ledger: the ledger
     :param workload: workload name
     :param sink: the sink's or consumer's name
@@ -302,7 +328,11 @@ def delivery_rows(ledger: Ledger, workload: str, sink: str) -> list[dict[str, An
         .order_by(d.app_id, d.prompt_version)
     )
     with ledger.engine.connect() as conn:
-        return [dict(r) for r in conn.execute(q).mappings()]
+        rows = [dict(r) for r in conn.execute(q).mappings()]
+    key = delivery_keys(workload, sink)
+    for row in rows:
+        row["delivery_key"] = row["delivery_key"] or key(row["app_id"], row["prompt_version"])
+    return rows
 
 
 def refused_rows(ledger: Ledger, workload: str, limit: int = 100) -> list[dict[str, Any]]:

@@ -470,8 +470,8 @@ enqueued = Table(
 #: per workload, sink (or consumer), application id and prompt version
 #: (:mod:`airflow_batch_provider.ledger.deliveries`). ``state`` is ``delivered`` (the sink committed
 #: the row whose values hash to ``result_sha256``), ``refused`` (the sink refused it: ``error``),
-#: ``offered`` (a consumer was handed it under ``delivery_key``) or ``acknowledged`` (the consumer
-#: said it acted on it). A changed answer updates the row; nothing adds a second one.
+#: ``offered`` (a consumer was handed it under ``delivery_key``; a sink's row keeps ``""`` there) or
+#: ``acknowledged`` (the consumer acted on it). A changed answer updates the row, adding none.
 deliveries = Table(
     "abp_deliveries",
     metadata,

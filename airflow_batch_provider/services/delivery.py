@@ -226,7 +226,7 @@ class _Batch:
             result, _, digest = todo[index]
             refused.append(_refused(result, digest, message))
             by_sink.append((result.app_id, message))
-        record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused])
+        record_deliveries(self.ledger, self.workload, self.sink, self.run_id, [*done, *refused], keyed=False)
         return _Written(len(done), by_sink)
 
 

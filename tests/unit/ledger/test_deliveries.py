@@ -184,3 +184,55 @@ def test_a_batchs_rows_go_to_json_each_as_the_standard_encoder_writes_them_whate
     written = deliveries._rows_json(rows)
     assert written == json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
     assert json.loads(written) == [list(row) for row in rows]
+
+
+def stored_keys(ledger: Ledger) -> dict[tuple[str, str], str]:
+    """Each row's delivery key as the table keeps it, by (sink, application id)."""
+    with ledger.engine.connect() as conn:
+        found = conn.exec_driver_sql("SELECT sink, app_id, delivery_key FROM abp_deliveries").all()
+    return {(sink, app_id): key for sink, app_id, key in found}
+
+
+def test_a_sinks_rows_are_kept_without_their_delivery_key_a_consumers_with_it_and_every_row_is_read_with_it(
+    tmp_path: Path, ledger_url: str
+) -> None:
+    def key(sink: str, app_id: str) -> str:
+        return delivery_key(WORKLOAD, sink, app_id, "v1")
+
+    with world(tmp_path, ledger_url=ledger_url) as w:
+        # a sink's row an earlier version of the package wrote with its key: rewritten, it keeps it
+        record_deliveries(w.ledger, WORKLOAD, "sink", RUN, [Delivery("k0", "a0", "v1", "delivered", "h0")])
+        record_delivered(
+            w.ledger, WORKLOAD, "sink", "run2", [("k0", "a0", "v1", "h0b"), ("k1", "a1", "v1", "h1")]
+        )
+        record_deliveries(
+            w.ledger,
+            WORKLOAD,
+            "sink",
+            "run2",
+            [
+                Delivery("k2", "a2", "v1", "refused", "h2", "no"),
+                Delivery("k3", "a3", "v1", "delivered", "h3"),
+            ],
+            keyed=False,
+        )
+        record_deliveries(w.ledger, WORKLOAD, "consumer", RUN, [Delivery("k1", "a1", "v1", "offered", "c1")])
+        record_deliveries(
+            w.ledger, WORKLOAD, "consumer", RUN, [Delivery("k1", "a1", "v1", "refused", "c1", "x")]
+        )
+        assert stored_keys(w.ledger) == {
+            ("sink", "a0"): key("sink", "a0"),
+            ("sink", "a1"): "",
+            ("sink", "a2"): "",
+            ("sink", "a3"): "",
+            ("consumer", "a1"): key("consumer", "a1"),
+        }
+        for sink in ("sink", "consumer"):
+            rows = delivery_rows(w.ledger, WORKLOAD, sink)
+            assert [r["delivery_key"] for r in rows] == [key(sink, r["app_id"]) for r in rows]
+        assert [r["result_sha256"] for r in delivery_rows(w.ledger, WORKLOAD, "sink")] == [
+            "h0b",
+            "h1",
+            "h2",
+            "h3",
+        ]

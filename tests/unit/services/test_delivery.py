@@ -13,6 +13,7 @@ from sqlalchemy import event, text
 
 from airflow_batch_provider.ledger import candidates
 from airflow_batch_provider.ledger.deliveries import Delivery, delivery_rows, record_deliveries
+from airflow_batch_provider.ledger.digests import delivery_key
 from airflow_batch_provider.services import delivery
 from airflow_batch_provider.services.delivery import deliver
 from tests.unit.services.workload import RUN, WORKLOAD, world
@@ -100,7 +101,7 @@ def test_each_batch_is_recorded_only_after_the_sink_committed_it_and_never_more_
         behind: list[int] = []
         committed: set[str] = set()
         early: set[str] = set()  # checked here: a failed assert on the record's thread may go unread
-        write, record = delivery._Batch.write, delivery.record_deliveries
+        write, record = delivery._Batch.write, delivery._Batch.record
 
         def writing(batch: Any, todo: Any) -> Any:
             behind.append(len(in_sink(tickets) - recorded(w.ledger)))  # committed, not recorded yet
@@ -109,13 +110,13 @@ def test_each_batch_is_recorded_only_after_the_sink_committed_it_and_never_more_
             committed.update(result.app_id for result, _, _ in todo)
             return rejected
 
-        def recording(ledger: Any, workload: str, sink: str, run_id: str, rows: Any) -> None:
-            early.update({row.app_id for row in rows if row.state == "delivered"} - committed)
+        def recording(batch: Any, todo: Any, refused: Any, rejected: Any) -> Any:
+            early.update({result.app_id for result, _, _ in todo} - committed)
             time.sleep(0.05)  # a slow ledger: the sink must not run ahead of it by more than two batches
-            record(ledger, workload, sink, run_id, rows)
+            return record(batch, todo, refused, rejected)
 
         monkeypatch.setattr(delivery._Batch, "write", writing)
-        monkeypatch.setattr(delivery, "record_deliveries", recording)
+        monkeypatch.setattr(delivery._Batch, "record", recording)
         counts = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
         assert not early, f"recorded before the sink committed them: {early}"
         assert len(behind) == BATCHES and max(behind) <= 2 * BATCH, behind
@@ -203,3 +204,26 @@ def test_a_sink_in_the_ledgers_own_sqlite_file_gets_every_row_once_its_writes_ta
         again = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
         assert (counts.written, again.written, again.unchanged) == (BATCH * BATCHES, 0, BATCH * BATCHES)
         assert recorded(w.ledger) == in_sink(target) and len(in_sink(target)) == BATCH * BATCHES
+
+
+def test_a_delivery_records_its_rows_without_their_delivery_keys_and_reads_them_back_with_them(
+    tmp_path: Path, ledger_url: str, tickets: Target
+) -> None:
+    # a batch with a refused row (recorded row by row) and a batch taken whole (recorded at once):
+    # neither stores the key (nothing looks a sink's row up by it); delivery_rows derives it
+    tickets.execute("DROP TABLE tickets")
+    tickets.execute(
+        "CREATE TABLE tickets (ticket_id VARCHAR(20) PRIMARY KEY, summary TEXT, version TEXT, "
+        "CHECK (ticket_id <> 'i1'))"
+    )
+    with world(tmp_path / "w", ledger_url=ledger_url) as w:
+        publish_run(w, 2 * BATCH)
+        counts = deliver(w.ledger, WORKLOAD, RUN, tickets_sink(batch_size=BATCH))
+        assert (counts.written, counts.refused) == (2 * BATCH - 1, 1)
+        with w.ledger.engine.connect() as conn:
+            stored = conn.execute(text("SELECT state, delivery_key FROM abp_deliveries")).all()
+        assert sorted(stored) == sorted([("delivered", "")] * (2 * BATCH - 1) + [("refused", "")])
+        rows = delivery_rows(w.ledger, WORKLOAD, "tickets")
+        assert [row["delivery_key"] for row in rows] == [
+            delivery_key(WORKLOAD, "tickets", row["app_id"], row["prompt_version"]) for row in rows
+        ]
