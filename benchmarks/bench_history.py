@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     check_size,
     cli,
-    ensure_repo_on_path,
     floor_insert,
     mib,
     per_s,
@@ -45,19 +44,16 @@ from common import (
     result,
     row,
 )
+from sqlalchemy import create_engine, func, select, text
 
-ensure_repo_on_path()
-
-from sqlalchemy import create_engine, func, select, text  # noqa: E402
-
-from airflow_batch_provider.core.clock import utcnow  # noqa: E402
-from airflow_batch_provider.core.custom_ids import item_key, make_custom_id  # noqa: E402
-from airflow_batch_provider.core.requests import CanonicalRequest  # noqa: E402
-from airflow_batch_provider.core.results import ItemResult, Usage  # noqa: E402
-from airflow_batch_provider.ledger import Ledger  # noqa: E402
-from airflow_batch_provider.ledger import schema as s  # noqa: E402
-from airflow_batch_provider.ledger.retention import RetentionPolicy, prune  # noqa: E402
-from airflow_batch_provider.ledger.store import PreparedItem  # noqa: E402
+from airflow_batch_provider.core.clock import utcnow
+from airflow_batch_provider.core.custom_ids import item_key, make_custom_id
+from airflow_batch_provider.core.requests import CanonicalRequest
+from airflow_batch_provider.core.results import ItemResult, Usage
+from airflow_batch_provider.ledger import Ledger
+from airflow_batch_provider.ledger import schema as s
+from airflow_batch_provider.ledger.retention import RetentionPolicy, prune
+from airflow_batch_provider.ledger.store import PreparedItem
 
 #: per size: (nights of history, items a night, repeats of the UI reads, runs of night N+1 on fresh copies)
 SIZES: Final[dict[str, tuple[int, int, int, int]]] = {

@@ -147,9 +147,8 @@ def run(size: str, items: int | None = None) -> dict[str, Any]:
     :param size: ``tiny`` (skipped), ``small`` or ``default``
     :param items: requests per task instead of the size's
     """
-    from common import ensure_repo_on_path, result, row
+    from common import result, row  # importing it puts this tree first on sys.path
 
-    ensure_repo_on_path()
     if size not in SIZES and items is None:
         reason = "waits out the emulator's rate windows; use --size small or default"
         return result("shared_limiter", size, {}, [], skipped=[{"case": "all", "reason": reason}])

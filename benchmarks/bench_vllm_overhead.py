@@ -37,7 +37,7 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO_ROOT, check_size, cli, ensure_repo_on_path, row
+from common import REPO_ROOT, check_size, cli, row
 
 NAME: Final = "vllm_overhead"
 ITEMS: Final = 40  # the eval DAG's prompts
@@ -174,7 +174,6 @@ def run(size: str = "small", items: int | None = None) -> dict[str, Any]:
     if python is None or not chunks:
         out["skipped"].append({"case": "the real engine", "reason": reason})
         return out
-    ensure_repo_on_path()
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         folder = Path(tmp)
         model = folder / "tiny-llama"

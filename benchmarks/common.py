@@ -269,7 +269,6 @@ def postgres_url() -> tuple[str | None, str]:
     elif os.environ.get("ABP_BENCH_PG") == "0":
         url, how = None, "ABP_BENCH_PG=0"
     else:
-        ensure_repo_on_path()
         try:
             from tests.support.postgres import PostgresUnavailable, start_postgres
         except ImportError as exc:

@@ -31,7 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import SIZES, ensure_repo_on_path, machine  # noqa: E402
+from common import SIZES, machine  # noqa: E402
 
 DEFAULT_JSON = HERE / "results" / "latest.json"
 
@@ -167,7 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    ensure_repo_on_path()
     found = discover()
     unknown = [n for n in args.only if n not in found and f"bench_{n}" not in found]
     if unknown:

@@ -175,17 +175,11 @@ def write_deliveries(
         return
     # one statement per slice writes each row once: a row given twice goes with its later values
     last = {(row.app_id, row.prompt_version): row for row in rows}
-    if keyed:
-        key = delivery_keys(workload, sink)
-        staged = [
-            (app_id, version, item_key, digest, key(app_id, version), error)
-            for item_key, app_id, version, _, digest, error in last.values()
-        ]
-    else:
-        staged = [
-            (app_id, version, item_key, digest, "", error)
-            for item_key, app_id, version, _, digest, error in last.values()
-        ]
+    key = delivery_keys(workload, sink)
+    staged = [
+        (app_id, version, item_key, digest, key(app_id, version) if keyed else "", error)
+        for item_key, app_id, version, _, digest, error in last.values()
+    ]
     _write_staged(conn, workload, sink, run_id, state, staged, now)
 
 
